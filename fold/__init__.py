@@ -1,0 +1,97 @@
+"""fold: a differentiable array language for Python.
+
+Write array programs with the parallel combinators `map`, `reduce`, `scan`, `reduce_by_index`, `loop`
+(and `gemm_map_reduce`); `fold.trace` turns them into Programs in A-normal form, `fold.run`/`fold.jit`
+execute them on a backend, and `fold.vjp`/`fold.jvp` differentiate them by program transformation.
+
+The runtime and AD entry points are re-exported lazily (module `__getattr__`), so `import fold` imports
+neither the runtime's backends nor their dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import monoids, printing_rules  # noqa: F401  (printing_rules registers print rules)
+from .api import trace
+from .combinators import loop, map, reduce, reduce_by_index, scan  # noqa: A004
+from .dtypes import ShapedArray
+from .errors import (
+    ConcretizationError,
+    EscapedTracerError,
+    FoldError,
+    FoldIndexError,
+    FoldRuntimeError,
+    FoldTypeError,
+    MissingRuleError,
+    MonoidLawError,
+    ProgramError,
+    ShapeError,
+    StructureError,
+)
+from .ir import Program
+from .monoid import Monoid
+from .ops import (
+    abs,
+    broadcast_to,
+    concatenate,
+    convert,
+    cos,
+    divide,
+    dot,
+    exp,
+    expm1,
+    iota,
+    log,
+    log1p,
+    logaddexp,
+    logical_and,
+    logical_not,
+    logical_or,
+    matmul,
+    maximum,
+    minimum,
+    replicate,
+    reshape,
+    sigmoid,
+    sign,
+    sin,
+    sqrt,
+    sum,
+    tanh,
+    transpose,
+    where,
+)
+from .pytree import tree_flatten, tree_map, tree_unflatten
+from .tracing import Tracer
+from .verify import check_program
+
+# name -> (module, attribute): resolved on first use
+_LAZY = {
+    "run": ("runtime.api", "run"),
+    "jit": ("runtime.api", "jit"),
+    "memory": ("runtime.memory", "memory"),
+    "use_backend": ("runtime.backends", "use_backend"),
+    "available_backends": ("runtime.backends", "available_backends"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'fold' has no attribute {name!r}")
+    value = getattr(importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "ConcretizationError", "EscapedTracerError", "FoldError", "FoldIndexError", "FoldRuntimeError",
+    "FoldTypeError", "MissingRuleError", "Monoid", "MonoidLawError", "Program", "ProgramError", "ShapeError",
+    "ShapedArray", "StructureError", "Tracer", "abs", "broadcast_to", "check_program", "concatenate", "convert",
+    "cos", "divide", "dot", "exp", "expm1", "iota", "log", "log1p", "logaddexp", "logical_and", "logical_not",
+    "logical_or", "loop", "map", "matmul", "maximum", "minimum", "monoids", "reduce", "reduce_by_index",
+    "replicate", "reshape", "scan", "sigmoid", "sign", "sin", "sqrt", "sum", "tanh", "trace", "transpose",
+    "tree_flatten", "tree_map", "tree_unflatten", "where", *_LAZY,
+]

@@ -1,0 +1,165 @@
+"""The parallel combinators users call: map, reduce, scan, reduce_by_index, loop.
+
+Each traces its lambda once, on abstract elements, into a closed body Program, checks that the pieces fit
+(leading axes, identity, operator result) with errors that name them, and binds the primitive.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .dtypes import ShapedArray
+from .errors import FoldTypeError, ShapeError, StructureError
+from .monoid import Monoid, identity_leaves
+from .primitives import Loop, Map, Reduce, ReduceByIndex, Scan
+from .pytree import TreeDef, leaf_paths
+from .tracing import TracedBody, abstractify, bind, trace_body
+
+Operator = Callable[[Any, Any], Any] | Monoid
+
+
+def _leading_axis(where: str, avals: list[ShapedArray], treedef: TreeDef, label: str) -> tuple[int, list[ShapedArray]]:
+    paths = leaf_paths(treedef, label)
+    for path, aval in zip(paths, avals, strict=True):
+        if aval.ndim == 0:
+            raise ShapeError(f"{where}: {path} is 0-d (shape ()), it has no leading axis to {where.split('.')[-1]} over")
+    sizes = [a.shape[0] for a in avals]
+    if len(set(sizes)) > 1:
+        listed = ", ".join(f"{p} has shape {a.shape}" for p, a in zip(paths, avals, strict=True))
+        raise ShapeError(f"{where}: mismatched leading axes: {listed}")
+    return sizes[0], [a.update(shape=a.shape[1:]) for a in avals]
+
+
+def map(f: Callable[..., Any], *xs: Any) -> Any:  # noqa: A001
+    """Apply `f` to the rows (leading axis) of `xs`, which may be arrays or pytrees of arrays.
+
+    `f` may use values of the enclosing function freely (a weight vector, another map's element): they are
+    passed into the body, never copied per row.
+
+    >>> import numpy as np, fold
+    >>> fold.map(lambda row: fold.reduce(fold.monoids.sum, row * row), np.ones((3, 4)))
+    array([4., 4., 4.])
+    """
+    if not xs:
+        raise FoldTypeError("fold.map: needs at least one array to map over")
+    leaves, treedef, avals = abstractify(xs, "fold.map")
+    if not leaves:
+        raise FoldTypeError("fold.map: the arguments contain no arrays to map over")
+    _, elems = _leading_axis("fold.map", avals, treedef, "xs")
+    body = trace_body(f, treedef.unflatten(elems), f"map body {_name(f)}")
+    outs = bind(Map(body.program, len(body.consts)), *body.consts, *leaves)
+    return body.out_tree.unflatten(outs)
+
+
+def _operator(where: str, op: Operator, identity: Any) -> tuple[Callable, Any, Monoid | None]:
+    if isinstance(op, Monoid):
+        if identity is not None:
+            raise FoldTypeError(f"{where}: identity= is given by the monoid {op.name}; do not pass it")
+        return op.op, op.identity, op
+    if not callable(op):
+        raise FoldTypeError(f"{where}: op must be a fold.Monoid or a two-argument callable, got {type(op).__name__}")
+    if identity is None:
+        raise FoldTypeError(
+            f"{where}: operator {_name(op)} is a plain callable, so identity= is required "
+            f"(it is the result for an empty array); or pass a fold.Monoid"
+        )
+    return op, identity, None
+
+
+def _trace_operator(where: str, fn: Callable, treedef: TreeDef, elems: list[ShapedArray]) -> TracedBody:
+    elem_tree = treedef.unflatten(elems)
+    body = trace_body(fn, (elem_tree, elem_tree), f"{where} operator {_name(fn)}")
+    if body.out_tree != treedef:
+        raise StructureError(f"{where}: operator {_name(fn)} returned structure {body.out_tree}, but its arguments have structure {treedef}")
+    got = list(body.program.out_avals)
+    if got != elems:
+        paths = leaf_paths(treedef)
+        diffs = ", ".join(f"{p}: {e} -> {g}" for p, e, g in zip(paths, elems, got, strict=True) if e != g)
+        raise StructureError(f"{where}: operator {_name(fn)} must return elements like its arguments, but {diffs}")
+    return body
+
+
+def _fold_setup(where: str, op: Operator, xs: Any, identity: Any):
+    leaves, treedef, avals = abstractify(xs, where)
+    if not leaves:
+        raise FoldTypeError(f"{where}: xs contains no arrays")
+    n, elems = _leading_axis(where, avals, treedef, "xs")
+    fn, ident, monoid = _operator(where, op, identity)
+    ident_leaves = identity_leaves(where, ident, treedef, elems)
+    body = _trace_operator(where, fn, treedef, elems)
+    return leaves, treedef, n, ident_leaves, body, monoid
+
+
+def reduce(op: Operator, xs: Any, *, identity: Any = None) -> Any:
+    """Combine the rows of `xs` with the associative operator `op` (order kept: it need not be commutative).
+
+    `op` is a `fold.Monoid`, or a two-argument callable together with its `identity`.
+
+    >>> import numpy as np, fold
+    >>> float(fold.reduce(lambda a, b: a * b, np.array([1.0, 2.0, 3.0]), identity=1.0))
+    6.0
+    """
+    leaves, treedef, _, ident, body, monoid = _fold_setup("fold.reduce", op, xs, identity)
+    outs = bind(Reduce(body.program, len(body.consts), monoid), *body.consts, *ident, *leaves)
+    return treedef.unflatten(outs)
+
+
+def scan(op: Operator, xs: Any, *, identity: Any = None, exclusive: bool = False, reverse: bool = False) -> Any:
+    """All prefix combinations of the rows of `xs` (suffixes with `reverse=True`).
+
+    Inclusive by default (`out[i] = x_0 . ... . x_i`); `exclusive=True` shifts by one, starting at the identity.
+    """
+    leaves, treedef, _, ident, body, monoid = _fold_setup("fold.scan", op, xs, identity)
+    prim = Scan(body.program, len(body.consts), monoid, bool(exclusive), bool(reverse))
+    return treedef.unflatten(bind(prim, *body.consts, *ident, *leaves))
+
+
+def reduce_by_index(op: Operator, n: int, indices: Any, values: Any, *, identity: Any = None) -> Any:
+    """A generalised histogram: bin `b` holds the combination of the `values[i]` with `indices[i] == b`.
+
+    Bins no index names hold the identity; indices outside [0, n) are ignored (as in Futhark).
+    """
+    where = "fold.reduce_by_index"
+    if not isinstance(n, (int, np.integer)) or n < 0:
+        raise FoldTypeError(f"{where}: n must be a non-negative int, got {n!r}")
+    (idx,), _, (idx_aval,) = abstractify(indices, where)
+    if idx_aval.ndim != 1 or idx_aval.dtype.kind not in "iu":
+        raise FoldTypeError(f"{where}: indices must be a 1-d integer array, got {idx_aval}")
+    leaves, treedef, avals = abstractify(values, where)
+    m, elems = _leading_axis(where, avals, treedef, "values")
+    if m != idx_aval.shape[0]:
+        raise ShapeError(f"{where}: {idx_aval.shape[0]} indices but values have leading axis {m}")
+    fn, ident, monoid = _operator(where, op, identity)
+    ident_leaves = identity_leaves(where, ident, treedef, elems)
+    body = _trace_operator(where, fn, treedef, elems)
+    prim = ReduceByIndex(body.program, len(body.consts), int(n), monoid)
+    return treedef.unflatten(bind(prim, *body.consts, *ident_leaves, idx, *leaves))
+
+
+def loop(body: Callable[[Any, Any], Any], init: Any, n: int, *, checkpoint: int | None = None) -> Any:
+    """Run `state = body(i, state)` for i = 0 .. n-1, sequentially.
+
+    `checkpoint=k` affects only differentiation: every k-th state is saved and the rest recomputed.
+    """
+    where = "fold.loop"
+    if not isinstance(n, (int, np.integer)) or n < 0:
+        raise FoldTypeError(f"{where}: n must be a non-negative int, got {n!r}")
+    if checkpoint is not None and (not isinstance(checkpoint, (int, np.integer)) or checkpoint < 1):
+        raise FoldTypeError(f"{where}: checkpoint must be a positive int or None, got {checkpoint!r}")
+    leaves, treedef, avals = abstractify(init, where)
+    counter = ShapedArray((), np.dtype("int64"))
+    traced = trace_body(body, (counter, treedef.unflatten(avals)), f"loop body {_name(body)}")
+    if traced.out_tree != treedef:
+        raise StructureError(f"{where}: body returned structure {traced.out_tree}, but the state has structure {treedef}")
+    if list(traced.program.out_avals) != list(avals):
+        paths = leaf_paths(treedef, "state")
+        diffs = ", ".join(f"{p}: {a} -> {g}" for p, a, g in zip(paths, avals, traced.program.out_avals, strict=True) if a != g)
+        raise StructureError(f"{where}: body must return a state like its input, but {diffs}")
+    prim = Loop(traced.program, len(traced.consts), int(n), None if checkpoint is None else int(checkpoint))
+    return treedef.unflatten(bind(prim, *traced.consts, *leaves))
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)

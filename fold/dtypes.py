@@ -1,0 +1,55 @@
+"""The dtypes fold supports, and the abstract value (shape + dtype) every program variable carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import FoldTypeError
+
+SUPPORTED_DTYPES = tuple(np.dtype(d) for d in ("float32", "float64", "int32", "int64", "bool"))
+FLOAT_DTYPES = tuple(np.dtype(d) for d in ("float32", "float64"))
+_SHORT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "bool"}
+
+
+def check_dtype(dtype: np.dtype, where: str) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        raise FoldTypeError(f"{where}: dtype {dtype.name} is not supported (fold supports {names})")
+    return dtype
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return np.dtype(dtype) in FLOAT_DTYPES
+
+
+@dataclass(frozen=True)
+class ShapedArray:
+    """What the tracer knows of an array: its shape and dtype, never its values."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{_SHORT.get(self.dtype.name, self.dtype.name)}[{','.join(map(str, self.shape))}]"
+
+    def update(self, shape: tuple[int, ...] | None = None, dtype: np.dtype | None = None) -> "ShapedArray":
+        return ShapedArray(self.shape if shape is None else tuple(shape), self.dtype if dtype is None else dtype)
+
+
+def aval_of(value: np.ndarray) -> ShapedArray:
+    return ShapedArray(tuple(value.shape), value.dtype)

@@ -1,0 +1,117 @@
+"""The program representation: A-normal form.
+
+A `Program` binds its inputs, runs a list of `Let` statements, and returns some of the variables (or
+literals). Each `Let(outs, prim, args)` applies one primitive to variables or literals and binds fresh
+variables; every variable is bound exactly once. The bodies of map/reduce/scan/loop are Programs themselves,
+closed: whatever a body uses from an enclosing scope is passed to it explicitly as leading inputs (its
+"consts"), so every Program can be interpreted, transformed and printed on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, fields
+from typing import Any, Union
+
+import numpy as np
+
+from .dtypes import ShapedArray, aval_of
+from .pytree import LEAF, TreeDef
+
+_var_ids = itertools.count()
+
+
+class Var:
+    """A program variable: identity plus an abstract value. Compared and hashed by identity."""
+
+    __slots__ = ("aval", "id", "hint")
+
+    def __init__(self, aval: ShapedArray, hint: str | None = None):
+        self.aval = aval
+        self.id = next(_var_ids)
+        self.hint = hint
+
+    def __repr__(self) -> str:
+        return f"Var#{self.id}:{self.aval}"
+
+
+@dataclass(frozen=True, eq=False)
+class Lit:
+    """A constant known at trace time (a Python scalar or a NumPy array closed over by the traced function)."""
+
+    value: np.ndarray
+
+    @property
+    def aval(self) -> ShapedArray:
+        return aval_of(self.value)
+
+    def __repr__(self) -> str:
+        return f"Lit({self.value!r})"
+
+
+Atom = Union[Var, Lit]
+
+
+class Primitive:
+    """Base class of primitives: frozen dataclasses whose fields are the static parameters.
+
+    Subclasses set `name` (what the printer shows). Primitives whose parameters hold Programs (the
+    combinators) list those fields in `body_fields` so that generic passes can walk into them.
+    """
+
+    name: str = "?"
+    body_fields: tuple[str, ...] = ()
+
+    def bodies(self) -> list["Program"]:
+        return [getattr(self, f) for f in self.body_fields]
+
+    def params(self) -> dict[str, Any]:
+        """The static parameters that are not bodies, for printing."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.body_fields}
+
+
+@dataclass(frozen=True, eq=False)
+class Let:
+    outs: tuple[Var, ...]
+    prim: Primitive
+    args: tuple[Atom, ...]
+
+
+@dataclass(eq=False)
+class Program:
+    """A closed function in A-normal form.
+
+    `in_tree`/`out_tree` describe how the flat inputs and outputs group into the user's pytrees; for the
+    bodies of combinators they are the element structures.
+    """
+
+    inputs: tuple[Var, ...]
+    stmts: tuple[Let, ...]
+    outputs: tuple[Atom, ...]
+    in_tree: TreeDef = LEAF
+    out_tree: TreeDef = LEAF
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def in_avals(self) -> tuple[ShapedArray, ...]:
+        return tuple(v.aval for v in self.inputs)
+
+    @property
+    def out_avals(self) -> tuple[ShapedArray, ...]:
+        return tuple(a.aval for a in self.outputs)
+
+    def __str__(self) -> str:
+        from .printer import print_program
+
+        return print_program(self)
+
+    def __repr__(self) -> str:
+        return f"<Program {len(self.inputs)} inputs, {len(self.stmts)} statements, {len(self.outputs)} outputs>"
+
+
+def count_statements(program: Program) -> int:
+    """Statements in the program, nested bodies included: the size of a (gradient) program."""
+    total = 0
+    for stmt in program.stmts:
+        total += 1 + sum(count_statements(body) for body in stmt.prim.bodies())
+    return total

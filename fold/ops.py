@@ -1,0 +1,386 @@
+"""The array operations users call: elementwise math, broadcasting, indexing, reshaping, products.
+
+They take tracers, NumPy arrays and Python numbers alike. Promotion follows NumPy 2 (Python numbers are
+"weak" and adopt the array's dtype); the dtype conversions and broadcasts it implies are recorded as explicit
+statements, so every elementwise statement sees arguments of one shape and one dtype.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Sequence
+
+import numpy as np
+
+from .dtypes import SUPPORTED_DTYPES, check_dtype
+from .errors import FoldIndexError, FoldTypeError, ShapeError
+from .primitives import (
+    SCALAR_OPS,
+    BroadcastTo,
+    Concatenate,
+    Convert,
+    Elementwise,
+    Gather,
+    Iota,
+    MatMul,
+    Reshape,
+    StaticIndex,
+    SumAxes,
+    Transpose,
+)
+from .primitives.structural import broadcast_shapes
+from .tracing import Tracer, bind
+
+ArrayLike = Any  # a Tracer, a NumPy array or a Python number
+
+
+def _is_weak(x: Any) -> bool:
+    return isinstance(x, numbers.Number) and not isinstance(x, (np.generic, np.ndarray))
+
+
+def as_value(x: Any, where: str) -> Any:
+    """A tracer, a NumPy array of a supported dtype, or a Python number (kept weak for promotion)."""
+    if isinstance(x, Tracer) or _is_weak(x):
+        if isinstance(x, complex):
+            raise FoldTypeError(f"{where}: complex numbers are not supported ({x!r})")
+        return x
+    if isinstance(x, (np.ndarray, np.generic, list, tuple)):
+        try:
+            array = np.asarray(x)
+        except ValueError as err:
+            raise FoldTypeError(f"{where}: {type(x).__name__} is not a rectangular array: {err}") from None
+        check_dtype(array.dtype, where)
+        return array
+    raise FoldTypeError(f"{where}: expected an array or a number, got {type(x).__name__} ({x!r:.60})")
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return () if _is_weak(x) else tuple(x.shape)
+
+
+def _dtype_key(x: Any) -> Any:
+    return x if _is_weak(x) else x.dtype
+
+
+def convert(x: ArrayLike, dtype: Any) -> ArrayLike:
+    """`x` as `dtype` (a no-op if it already is)."""
+    dtype = check_dtype(np.dtype(dtype), "convert")
+    x = as_value(x, "convert")
+    if _is_weak(x):
+        return np.asarray(x, dtype=dtype)
+    if x.dtype == dtype:
+        return x
+    if isinstance(x, Tracer):
+        return bind(Convert(dtype), x)[0]
+    return x.astype(dtype)
+
+
+def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
+    """`x` broadcast to `shape` (NumPy rules), as an explicit statement."""
+    x = as_value(x, "broadcast_to")
+    shape = tuple(int(s) for s in shape)
+    if shape_of(x) == shape:
+        return x
+    if _is_weak(x):
+        x = np.asarray(x)
+    if broadcast_shapes(shape_of(x), shape) != shape:
+        raise ShapeError(f"broadcast_to: shape {shape_of(x)} cannot be broadcast to {shape}")
+    return bind(BroadcastTo(shape), x)[0]
+
+
+def _result_dtype(values: Sequence[Any], kind: str, op: str) -> np.dtype:
+    dtype = np.result_type(*[_dtype_key(v) for v in values])
+    if dtype not in SUPPORTED_DTYPES:  # e.g. a weak Python float with nothing else: float64 already
+        dtype = np.dtype("float64") if dtype.kind == "f" else np.dtype("int64")
+    if kind == "float" and dtype.kind != "f":
+        return np.dtype("float64")
+    if kind == "logical":
+        if dtype != np.dtype(bool):
+            raise FoldTypeError(f"{op}: needs boolean arguments, got {[np.result_type(_dtype_key(v)).name for v in values]}")
+        return dtype
+    if kind in ("arith", "compare") and dtype == np.dtype(bool) and op not in ("maximum", "minimum", "eq", "ne", "mul"):
+        raise FoldTypeError(f"{op}: not defined on booleans; use & | ~ or convert to a number first")
+    return dtype
+
+
+def elementwise(op: str, *args: ArrayLike) -> ArrayLike:
+    """Apply the scalar operation `op` elementwise, with NumPy promotion and broadcasting."""
+    spec = SCALAR_OPS[op]
+    values = [as_value(a, op) for a in args]
+    if len(values) != spec.arity:
+        raise FoldTypeError(f"{op} takes {spec.arity} arguments, got {len(values)}")
+    if spec.kind == "select":
+        cond, rest = values[0], values[1:]
+        if _dtype_key(cond) is not bool and np.result_type(_dtype_key(cond)) != np.dtype(bool):
+            raise FoldTypeError(f"where: the condition must be boolean, got {np.result_type(_dtype_key(cond)).name}")
+        dtype = _result_dtype(rest, "arith" if all(np.result_type(_dtype_key(v)) != bool for v in rest) else "compare", op)
+        values = [convert(cond, bool)] + [convert(v, dtype) for v in rest]
+    else:
+        dtype = _result_dtype(values, spec.kind, op)
+        values = [convert(v, dtype) for v in values]
+    try:
+        shape = broadcast_shapes(*[shape_of(v) for v in values])
+    except ShapeError:
+        raise ShapeError(f"{op}: shapes {', '.join(str(shape_of(v)) for v in values)} do not broadcast together") from None
+    values = [v if (shape_of(v) == () and not isinstance(v, Tracer)) else broadcast_to(v, shape) for v in values]
+    if not any(isinstance(v, Tracer) for v in values):
+        values = [np.asarray(v) for v in values]
+    return bind(Elementwise(op), *values)[0]
+
+
+def _unary(op: str):
+    def fn(x: ArrayLike) -> ArrayLike:
+        return elementwise(op, x)
+
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise {op}."
+    return fn
+
+
+def _binary(op: str):
+    def fn(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+        return elementwise(op, x, y)
+
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise {op}, with NumPy broadcasting."
+    return fn
+
+
+exp, log, log1p, expm1 = _unary("exp"), _unary("log"), _unary("log1p"), _unary("expm1")
+sin, cos, tanh, sqrt = _unary("sin"), _unary("cos"), _unary("tanh"), _unary("sqrt")
+abs, sign, negative, logical_not = _unary("abs"), _unary("sign"), _unary("neg"), _unary("not")  # noqa: A001
+sigmoid = _unary("sigmoid")
+add, subtract, multiply, divide = _binary("add"), _binary("sub"), _binary("mul"), _binary("div")
+power, maximum, minimum, logaddexp = _binary("pow"), _binary("maximum"), _binary("minimum"), _binary("logaddexp")
+less, less_equal, greater, greater_equal = _binary("lt"), _binary("le"), _binary("gt"), _binary("ge")
+equal, not_equal, logical_and, logical_or = _binary("eq"), _binary("ne"), _binary("and"), _binary("or")
+
+
+def where(cond: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """`x` where `cond` holds, else `y`, elementwise with broadcasting (gradients flow to the chosen side)."""
+    return elementwise("where", cond, x, y)
+
+
+def iota(n: int, dtype: Any = "int64") -> ArrayLike:
+    """The array [0, 1, ..., n-1]."""
+    if not isinstance(n, (int, np.integer)) or n < 0:
+        raise FoldTypeError(f"iota: n must be a non-negative int, got {n!r}")
+    return bind(Iota(int(n), check_dtype(np.dtype(dtype), "iota")))[0]
+
+
+def reshape(x: ArrayLike, shape: Sequence[int] | int) -> ArrayLike:
+    """`x` with a new shape of the same size; one dimension may be -1."""
+    x = as_value(x, "reshape")
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    size = int(np.prod(shape_of(x), dtype=np.int64))
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape: more than one -1 in {shape}")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        if known == 0 or size % known:
+            raise ShapeError(f"reshape: cannot reshape {shape_of(x)} ({size} elements) to {shape}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    if shape == shape_of(x):
+        return x
+    return bind(Reshape(shape), np.asarray(x) if _is_weak(x) else x)[0]
+
+
+def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> ArrayLike:
+    """Permute the axes of `x` (reverse them by default)."""
+    x = as_value(x, "transpose")
+    ndim = len(shape_of(x))
+    perm = tuple(range(ndim))[::-1] if axes is None else tuple(int(a) % max(ndim, 1) for a in axes)
+    if sorted(perm) != list(range(ndim)):
+        raise ShapeError(f"transpose: axes {tuple(axes)} are not a permutation of the {ndim} axes of {shape_of(x)}")
+    if perm == tuple(range(ndim)):
+        return x
+    return bind(Transpose(perm), x)[0]
+
+
+def concatenate(xs: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
+    """Join arrays along an existing axis."""
+    values = [as_value(x, "concatenate") for x in xs]
+    if not values:
+        raise ShapeError("concatenate: needs at least one array")
+    ndim = len(shape_of(values[0]))
+    if ndim == 0:
+        raise ShapeError("concatenate: cannot concatenate 0-d arrays")
+    axis = axis % ndim
+    dtype = _result_dtype(values, "compare", "concatenate") if all(np.result_type(_dtype_key(v)) == bool for v in values) else _result_dtype(values, "arith", "concatenate")
+    values = [convert(v, dtype) for v in values]
+    if len(values) == 1:
+        return values[0]
+    return bind(Concatenate(axis), *values)[0]
+
+
+def sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:  # noqa: A001
+    """Sum over the given axes (all by default)."""
+    x = as_value(x, "sum")
+    ndim = len(shape_of(x))
+    axes = tuple(range(ndim)) if axis is None else ((axis,) if isinstance(axis, int) else tuple(axis))
+    axes = tuple(sorted({a % ndim for a in axes})) if ndim else ()
+    if shape_of(x) and np.result_type(_dtype_key(x)) == bool:
+        x = convert(x, "int64")
+    if not axes:
+        return x
+    return bind(SumAxes(axes), np.asarray(x) if _is_weak(x) else x)[0]
+
+
+def matmul(a: ArrayLike, b: ArrayLike) -> ArrayLike:
+    """Matrix product of 1-d or 2-d arrays with NumPy's conventions (use `map` for batches)."""
+    a, b = as_value(a, "matmul"), as_value(b, "matmul")
+    sa, sb = shape_of(a), shape_of(b)
+    if not (1 <= len(sa) <= 2 and 1 <= len(sb) <= 2):
+        raise ShapeError(f"matmul: operands must be 1-d or 2-d, got shapes {sa} and {sb} (map over a batch axis instead)")
+    ka, kb = sa[-1], sb[0]
+    if ka != kb:
+        raise ShapeError(f"matmul: inner dimensions differ: {sa} @ {sb} ({ka} != {kb})")
+    dtype = _result_dtype([a, b], "arith", "matmul")
+    a2 = reshape(convert(a, dtype), (1, ka) if len(sa) == 1 else sa)
+    b2 = reshape(convert(b, dtype), (kb, 1) if len(sb) == 1 else sb)
+    out = bind(MatMul(), a2, b2)[0]
+    out_shape = (sa[0],) * (len(sa) == 2) + (sb[1],) * (len(sb) == 2)
+    return reshape(out, out_shape)
+
+
+dot = matmul
+
+
+def replicate(n: int, x: ArrayLike) -> ArrayLike:
+    """`n` copies of `x` stacked along a new leading axis."""
+    x = as_value(x, "replicate")
+    return broadcast_to(reshape(x, (1,) + shape_of(x)), (int(n),) + shape_of(x))
+
+
+# ---------------------------------------------------------------------------------------------- indexing
+
+
+def _normalise_key(key: Any, shape: tuple[int, ...]) -> list:
+    key = key if isinstance(key, tuple) else (key,)
+    if sum(k is Ellipsis for k in key) > 1:
+        raise FoldIndexError("an index can only have a single ellipsis ('...')")
+    used = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if used > len(shape):
+        raise FoldIndexError(f"too many indices ({used}) for an array of shape {shape}")
+    out: list = []
+    for k in key:
+        if k is Ellipsis:
+            out.extend([slice(None)] * (len(shape) - used))
+        else:
+            out.append(k)
+    return out
+
+
+def getitem(x: ArrayLike, key: Any) -> ArrayLike:
+    """NumPy-style indexing: ints, slices, `None`, `...`, and one integer index array (traced or not)."""
+    x = as_value(x, "indexing")
+    shape = shape_of(x)
+    entries = _normalise_key(key, shape)
+    dynamic = [i for i, k in enumerate(entries) if isinstance(k, (Tracer, np.ndarray, list))]
+    if len(dynamic) > 1:
+        raise FoldIndexError("only one index array per indexing expression is supported; index twice, or use map")
+    if dynamic and any(k is None for k in entries):
+        raise FoldIndexError("mixing None (new axes) with an index array is not supported")
+    static: list = []
+    out_shape: list[int] = []
+    axis = 0
+    for pos, k in enumerate(entries):
+        if k is None:
+            out_shape.append(1)
+            continue
+        size = shape[axis]
+        if pos in dynamic or isinstance(k, slice):
+            sl = slice(None) if pos in dynamic else k
+            start, stop, step = sl.indices(size)
+            static.append((start, stop, step))
+            out_shape.append(len(range(start, stop, step)))
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            if not -size <= k < size:
+                raise FoldIndexError(f"index {k} is out of range for axis {axis} of size {size} (array shape {shape})")
+            static.append(int(k) % size)
+        else:
+            raise FoldIndexError(f"unsupported index {k!r} ({type(k).__name__}) for axis {axis} of shape {shape}")
+        axis += 1
+    out_shape.extend(shape[axis:])
+    result = x
+    if any(e != (0, s, 1) for e, s in zip(static, shape, strict=False)):
+        result = bind(StaticIndex(tuple(static)), np.asarray(x) if _is_weak(x) else x)[0]
+    if dynamic:
+        pos = dynamic[0]
+        dyn_axis = sum(1 for k in entries[:pos] if not isinstance(k, (int, np.integer)) or isinstance(k, bool))
+        return _gather_axis(result, entries[pos], dyn_axis)
+    return reshape(result, tuple(out_shape))
+
+
+def _gather_axis(x: ArrayLike, index: Any, axis: int) -> ArrayLike:
+    size = shape_of(x)[axis]
+    if not isinstance(index, Tracer):
+        index = np.asarray(index)
+        if index.dtype == bool:
+            raise FoldIndexError("boolean mask indexing gives a data-dependent shape; use fold.where instead")
+        if index.dtype.kind not in "iu":
+            raise FoldIndexError(f"index arrays must be integers, got {index.dtype.name}")
+        if index.size and (index.min() < -size or index.max() >= size):
+            bad = index[(index < -size) | (index >= size)].ravel()[0]
+            raise FoldIndexError(f"index {bad} is out of range for axis {axis} of size {size} (array shape {shape_of(x)})")
+        index = np.where(index < 0, index + size, index).astype(np.int64)
+    elif index.dtype.kind not in "iu":
+        raise FoldIndexError(f"index arrays must be integers, got {index.dtype.name}")
+    ndim = len(shape_of(x))
+    moved = transpose(x, (axis,) + tuple(a for a in range(ndim) if a != axis))
+    gathered = bind(Gather(), moved, index)[0]
+    k = len(shape_of(index))
+    # gathered: index dims, then the other axes in order; put the index dims where `axis` was
+    perm = tuple(range(k, k + axis)) + tuple(range(k)) + tuple(range(k + axis, k + ndim - 1))
+    return transpose(gathered, perm)
+
+
+# ---------------------------------------------------------------------------------------- tracer methods
+
+_UFUNCS = {
+    np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
+    np.remainder: "mod", np.floor_divide: "floordiv", np.maximum: "maximum", np.minimum: "minimum",
+    np.logaddexp: "logaddexp", np.negative: "neg", np.absolute: "abs", np.sign: "sign", np.exp: "exp",
+    np.log: "log", np.log1p: "log1p", np.expm1: "expm1", np.sin: "sin", np.cos: "cos", np.tanh: "tanh",
+    np.sqrt: "sqrt", np.less: "lt", np.less_equal: "le", np.greater: "gt", np.greater_equal: "ge",
+    np.equal: "eq", np.not_equal: "ne", np.logical_and: "and", np.logical_or: "or", np.logical_not: "not",
+}
+
+
+def _array_ufunc(self: Tracer, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    if ufunc is np.matmul and method == "__call__" and not kwargs:
+        return matmul(*inputs)
+    op = _UFUNCS.get(ufunc)
+    if op is None or method != "__call__" or kwargs:
+        raise FoldTypeError(f"NumPy ufunc {ufunc.__name__}.{method} is not supported on traced arrays; use the fold.* function")
+    return elementwise(op, *inputs)
+
+
+def _install_tracer_methods() -> None:
+    def binop(op: str, reflected: bool = False):
+        if reflected:
+            return lambda self, other: elementwise(op, other, self)
+        return lambda self, other: elementwise(op, self, other)
+
+    for name, op in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("pow", "pow"),
+                     ("mod", "mod"), ("floordiv", "floordiv"), ("and", "and"), ("or", "or")]:
+        setattr(Tracer, f"__{name}__", binop(op))
+        setattr(Tracer, f"__r{name}__", binop(op, reflected=True))
+    for name, op in [("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne")]:
+        setattr(Tracer, f"__{name}__", binop(op))
+    Tracer.__neg__ = lambda self: elementwise("neg", self)
+    Tracer.__pos__ = lambda self: self
+    Tracer.__abs__ = lambda self: elementwise("abs", self)
+    Tracer.__invert__ = lambda self: elementwise("not", self)
+    Tracer.__matmul__ = lambda self, other: matmul(self, other)
+    Tracer.__rmatmul__ = lambda self, other: matmul(other, self)
+    Tracer.__getitem__ = getitem
+    Tracer.__array_ufunc__ = _array_ufunc
+    Tracer.T = property(lambda self: transpose(self))
+    Tracer.reshape = lambda self, *shape: reshape(self, shape[0] if len(shape) == 1 else shape)
+    Tracer.transpose = lambda self, *axes: transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+    Tracer.astype = convert
+    Tracer.sum = sum
+
+
+_install_tracer_methods()

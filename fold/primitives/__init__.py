@@ -1,0 +1,21 @@
+"""The primitives of the language, with their shape rules. Importing this package registers them all."""
+
+from .combinators import Loop, Map, Reduce, ReduceByIndex, Scan
+from .elementwise import SCALAR_OPS, Elementwise, ScalarOp
+from .structural import (
+    BroadcastTo,
+    Concatenate,
+    Convert,
+    Gather,
+    Iota,
+    MatMul,
+    Reshape,
+    StaticIndex,
+    SumAxes,
+    Transpose,
+)
+
+__all__ = [
+    "SCALAR_OPS", "BroadcastTo", "Concatenate", "Convert", "Elementwise", "Gather", "Iota", "Loop", "Map",
+    "MatMul", "Reduce", "ReduceByIndex", "Reshape", "ScalarOp", "Scan", "StaticIndex", "SumAxes", "Transpose",
+]

@@ -1,0 +1,27 @@
+"""Recognising well-known operators in a traced lambda, so rules and backends can specialise.
+
+`lambda a, b: a * b` and `fold.monoids.prod` trace to the same one-statement body; both are "mul".
+"""
+
+from __future__ import annotations
+
+from .ir import Program, Var
+from .primitives import Elementwise
+
+KNOWN_BINARY_OPS = ("add", "mul", "maximum", "minimum", "logaddexp")
+
+
+def recognize_binary_op(body: Program, num_consts: int = 0) -> str | None:
+    """The name of the elementwise op the body applies to its two (single-leaf) arguments, if that is all it does."""
+    if num_consts or len(body.inputs) != 2 or len(body.outputs) != 1 or len(body.stmts) != 1:
+        return None
+    (stmt,) = body.stmts
+    a, b = body.inputs
+    if not isinstance(stmt.prim, Elementwise) or stmt.prim.op not in KNOWN_BINARY_OPS:
+        return None
+    args = stmt.args
+    if len(args) != 2 or not all(isinstance(x, Var) for x in args) or {id(x) for x in args} != {id(a), id(b)}:
+        return None
+    if body.outputs[0] is not stmt.outs[0]:
+        return None
+    return stmt.prim.op

@@ -1,0 +1,255 @@
+"""Tracing: running a Python function on tracer values to record a Program.
+
+A `Scope` collects the statements of one function being traced: the whole program, or the body of a
+map/reduce/scan/loop. Scopes nest the way the user's lambdas nest. When a body uses a tracer of an
+enclosing scope (a weight vector inside a map body), the body's scope captures it: the body gets a fresh
+input for it, and the combinator passes the outer variable in as a "const". Capture works at any depth,
+each scope asking its parent. A tracer whose scope has closed and is no ancestor of the current one has
+escaped its trace, and using it is an error.
+
+`bind` is the one place where statements are made. With no trace active, `bind` evaluates the primitive
+at once on the numpy backend (eager mode), so `fold.exp(np.ones(3))` works outside any trace.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .dtypes import ShapedArray, check_dtype
+from .errors import ConcretizationError, EscapedTracerError, FoldTypeError
+from .ir import Atom, Let, Lit, Primitive, Program, Var
+from .pytree import TreeDef, leaf_paths, tree_flatten
+from .rules import RuleTable
+
+shape_rules = RuleTable("shape")
+
+_state = threading.local()
+
+
+def _stack() -> list["Scope"]:
+    if not hasattr(_state, "scopes"):
+        _state.scopes = []
+    return _state.scopes
+
+
+def current_scope() -> "Scope | None":
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
+class Scope:
+    """The statements, inputs and captured outer variables of one function being traced."""
+
+    def __init__(self, parent: "Scope | None", label: str):
+        self.parent = parent
+        self.label = label
+        self.inputs: list[Var] = []
+        self.stmts: list[Let] = []
+        self.captures: dict[Var, Var] = {}  # outer variable -> this scope's input standing for it
+        self.closed = False
+
+    def __enter__(self) -> "Scope":
+        _stack().append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        popped = _stack().pop()
+        assert popped is self
+        self.closed = True
+
+    def new_input(self, aval: ShapedArray, hint: str | None = None) -> "Tracer":
+        var = Var(aval, hint)
+        self.inputs.append(var)
+        return Tracer(var, self)
+
+    def ancestors(self) -> list["Scope"]:
+        out, scope = [], self.parent
+        while scope is not None:
+            out.append(scope)
+            scope = scope.parent
+        return out
+
+    def resolve(self, tracer: "Tracer") -> Var:
+        """The variable that stands for `tracer` in this scope, capturing it from an enclosing one if needed."""
+        if tracer.scope is self:
+            return tracer.var
+        if self.parent is None or tracer.scope not in self.ancestors():
+            raise EscapedTracerError(
+                f"a tracer of shape {tracer.aval} from the trace of '{tracer.scope.label}' was used in "
+                f"'{self.label}', outside the trace that created it (was it kept in a global or an "
+                f"attribute and used after that trace ended?)"
+            )
+        outer = self.parent.resolve(tracer)
+        inner = self.captures.get(outer)
+        if inner is None:
+            inner = Var(outer.aval, outer.hint)
+            self.captures[outer] = inner
+        return inner
+
+    def atom(self, value: "Tracer | np.ndarray") -> Atom:
+        if isinstance(value, Tracer):
+            return self.resolve(value)
+        return Lit(np.asarray(value))
+
+
+class Tracer:
+    """A value inside a traced function: it knows its shape and dtype, and records what is done with it.
+
+    Arithmetic operators, indexing, `.T`, `@` and NumPy ufuncs are installed by `fold.ops`.
+    """
+
+    __slots__ = ("var", "scope")
+    __array_priority__ = 1000
+
+    def __init__(self, var: Var, scope: Scope):
+        self.var = var
+        self.scope = scope
+
+    @property
+    def aval(self) -> ShapedArray:
+        return self.var.aval
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.var.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.var.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.var.aval.shape)
+
+    @property
+    def size(self) -> int:
+        return self.var.aval.size
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise FoldTypeError("len() of a 0-d traced array")
+        return self.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def _concrete(self, what: str):
+        raise ConcretizationError(
+            f"{what} needs the concrete value of a traced array {self.aval}, which is unknown while tracing; "
+            f"use fold.where(...) for data-dependent choices, or pass static values as Python constants"
+        )
+
+    def __bool__(self):
+        self._concrete("bool() / an if-statement")
+
+    def __float__(self):
+        self._concrete("float()")
+
+    def __int__(self):
+        self._concrete("int()")
+
+    def __index__(self):
+        self._concrete("using it as a Python index")
+
+    def __array__(self, *args, **kwargs):
+        self._concrete("converting it to a NumPy array")
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self.aval}>"
+
+
+def bind(prim: Primitive, *args: "Tracer | np.ndarray") -> list[Any]:
+    """Apply `prim` to `args`: record a statement in the current scope, or evaluate it now if none is active."""
+    scope = current_scope()
+    if scope is None:
+        for arg in args:
+            if isinstance(arg, Tracer):
+                scope_label = arg.scope.label
+                raise EscapedTracerError(
+                    f"a tracer of shape {arg.aval} from the trace of '{scope_label}' was used after that trace "
+                    f"ended (in '{prim.name}'): was it kept in a global or an attribute?"
+                )
+        from runtime.eager import eval_primitive  # lazy: runtime depends on fold, not the other way
+
+        return eval_primitive(prim, [np.asarray(a) for a in args])
+    atoms = [scope.atom(a) for a in args]
+    out_avals = shape_rules.lookup(prim)(prim, *[a.aval for a in atoms])
+    outs = tuple(Var(aval) for aval in out_avals)
+    scope.stmts.append(Let(outs, prim, tuple(atoms)))
+    return [Tracer(v, scope) for v in outs]
+
+
+def to_array_leaf(value: Any, where: str, path: str) -> "Tracer | np.ndarray":
+    """A pytree leaf as a tracer or a NumPy array of a supported dtype, or a clear error."""
+    if isinstance(value, Tracer):
+        return value
+    if isinstance(value, (bool, int, float, np.ndarray, np.generic)):
+        array = np.asarray(value)
+        check_dtype(array.dtype, f"{where} (leaf {path})")
+        return array
+    raise FoldTypeError(
+        f"{where}: leaf {path} is a {type(value).__name__} ({value!r:.60}), not an array: values must be NumPy "
+        f"arrays, Python numbers, or tuples/lists/dicts/NamedTuples of them"
+    )
+
+
+def abstractify(args: Any, where: str) -> tuple[list, TreeDef, list[ShapedArray]]:
+    """Flatten user arguments, check every leaf, and give each its abstract value."""
+    leaves, treedef = tree_flatten(args)
+    paths = leaf_paths(treedef)
+    checked = [to_array_leaf(leaf, where, path) for leaf, path in zip(leaves, paths, strict=True)]
+    avals = [leaf.aval if isinstance(leaf, Tracer) else ShapedArray(leaf.shape, leaf.dtype) for leaf in checked]
+    return checked, treedef, avals
+
+
+class TracedBody:
+    """A traced lambda: its closed Program, the outer values it captured, and its output structure."""
+
+    def __init__(self, program: Program, consts: list[Tracer], out_tree: TreeDef):
+        self.program = program
+        self.consts = consts
+        self.out_tree = out_tree
+
+
+def trace_body(
+    fn: Callable, arg_trees: Sequence[Any], label: str, *, hints: Sequence[str] | None = None
+) -> TracedBody:
+    """Trace `fn` on abstract arguments (pytrees of ShapedArray) in a scope nested in the current one.
+
+    The Program's inputs are the captured outer variables first, then the leaves of the arguments.
+    """
+    parent = current_scope()
+    flat_avals, in_tree = tree_flatten(tuple(arg_trees))
+    scope = Scope(parent, label)
+    with scope:
+        leaves = [scope.new_input(aval) for aval in flat_avals]
+        args = in_tree.unflatten(leaves)
+        result = fn(*args)
+        out_leaves, out_tree = tree_flatten(result)
+        paths = leaf_paths(out_tree)
+        outputs = tuple(
+            scope.atom(to_array_leaf(leaf, f"{label}: result of {_fn_name(fn)}", path))
+            for leaf, path in zip(out_leaves, paths, strict=True)
+        )
+    captured_outer = list(scope.captures.keys())
+    captured_inner = [scope.captures[v] for v in captured_outer]
+    program = Program(
+        inputs=tuple(captured_inner) + tuple(scope.inputs),
+        stmts=tuple(scope.stmts),
+        outputs=outputs,
+        in_tree=in_tree,
+        out_tree=out_tree,
+        meta={"label": label, "num_consts": len(captured_inner)},
+    )
+    consts = [Tracer(v, parent) for v in captured_outer] if parent is not None else []
+    return TracedBody(program, consts, out_tree)
+
+
+def _fn_name(fn: Callable) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)

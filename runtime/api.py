@@ -1,0 +1,78 @@
+"""`fold.run` and `fold.jit`: trace once per input signature, compile for a backend, run."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from fold.api import signature_of, trace_signature
+from fold.errors import FoldTypeError
+from fold.inline import inline_program
+from fold.ir import Program
+from fold.tracing import Tracer, current_scope
+
+from .backends import get_backend
+
+
+def _finish(outs: list[np.ndarray]) -> list[np.ndarray]:
+    # views made by broadcasting are read-only and share memory; hand the user ordinary arrays
+    return [o if o.flags.writeable and o.flags.c_contiguous else np.array(o, order="C") for o in outs]
+
+
+class Jitted:
+    """`f` traced once per input signature and compiled once per backend; calls run the compiled program.
+
+    `compile_seconds` and `trace_count` report the one-off costs apart from run time.
+    """
+
+    def __init__(self, f: Callable[..., Any], backend: str | None = None):
+        if not callable(f):
+            raise FoldTypeError(f"fold.jit: expected a function, got {type(f).__name__}")
+        self.f = f
+        self.backend = backend
+        self._compiled: dict = {}
+        self.compile_seconds = 0.0
+        self.trace_count = 0
+        self.__name__ = getattr(f, "__name__", "jitted")
+        self.__doc__ = getattr(f, "__doc__", None)
+
+    def program(self, *args: Any) -> Program:
+        """The traced Program for arguments shaped like `args`."""
+        _, signature = signature_of(args, f"fold.jit({self.__name__})")
+        return trace_signature(self.f, signature)
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, signature = signature_of(args, f"fold.jit({self.__name__})")
+        if current_scope() is not None or any(isinstance(leaf, Tracer) for leaf in leaves):
+            program = trace_signature(self.f, signature)
+            return program.out_tree.unflatten(inline_program(program, leaves))
+        backend = get_backend(self.backend)
+        key = (backend.name, signature)
+        entry = self._compiled.get(key)
+        if entry is None:
+            start = time.perf_counter()
+            program = trace_signature(self.f, signature)
+            entry = (program, backend.compile(program))
+            self.compile_seconds += time.perf_counter() - start
+            self.trace_count += 1
+            self._compiled[key] = entry
+        program, compiled = entry
+        return program.out_tree.unflatten(_finish(compiled([np.asarray(leaf) for leaf in leaves])))
+
+
+def jit(f: Callable[..., Any], backend: str | None = None) -> Jitted:
+    """`f` as a function that is traced once per input signature and runs on `backend`.
+
+    >>> import numpy as np, fold
+    >>> g = fold.jit(lambda x: fold.reduce(fold.monoids.sum, x * x))
+    >>> float(g(np.arange(4.0)))
+    14.0
+    """
+    return Jitted(f, backend)
+
+
+def run(f: Callable[..., Any], *args: Any, backend: str | None = None) -> Any:
+    """Trace `f` on `args` and run it (on the default backend unless `backend` names one)."""
+    return Jitted(f, backend)(*args)

@@ -1,0 +1,75 @@
+"""The reference interpreter: walks a Program's statements with an environment, on batched NumPy arrays.
+
+A map is not run row by row: its body is evaluated once, on arrays that carry the mapped axis as a leading
+*batch* dimension. Inside a body nested `depth` maps deep, every value has `depth` leading batch dimensions,
+each either full size or 1 (a value that does not vary along that map: a captured weight vector is never
+copied per row). NumPy broadcasting then does the rest, and each primitive's implementation takes `depth`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+import numpy as np
+
+from fold.errors import FoldError, FoldRuntimeError
+from fold.ir import Atom, Lit, Program, Var
+from fold.rules import RuleTable
+
+numpy_impls = RuleTable("numpy backend")
+
+_last_uses: "weakref.WeakKeyDictionary[Program, list[list[Var]]]" = weakref.WeakKeyDictionary()
+
+
+def _dead_after(program: Program) -> list[list[Var]]:
+    """For each statement, the variables whose last use it is (so their arrays can be freed after it)."""
+    cached = _last_uses.get(program)
+    if cached is not None:
+        return cached
+    last: dict[Var, int] = {}
+    for i, stmt in enumerate(program.stmts):
+        for a in stmt.args:
+            if isinstance(a, Var):
+                last[a] = i
+    keep = {a for a in program.outputs if isinstance(a, Var)}
+    dead: list[list[Var]] = [[] for _ in program.stmts]
+    for var, i in last.items():
+        if var not in keep:
+            dead[i].append(var)
+    _last_uses[program] = dead
+    return dead
+
+
+def read_atom(env: dict, atom: Atom, depth: int) -> np.ndarray:
+    if isinstance(atom, Lit):
+        value = atom.value
+        return value.reshape((1,) * depth + value.shape) if depth else value
+    return env[atom]
+
+
+def eval_program(program: Program, args: Sequence[np.ndarray], depth: int = 0) -> list[np.ndarray]:
+    """Run `program` on `args` (each with `depth` leading batch dimensions) and return its outputs."""
+    env: dict = dict(zip(program.inputs, args, strict=True))
+    for stmt, dead in zip(program.stmts, _dead_after(program), strict=True):
+        values = [read_atom(env, a, depth) for a in stmt.args]
+        outs = run_statement(stmt.prim, values, depth, [v.aval for v in stmt.outs])
+        for var, value in zip(stmt.outs, outs, strict=True):
+            env[var] = value
+        for var in dead:
+            env.pop(var, None)
+    return [read_atom(env, a, depth) for a in program.outputs]
+
+
+def run_statement(prim, values: list[np.ndarray], depth: int, out_avals: list) -> list[np.ndarray]:
+    """One primitive on batched arrays, with NumPy's own errors turned into a FoldRuntimeError."""
+    impl = numpy_impls.lookup(prim)
+    try:
+        with np.errstate(all="ignore"):
+            outs = impl(prim, values, depth)
+    except FoldError:
+        raise
+    except Exception as err:  # a NumPy failure deep inside: name the statement instead of leaking a traceback
+        shapes = ", ".join(f"{v.dtype.name}{list(v.shape[depth:])}" for v in values)
+        raise FoldRuntimeError(f"{prim.name} failed on arguments ({shapes}): {type(err).__name__}: {err}") from err
+    return [o if o.dtype == aval.dtype else o.astype(aval.dtype) for o, aval in zip(outs, out_avals, strict=True)]

@@ -1,0 +1,194 @@
+"""reduce, scan and reduce_by_index on batched arrays, for any associative operator.
+
+A user operator is a body evaluated on whole batches of pairs at once, one map deeper. reduce is a
+pairwise tree (ceil(log2 n) vectorised steps); scan is the work-efficient two-sweep scan (about 2 log2 n
+steps, O(n) work); reduce_by_index sorts by bin and runs a segmented scan. Every variant keeps the order
+of the operands, so non-commutative operators are correct. Operators recognised as +, *, max, min or
+logaddexp use NumPy's own reductions instead.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from fold.primitives import Reduce, ReduceByIndex, Scan
+from fold.recognize import recognize_binary_op
+
+from ..interpreter import eval_program, numpy_impls
+from .batching import concat_broadcast, expand_for_body, fit_axis, take_axis
+from .structural import check_indices
+
+Leaves = list[np.ndarray]
+Combine = Callable[[Leaves, Leaves], Leaves]
+
+_UFUNCS = {"add": np.add, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum, "logaddexp": np.logaddexp}
+
+# Switched off by benchmarks and tests that exercise the generic tree algorithms.
+USE_UFUNC_FAST_PATHS = True
+
+
+def _fast_ufunc(prim) -> np.ufunc | None:
+    if not USE_UFUNC_FAST_PATHS:
+        return None
+    op = recognize_binary_op(prim.body, prim.num_consts)
+    return _UFUNCS.get(op) if op else None
+
+
+def _combiner(prim, consts: Leaves, axis: int) -> Combine:
+    """The operator as a function of two lists of leaves batched along `axis` (= the depth)."""
+    body_consts = [expand_for_body(c, axis) for c in consts]
+
+    def combine(a: Leaves, b: Leaves) -> Leaves:
+        size = a[0].shape[axis]
+        outs = eval_program(prim.body, body_consts + a + b, depth=axis + 1)
+        return [fit_axis(o, axis, size) for o in outs]
+
+    return combine
+
+
+def _split(prim, args: list) -> tuple[Leaves, Leaves, Leaves]:
+    k = prim.num_leaves
+    return args[: prim.num_consts], args[prim.num_consts: prim.num_consts + k], args[prim.num_consts + k:]
+
+
+def tree_reduce(xs: Leaves, axis: int, combine: Combine) -> Leaves:
+    """Combine adjacent pairs until one element is left; an odd element out is carried to the next level."""
+    n = xs[0].shape[axis]
+    while n > 1:
+        m = n // 2
+        pairs = combine([take_axis(x, axis, slice(0, 2 * m, 2)) for x in xs],
+                        [take_axis(x, axis, slice(1, 2 * m, 2)) for x in xs])
+        if n % 2:
+            pairs = [concat_broadcast([p, take_axis(x, axis, slice(n - 1, n))], axis) for p, x in zip(pairs, xs, strict=True)]
+        xs, n = pairs, m + n % 2
+    return [take_axis(x, axis, 0) for x in xs]
+
+
+def inclusive_scan(xs: Leaves, axis: int, combine: Combine) -> Leaves:
+    """Work-efficient scan: scan the pairwise combinations, then fill in the even positions."""
+    n = xs[0].shape[axis]
+    if n <= 1:
+        return xs
+    m = n // 2
+    pair_sums = combine([take_axis(x, axis, slice(0, 2 * m, 2)) for x in xs],
+                        [take_axis(x, axis, slice(1, 2 * m, 2)) for x in xs])
+    odd = inclusive_scan(pair_sums, axis, combine)  # odd[i] = x_0 . ... . x_{2i+1}
+    n_even = (n + 1) // 2
+    if n_even > 1:
+        later = combine([take_axis(o, axis, slice(0, n_even - 1)) for o in odd],
+                        [take_axis(x, axis, slice(2, n, 2)) for x in xs])
+        even = [concat_broadcast([take_axis(x, axis, slice(0, 1)), e], axis) for x, e in zip(xs, later, strict=True)]
+    else:
+        even = [take_axis(x, axis, slice(0, 1)) for x in xs]
+    out = []
+    for e, o in zip(even, odd, strict=True):
+        shape = np.broadcast_shapes(e.shape[:axis] + (1,) + e.shape[axis + 1:], o.shape[:axis] + (1,) + o.shape[axis + 1:])
+        result = np.empty(shape[:axis] + (n,) + shape[axis + 1:], dtype=e.dtype)
+        result[(slice(None),) * axis + (slice(0, n, 2),)] = e
+        result[(slice(None),) * axis + (slice(1, n, 2),)] = o
+        out.append(result)
+    return out
+
+
+def _flip(xs: Leaves, axis: int) -> Leaves:
+    return [np.flip(x, axis) for x in xs]
+
+
+def scan_leaves(xs: Leaves, identity: Leaves, axis: int, combine: Combine, exclusive: bool, reverse: bool) -> Leaves:
+    if reverse:
+        flipped: Combine = lambda a, b: combine(b, a)  # noqa: E731
+        return _flip(scan_leaves(_flip(xs, axis), identity, axis, flipped, exclusive, False), axis)
+    out = inclusive_scan(xs, axis, combine)
+    if exclusive:
+        n = xs[0].shape[axis]
+        out = [concat_broadcast([np.expand_dims(e, axis), take_axis(o, axis, slice(0, n - 1))], axis)
+               for e, o in zip(identity, out, strict=True)]
+    return out
+
+
+@numpy_impls.register(Reduce)
+def _reduce(prim: Reduce, args: list, depth: int) -> list:
+    consts, identity, xs = _split(prim, args)
+    if xs[0].shape[depth] == 0:
+        return identity
+    ufunc = _fast_ufunc(prim)
+    if ufunc is not None:
+        return [ufunc.reduce(xs[0], axis=depth)]
+    return tree_reduce(xs, depth, _combiner(prim, consts, depth))
+
+
+_ACCUMULATE = {"add": np.cumsum, "mul": np.cumprod}
+
+
+@numpy_impls.register(Scan)
+def _scan(prim: Scan, args: list, depth: int) -> list:
+    consts, identity, xs = _split(prim, args)
+    if xs[0].shape[depth] == 0:
+        return [np.array(x) for x in xs]
+    ufunc = _fast_ufunc(prim)
+    if ufunc is not None:
+        accumulate: Combine = lambda a, b: [ufunc(a[0], b[0])]  # noqa: E731 (only used for the flips)
+        inclusive = lambda x: [ufunc.accumulate(x[0], axis=depth)]  # noqa: E731
+        return _scan_with(inclusive, xs, identity, depth, accumulate, prim.exclusive, prim.reverse)
+    return scan_leaves(xs, identity, depth, _combiner(prim, consts, depth), prim.exclusive, prim.reverse)
+
+
+def _scan_with(inclusive, xs, identity, axis, combine, exclusive, reverse):
+    if reverse:
+        return _flip(_scan_with(inclusive, _flip(xs, axis), identity, axis, combine, exclusive, False), axis)
+    out = inclusive(xs)
+    if exclusive:
+        n = xs[0].shape[axis]
+        out = [concat_broadcast([np.expand_dims(e, axis), take_axis(o, axis, slice(0, n - 1))], axis)
+               for e, o in zip(identity, out, strict=True)]
+    return out
+
+
+@numpy_impls.register(ReduceByIndex)
+def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int) -> list:
+    k = prim.num_leaves
+    consts, identity = args[: prim.num_consts], args[prim.num_consts: prim.num_consts + k]
+    indices, values = args[prim.num_consts + k], args[prim.num_consts + k + 1:]
+    batch = np.broadcast_shapes(*[a.shape[:depth] for a in args]) if depth else ()
+    nb, m = int(np.prod(batch, dtype=np.int64)), indices.shape[depth]
+    idx = np.broadcast_to(indices, batch + (m,)).reshape(nb, m)
+    vals = [np.broadcast_to(v, batch + v.shape[depth:]).reshape((nb,) + v.shape[depth:]) for v in values]
+    valid = (idx >= 0) & (idx < prim.n)  # out-of-range indices are ignored, as in Futhark
+    keys = (np.arange(nb)[:, None] * prim.n + idx)[valid]
+    rows = np.broadcast_to(np.arange(nb)[:, None], (nb, m))[valid]
+    vals = [v[valid] for v in vals]
+    out = [np.array(np.broadcast_to(e, batch + e.shape[depth:]).reshape((nb,) + e.shape[depth:]))[:, None].repeat(prim.n, axis=1)
+           .reshape((nb * prim.n,) + e.shape[depth:]) for e in identity]
+    ufunc = _fast_ufunc(prim)
+    if ufunc is not None:
+        ufunc.at(out[0], keys, vals[0])
+    elif keys.size:
+        _segmented_reduce(prim, consts, depth, batch, keys, rows, vals, out)
+    return [o.reshape(batch + (prim.n,) + o.shape[1:]) for o in out]
+
+
+def _segmented_reduce(prim, consts, depth, batch, keys, rows, vals, out) -> None:
+    """Combine the values of each bin in their original order: stable sort by bin, then a segmented scan."""
+    order = np.argsort(keys, kind="stable")
+    keys, rows, vals = keys[order], rows[order], [v[order] for v in vals]
+    starts = np.ones(keys.shape, dtype=bool)
+    starts[1:] = keys[1:] != keys[:-1]
+    nb = int(np.prod(batch, dtype=np.int64))
+    per_element_consts = [np.broadcast_to(c, batch + c.shape[depth:]).reshape((nb,) + c.shape[depth:])[rows] for c in consts]
+    nc = len(consts)
+
+    def combine(a: Leaves, b: Leaves) -> Leaves:
+        # leaves: [segment-start flag, consts of the element..., values...]
+        fa, fb = a[0], b[0]
+        combined = eval_program(prim.body, b[1: 1 + nc] + a[1 + nc:] + b[1 + nc:], depth=1)
+        picked = [np.where(fb.reshape(fb.shape + (1,) * (c.ndim - 1)), vb, c)
+                  for vb, c in zip(b[1 + nc:], combined, strict=True)]
+        return [fa | fb] + b[1: 1 + nc] + picked
+
+    scanned = inclusive_scan([starts] + per_element_consts + vals, 0, combine)
+    ends = np.ones(keys.shape, dtype=bool)
+    ends[:-1] = keys[1:] != keys[:-1]
+    for o, s in zip(out, scanned[1 + nc:], strict=True):
+        o[keys[ends]] = s[ends]

@@ -1,0 +1,104 @@
+"""Structural primitives on batched arrays: the logical axes start after the `depth` batch dimensions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fold.errors import FoldIndexError
+from fold.primitives import (
+    BroadcastTo,
+    Concatenate,
+    Convert,
+    Gather,
+    Iota,
+    MatMul,
+    Reshape,
+    StaticIndex,
+    SumAxes,
+    Transpose,
+)
+
+from ..interpreter import numpy_impls
+from .batching import batch_shape, concat_broadcast
+
+
+@numpy_impls.register(Convert)
+def _convert(prim: Convert, args: list, depth: int) -> list:
+    return [args[0].astype(prim.dtype)]
+
+
+@numpy_impls.register(Iota)
+def _iota(prim: Iota, args: list, depth: int) -> list:
+    return [np.arange(prim.n, dtype=prim.dtype).reshape((1,) * depth + (prim.n,))]
+
+
+@numpy_impls.register(BroadcastTo)
+def _broadcast(prim: BroadcastTo, args: list, depth: int) -> list:
+    (x,) = args
+    batch, logical = x.shape[:depth], x.shape[depth:]
+    padded = x.reshape(batch + (1,) * (len(prim.shape) - len(logical)) + logical)
+    return [np.broadcast_to(padded, batch + tuple(prim.shape))]
+
+
+@numpy_impls.register(Reshape)
+def _reshape(prim: Reshape, args: list, depth: int) -> list:
+    (x,) = args
+    return [x.reshape(x.shape[:depth] + tuple(prim.shape))]
+
+
+@numpy_impls.register(Transpose)
+def _transpose(prim: Transpose, args: list, depth: int) -> list:
+    (x,) = args
+    return [np.transpose(x, tuple(range(depth)) + tuple(depth + p for p in prim.perm))]
+
+
+@numpy_impls.register(StaticIndex)
+def _static_index(prim: StaticIndex, args: list, depth: int) -> list:
+    (x,) = args
+    key = tuple(slice(*e) if isinstance(e, tuple) else e for e in prim.index)
+    return [x[(slice(None),) * depth + key]]
+
+
+def check_indices(idx: np.ndarray, size: int, where: str) -> None:
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        bad = idx[(idx < 0) | (idx >= size)].ravel()[0]
+        raise FoldIndexError(f"{where}: index {bad} is out of range for an axis of size {size}")
+
+
+@numpy_impls.register(Gather)
+def _gather(prim: Gather, args: list, depth: int) -> list:
+    x, idx = args
+    check_indices(idx, x.shape[depth], "gather")
+    if all(s == 1 for s in x.shape[:depth]):
+        return [x.reshape(x.shape[depth:])[idx]]
+    batch = batch_shape([x, idx], depth)
+    k = idx.ndim - depth
+    grids = tuple(
+        (np.arange(size) if x.shape[d] != 1 else np.zeros(size, dtype=np.int64)).reshape(
+            (1,) * d + (size,) + (1,) * (depth - d - 1 + k)
+        )
+        for d, size in enumerate(batch)
+    )
+    return [x[grids + (np.broadcast_to(idx, batch + idx.shape[depth:]),)]]
+
+
+@numpy_impls.register(Concatenate)
+def _concatenate(prim: Concatenate, args: list, depth: int) -> list:
+    return [concat_broadcast(args, depth + prim.axis)]
+
+
+@numpy_impls.register(MatMul)
+def _matmul(prim: MatMul, args: list, depth: int) -> list:
+    a, b = args
+    if depth and all(s == 1 for s in b.shape[:depth]):
+        # the common case in a map body: rows @ a shared matrix, one BLAS call for all rows
+        k, n = b.shape[-2:]
+        out = a.reshape(-1, k) @ b.reshape(k, n)
+        return [out.reshape(a.shape[:-1] + (n,))]
+    return [np.matmul(a, b)]
+
+
+@numpy_impls.register(SumAxes)
+def _sum(prim: SumAxes, args: list, depth: int) -> list:
+    (x,) = args
+    return [np.sum(x, axis=tuple(depth + a for a in prim.axes))]
