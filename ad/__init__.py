@@ -1,0 +1,13 @@
+"""Program transformations: forward mode (jvp) and reverse mode by re-execution (vjp).
+
+Importing this package registers every rule.
+"""
+
+from . import elementwise_rules, fold_jvp, loop_rules, map_rules, rbi_rules, reduce_rules, scan_rules, structural_rules  # noqa: F401
+from .api import grad, jvp, value_and_grad, vjp
+from .jvp import jvp_program, jvp_rules
+from .vjp import REDUCE_RULES, reduce_rule_scope, vjp_program, vjp_rules
+from .zeros import Zero
+
+__all__ = ["REDUCE_RULES", "Zero", "grad", "jvp", "jvp_program", "jvp_rules", "reduce_rule_scope", "value_and_grad",
+           "vjp", "vjp_program", "vjp_rules"]

@@ -74,6 +74,10 @@ _LAZY = {
     "memory": ("runtime.memory", "memory"),
     "use_backend": ("runtime.backends", "use_backend"),
     "available_backends": ("runtime.backends", "available_backends"),
+    "vjp": ("ad", "vjp"),
+    "jvp": ("ad", "jvp"),
+    "grad": ("ad", "grad"),
+    "value_and_grad": ("ad", "value_and_grad"),
 }
 
 

@@ -1,5 +1,6 @@
 """The primitives of the language, with their shape rules. Importing this package registers them all."""
 
+from .ad_support import IndexTranspose, LoopSaving
 from .combinators import Loop, Map, Reduce, ReduceByIndex, Scan
 from .elementwise import SCALAR_OPS, Elementwise, ScalarOp
 from .structural import (
@@ -16,6 +17,6 @@ from .structural import (
 )
 
 __all__ = [
-    "SCALAR_OPS", "BroadcastTo", "Concatenate", "Convert", "Elementwise", "Gather", "Iota", "Loop", "Map",
+    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "Concatenate", "Convert", "Elementwise", "Gather", "Iota", "Loop", "Map",
     "MatMul", "Reduce", "ReduceByIndex", "Reshape", "ScalarOp", "Scan", "StaticIndex", "SumAxes", "Transpose",
 ]

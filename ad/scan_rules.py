@@ -1,0 +1,144 @@
+"""The vjp of scan: the specialised rule for +, then the generic rule for any associative operator.
+
+Every scan is first brought to an inclusive, left-to-right scan: an exclusive scan is the inclusive scan
+shifted by one (so its cotangent shifts the other way), and a reverse scan is a forward scan of the
+reversed array with the flipped operator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fold import ops
+from fold.combinators import map as fold_map
+from fold.combinators import scan as fold_scan
+from fold.inline import inline_program
+from fold.primitives import Scan
+from fold.recognize import recognize_binary_op
+from fold.tracing import bind
+
+from .fn_vjp import vjp_of_function
+from .map_rules import reorder_inputs
+from .reduce_rules import check_no_captured_floats
+from .vjp import current_reduce_rule, vjp_rules
+from .zeros import Zero, aval_of, instantiate
+
+
+def _shift_left(x, fill):
+    """[x_1, ..., x_{n-1}, fill]"""
+    n = aval_of(x).shape[0]
+    fill_row = ops.reshape(ops.broadcast_to(fill, aval_of(x).shape[1:]), (1,) + aval_of(x).shape[1:])
+    return ops.concatenate([x[1:n], fill_row.astype(aval_of(x).dtype)], axis=0)
+
+
+def _shift_right(x, fill):
+    """[fill, x_0, ..., x_{n-2}]"""
+    n = aval_of(x).shape[0]
+    fill_row = ops.reshape(ops.broadcast_to(fill, aval_of(x).shape[1:]), (1,) + aval_of(x).shape[1:])
+    return ops.concatenate([fill_row.astype(aval_of(x).dtype), x[0: n - 1]], axis=0)
+
+
+def _flip(x):
+    return x[::-1]
+
+
+def _flipped_body(prim: Scan):
+    nc, k = prim.num_consts, prim.num_leaves
+    order = list(range(nc)) + list(range(nc + k, nc + 2 * k)) + list(range(nc, nc + k))
+    return reorder_inputs(prim.body, order)
+
+
+# y_i = sum_{j <= i} a_j  =>  abar_j = sum_{i >= j} ybar_i: the same scan of the cotangents, the other way
+def _add_scan_vjp(prim, consts, identity, xs, ys, cts):
+    flipped = Scan(prim.body, prim.num_consts, prim.monoid, prim.exclusive, not prim.reverse)
+    return bind(flipped, *consts, *identity, *cts)
+
+
+def _inclusive_generic_vjp(body, nc: int, consts, identity, xs, ys, cts):
+    """Inclusive forward scan y_i = y_{i-1} . a_i. The cotangent c_i reaching y_i solves the linear recurrence
+
+        c_{n-1} = ybar_{n-1},   c_i = ybar_i + J_{i+1}^T c_{i+1},   J_{i+1} = d(y . a_{i+1})/dy at y_i,
+
+    solved by a reverse scan over affine maps (M, v): c -> v + M c, composed associatively; the Jacobians are
+    formed from the operator's own vjp on basis vectors. Then abar_i = vjp of (a -> y_{i-1} . a) at a_i on c_i.
+    """
+    k = len(xs)
+    elem_avals = [aval_of(x).update(shape=aval_of(x).shape[1:]) for x in xs]
+    sizes = [int(np.prod(a.shape, dtype=np.int64)) for a in elem_avals]
+    s = sum(sizes)
+    dtype = elem_avals[0].dtype
+
+    def op(a, b):
+        return inline_program(body, list(consts) + list(a) + list(b))
+
+    def flatten(leaves):
+        return ops.concatenate([ops.reshape(ops.convert(x, dtype), (-1,)) for x in leaves], axis=0) if len(leaves) > 1 else ops.reshape(leaves[0], (-1,))
+
+    def unflatten(vec):
+        out, start = [], 0
+        for aval, size in zip(elem_avals, sizes, strict=True):
+            out.append(ops.reshape(vec[start: start + size], aval.shape).astype(aval.dtype))
+            start += size
+        return out
+
+    def jacobian_t(y_leaves, a_next):
+        """The s x s matrix J^T of y -> y . a_next, as a map over basis cotangents."""
+        def column(e):
+            cts_leaves = unflatten(e)
+            return flatten([instantiate(c, av) for c, av in zip(vjp_of_function(lambda *y: op(list(y), a_next), y_leaves, cts_leaves), elem_avals, strict=True)])
+
+        basis = (ops.reshape(ops.iota(s), (s, 1)) == ops.reshape(ops.iota(s), (1, s))).astype(dtype)
+        return ops.transpose(fold_map(column, basis))  # row k of the map is J^T e_k, a column of J^T
+
+    next_xs = [_shift_left(x, e) for x, e in zip(xs, identity, strict=True)]
+    ms = fold_map(lambda *leaves: jacobian_t(list(leaves[:k]), list(leaves[k:])), *ys, *next_xs)
+    vs = fold_map(lambda *leaves: flatten(list(leaves)), *cts)
+
+    def compose(f, g):
+        (m1, v1), (m2, v2) = f, g
+        return ops.matmul(m1, m2), v1 + ops.matmul(m1, v2)
+
+    eye = np.eye(s, dtype=dtype)
+    _, cs = fold_scan(compose, (ms, vs), identity=(eye, np.zeros(s, dtype)), reverse=True)
+    prevs = [_shift_right(y, e) for y, e in zip(ys, identity, strict=True)]
+
+    def element_ct(*leaves):
+        prev, a, c = list(leaves[:k]), list(leaves[k: 2 * k]), leaves[2 * k]
+        a_cts = vjp_of_function(lambda *a_: op(prev, list(a_)), a, unflatten(c))
+        return [instantiate(ct, av) for ct, av in zip(a_cts, elem_avals, strict=True)]
+
+    return list(fold_map(element_ct, *prevs, *xs, cs))
+
+
+def _generic_scan_vjp(prim, consts, identity, xs, ys, cts):
+    nc = prim.num_consts
+    if prim.reverse:
+        body = _flipped_body(prim)
+        forward = Scan(body, nc, None, prim.exclusive, False)
+        flipped_ys = [_flip(y) for y in ys]
+        xs_cts = _forward_generic(forward, consts, identity, [_flip(x) for x in xs], flipped_ys, [_flip(c) for c in cts])
+        return [_flip(c) for c in xs_cts]
+    return _forward_generic(prim, consts, identity, xs, ys, cts)
+
+
+def _forward_generic(prim, consts, identity, xs, ys, cts):
+    if prim.exclusive:
+        inclusive = bind(Scan(prim.body, prim.num_consts, None, False, False), *consts, *identity, *xs)
+        shifted_cts = [_shift_left(c, np.zeros((), aval_of(c).dtype)) for c in cts]
+        return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, identity, xs, inclusive, shifted_cts)
+    return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, identity, xs, ys, cts)
+
+
+@vjp_rules.register(Scan)
+def _scan_vjp(prim: Scan, args, outs, residual, cts):
+    nc, k = prim.num_consts, prim.num_leaves
+    consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
+    check_no_captured_floats(prim, consts)
+    dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
+    if aval_of(xs[0]).shape[0] == 0:
+        return [Zero(aval_of(a)) for a in args]
+    if current_reduce_rule() != "generic" and recognize_binary_op(prim.body, nc) == "add":
+        xs_cts = _add_scan_vjp(prim, consts, identity, xs, outs, dense)
+    else:
+        xs_cts = _generic_scan_vjp(prim, consts, identity, xs, outs, dense)
+    return [Zero(aval_of(a)) for a in consts + identity] + list(xs_cts)

@@ -1,0 +1,131 @@
+"""Reverse mode by re-execution: `vjp_program` transforms a Program into its vector-Jacobian product.
+
+The gradient program first re-emits the primal statements (the forward sweep), then walks the statements
+backwards emitting each one's adjoint (the return sweep). A scope — a map body, a reduce operator — is
+differentiated the same way inside its own combinator: its adjoint re-executes the scope's primal first, so
+per-element intermediates of a map body are recomputed, never stored. What a statement saves for the return
+sweep is decided by its forward rule (`vjp_forward_rules`); by default it saves only its outputs.
+
+Backward rules: `rule(prim, args, outs, residual, cts) -> arg_cts`, with symbolic `Zero`s allowed both ways.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any, Iterator, Sequence
+
+from fold.dce import dce
+from fold.errors import FoldTypeError
+from fold.ir import Lit, Program, Var
+from fold.rules import RuleTable
+from fold.tracing import bind, trace_body
+
+from .zeros import Zero, add_any, differentiable, is_zero
+
+vjp_rules = RuleTable("vjp")
+vjp_forward_rules = RuleTable("vjp forward")
+
+REDUCE_RULES = ("auto", "generic", "monoid")
+_config = threading.local()
+
+
+def current_reduce_rule() -> str:
+    return getattr(_config, "reduce_rule", "auto")
+
+
+@contextlib.contextmanager
+def reduce_rule_scope(rule: str) -> Iterator[None]:
+    if rule not in REDUCE_RULES:
+        raise FoldTypeError(f"reduce_rule must be one of {', '.join(map(repr, REDUCE_RULES))}, got {rule!r}")
+    previous = current_reduce_rule()
+    _config.reduce_rule = rule
+    try:
+        yield
+    finally:
+        _config.reduce_rule = previous
+
+
+def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any]) -> tuple[list, list]:
+    """Emit, in the current trace, the forward sweep and the return sweep of `program`.
+
+    Returns (primal outputs, cotangents of the inputs), cotangents possibly `Zero`.
+    """
+    env: dict = dict(zip(program.inputs, primals, strict=True))
+
+    def read(atom):
+        return atom.value if isinstance(atom, Lit) else env[atom]
+
+    residuals = []
+    for stmt in program.stmts:
+        args = [read(a) for a in stmt.args]
+        if type(stmt.prim) in vjp_forward_rules:
+            outs, residual = vjp_forward_rules.lookup(stmt.prim)(stmt.prim, args)
+        else:
+            outs, residual = bind(stmt.prim, *args), None
+        env.update(zip(stmt.outs, outs, strict=True))
+        residuals.append(residual)
+
+    ct_env: dict = {}
+
+    def accumulate(atom, ct):
+        if isinstance(atom, Var) and differentiable(atom.aval) and not is_zero(ct):
+            ct_env[atom] = add_any(ct_env.get(atom), ct)
+
+    for atom, ct in zip(program.outputs, cts_out, strict=True):
+        accumulate(atom, ct)
+    for stmt, residual in zip(reversed(program.stmts), reversed(residuals), strict=True):
+        cts = [ct_env.pop(v, None) for v in stmt.outs]
+        if all(is_zero(c) for c in cts):
+            continue
+        if not any(isinstance(a, Var) and differentiable(a.aval) for a in stmt.args):
+            continue
+        cts = [Zero(v.aval) if is_zero(c) else c for v, c in zip(stmt.outs, cts, strict=True)]
+        args = [read(a) for a in stmt.args]
+        outs = [env[v] for v in stmt.outs]
+        arg_cts = vjp_rules.lookup(stmt.prim)(stmt.prim, args, outs, residual, cts)
+        for atom, ct in zip(stmt.args, arg_cts, strict=True):
+            accumulate(atom, ct)
+    in_cts = [ct_env.get(v) for v in program.inputs]
+    return [read(a) for a in program.outputs], [Zero(v.aval) if is_zero(c) else c for v, c in zip(program.inputs, in_cts, strict=True)]
+
+
+_cache: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
+
+
+def vjp_program(
+    program: Program, ct_mask: Sequence[bool] | None = None, *, with_primal_outputs: bool = False
+) -> tuple[Program, list[bool]]:
+    """The vjp of a closed `program`, under the current reduce rule.
+
+    Inputs: the primal inputs, then a cotangent for each output whose `ct_mask` entry is True (default: every
+    float output). Outputs: (the primal outputs, if asked,) then the cotangents of the inputs that are not
+    symbolically zero; the returned mask says which inputs have one.
+    """
+    if ct_mask is None:
+        ct_mask = [differentiable(a.aval) for a in program.outputs]
+    ct_mask = tuple(bool(m) and differentiable(a.aval) for m, a in zip(ct_mask, program.outputs, strict=True))
+    key = (ct_mask, with_primal_outputs, current_reduce_rule())
+    per_program = _cache.setdefault(program, {})
+    if key in per_program:
+        return per_program[key]
+    n = len(program.inputs)
+    in_mask: list[bool] = []
+
+    def fn(*flat):
+        primals, rest = list(flat[:n]), list(flat[n:])
+        cts = [rest.pop(0) if m else Zero(a.aval) for m, a in zip(ct_mask, program.outputs, strict=True)]
+        outs, in_cts = vjp_inline(program, primals, cts)
+        in_mask.extend(not is_zero(c) for c in in_cts)
+        nonzero = [c for c in in_cts if not is_zero(c)]
+        return (list(outs) if with_primal_outputs else []) + nonzero
+
+    avals = [v.aval for v in program.inputs] + [a.aval for m, a in zip(ct_mask, program.outputs, strict=True) if m]
+    traced = trace_body(fn, avals, "vjp")
+    assert not traced.consts
+    from .jvp import _flat
+
+    result = (dce(_flat(traced.program)), in_mask)
+    per_program[key] = result
+    return result

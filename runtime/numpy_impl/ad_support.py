@@ -1,0 +1,39 @@
+"""NumPy implementations of the primitives gradient programs add (fold.primitives.ad_support)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fold.primitives import IndexTranspose, LoopSaving
+
+from ..interpreter import eval_program, numpy_impls
+from .structural import index_key
+
+
+@numpy_impls.register(IndexTranspose)
+def _index_transpose(prim: IndexTranspose, args: list, depth: int) -> list:
+    (x,) = args
+    out = np.zeros(x.shape[:depth] + tuple(prim.shape), dtype=x.dtype)
+    key = index_key(prim.index)
+    out[(slice(None),) * depth + key] = x
+    return [out]
+
+
+@numpy_impls.register(LoopSaving)
+def _loop_saving(prim: LoopSaving, args: list, depth: int) -> list:
+    consts, state = args[: prim.num_consts], list(args[prim.num_consts:])
+    saved: list[list[np.ndarray]] = [[] for _ in state]
+    for i in range(prim.n):
+        if i % prim.stride == 0:
+            for store, s in zip(saved, state, strict=True):
+                store.append(s)
+        counter = np.full((1,) * depth, i, dtype=np.int64)
+        state = eval_program(prim.body, list(consts) + [counter] + state, depth)
+    stacks = []
+    for store, s in zip(saved, state, strict=True):
+        if not store:
+            stacks.append(np.zeros(s.shape[:depth] + (0,) + s.shape[depth:], dtype=s.dtype))
+            continue
+        batch = np.broadcast_shapes(*[x.shape[:depth] for x in store]) if depth else ()
+        stacks.append(np.stack([np.broadcast_to(x, batch + x.shape[depth:]) for x in store], axis=depth))
+    return state + stacks
