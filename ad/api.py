@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fold.api import signature_of, trace_signature
+from fold.api import captured_consts, signature_of, trace_signature
 from fold.dtypes import ShapedArray
 from fold.errors import FoldTypeError, ShapeError, StructureError
 from fold.inline import inline_program
@@ -46,11 +46,14 @@ def _conform(where: str, what: str, value: Any, avals: Sequence[ShapedArray], ex
     return out
 
 
-def _trace(f: Callable, primals: Any, where: str) -> tuple[list, Program]:
+def _trace(f: Callable, primals: Any, where: str) -> tuple[list, Program, int]:
+    """The program's arguments (captured values of an enclosing trace first), the program, and their count."""
     if not isinstance(primals, tuple):
         raise FoldTypeError(f"{where}: primals must be a tuple of the positional arguments, got {type(primals).__name__}")
     leaves, signature = signature_of(primals, where)
-    return leaves, trace_signature(f, signature)
+    program = trace_signature(f, signature)
+    consts = captured_consts(program)
+    return consts + list(leaves), program, len(consts)
 
 
 def _spread(results: Any, mask: Sequence[bool], avals: Sequence[ShapedArray]) -> list:
@@ -70,13 +73,14 @@ def vjp(f: Callable[..., Any], primals: tuple, cotangent: Any, *, reduce_rule: s
     >>> fold.vjp(lambda x: fold.reduce(fold.monoids.sum, x * x), (np.arange(3.0),), 1.0)
     (array([0., 2., 4.]),)
     """
-    leaves, program = _trace(f, primals, "fold.vjp")
+    args, program, nc = _trace(f, primals, "fold.vjp")
     cts = _conform("fold.vjp", "cotangent", cotangent, program.out_avals, program.out_tree)
     with reduce_rule_scope(reduce_rule):
         grad_program, in_mask = vjp_program(program)
     out_mask = [differentiable(a) for a in program.out_avals]
-    results = _run(grad_program, list(leaves) + [c for c, m in zip(cts, out_mask, strict=True) if m])
-    return tuple(program.in_tree.unflatten(_spread(results, in_mask, program.in_avals)))
+    results = _run(grad_program, args + [c for c, m in zip(cts, out_mask, strict=True) if m])
+    in_cts = _spread(results, in_mask, program.in_avals)[nc:]  # captured values are constants here
+    return tuple(program.in_tree.unflatten(in_cts))
 
 
 def jvp(f: Callable[..., Any], primals: tuple, tangents: tuple) -> Any:
@@ -86,13 +90,13 @@ def jvp(f: Callable[..., Any], primals: tuple, tangents: tuple) -> Any:
     >>> float(fold.jvp(lambda x: fold.reduce(fold.monoids.sum, x * x), (np.arange(3.0),), (np.ones(3),)))
     6.0
     """
-    leaves, program = _trace(f, primals, "fold.jvp")
+    args, program, nc = _trace(f, primals, "fold.jvp")
     if not isinstance(tangents, tuple):
         raise FoldTypeError(f"fold.jvp: tangents must be a tuple like primals, got {type(tangents).__name__}")
-    tans = _conform("fold.jvp", "tangents", tangents, program.in_avals, program.in_tree)
-    tangent_mask = [differentiable(a) for a in program.in_avals]
+    tans = _conform("fold.jvp", "tangents", tangents, program.in_avals[nc:], program.in_tree)
+    tangent_mask = [False] * nc + [differentiable(a) for a in program.in_avals[nc:]]
     forward, out_mask = jvp_program(program, tangent_mask)
-    results = _run(forward, list(leaves) + [t for t, m in zip(tans, tangent_mask, strict=True) if m])
+    results = _run(forward, args + [t for t, m in zip(tans, tangent_mask[nc:], strict=True) if m])
     return program.out_tree.unflatten(_spread(results[len(program.outputs):], out_mask, program.out_avals))
 
 
@@ -104,14 +108,14 @@ def value_and_grad(f: Callable[..., Any], argnums: int | Sequence[int] = 0, *, r
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
     def value_and_grad_f(*args: Any) -> tuple[Any, Any]:
-        leaves, program = _trace(f, args, "fold.grad")
+        flat_args, program, nc = _trace(f, args, "fold.grad")
         _check_scalar(program)
         _check_argnums(args, nums)
         with reduce_rule_scope(reduce_rule):
             grad_program, in_mask = vjp_program(program, with_primal_outputs=True)
         seed = np.ones((), program.out_avals[0].dtype)
-        results = _run(grad_program, list(leaves) + [seed])
-        cts = program.in_tree.unflatten(_spread(results[1:], in_mask, program.in_avals))
+        results = _run(grad_program, flat_args + [seed])
+        cts = program.in_tree.unflatten(_spread(results[1:], in_mask, program.in_avals)[nc:])
         grads = tuple(cts[i] for i in nums)
         return results[0], (grads[0] if isinstance(argnums, int) else grads)
 

@@ -78,6 +78,8 @@ _LAZY = {
     "jvp": ("ad", "jvp"),
     "grad": ("ad", "grad"),
     "value_and_grad": ("ad", "value_and_grad"),
+    "check_monoid": ("ad.monoid_laws", "check_monoid"),
+    "compare_rules": ("ad.compare", "compare_rules"),
 }
 
 

@@ -53,5 +53,11 @@ def trace_signature(f: Callable[..., Any], signature: Signature) -> Program:
         body = trace_body(f, arg_trees, getattr(f, "__name__", "function"))
         program = body.program
         program.meta["consts"] = body.consts
-        per_function[signature] = program
+        if not body.consts:  # a program that captured tracers of an enclosing trace belongs to that trace alone
+            per_function[signature] = program
     return program
+
+
+def captured_consts(program: Program) -> list:
+    """The tracers of an enclosing trace that a program traced inside it captured (its leading inputs)."""
+    return list(program.meta.get("consts", ()))

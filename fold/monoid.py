@@ -20,6 +20,8 @@ class Monoid:
 
     `d(c, a, g)`, if given, is the vector-Jacobian form of D: the cotangent of a part `a` of a fold whose
     total is `c`, given the cotangent `g` of `c`. All three are pytrees shaped like one element.
+    `domain`, if given, maps an arbitrary element into the monoid's domain (weights made non-negative, say);
+    `fold.check_monoid` uses it to draw valid random elements.
 
     >>> import fold
     >>> mul = fold.Monoid(lambda a, b: a * b, 1.0, commutative=True, name="mul")
@@ -33,6 +35,7 @@ class Monoid:
         commutative: bool = False,
         d: Callable[[Any, Any, Any], Any] | None = None,
         name: str | None = None,
+        domain: Callable[[Any], Any] | None = None,
     ):
         if not callable(op):
             raise FoldTypeError(f"Monoid: op must be callable, got {type(op).__name__}")
@@ -43,6 +46,7 @@ class Monoid:
         self.commutative = bool(commutative)
         self.d = d
         self.name = name or getattr(op, "__name__", "monoid")
+        self.domain = domain
 
     def __call__(self, a: Any, b: Any) -> Any:
         return self.op(a, b)
@@ -82,7 +86,9 @@ def _cast(array: np.ndarray, dtype: np.dtype, where: str, path: str) -> np.ndarr
         return array.astype(dtype)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
-        return np.where(array > 0, info.max, np.where(array < 0, info.min, array)).astype(dtype)
+        # select in the integer dtype: int64's max is not exact in float64, and would wrap to its min
+        finite = np.where(np.isfinite(array), array, 0).astype(dtype)
+        return np.where(array == np.inf, info.max, np.where(array == -np.inf, info.min, finite)).astype(dtype)
     if dtype == np.dtype(bool):
         return (array > 0).astype(dtype)
     raise FoldTypeError(f"{where}: identity leaf {path} ({array}) cannot be cast to {dtype.name}")

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fold.api import signature_of, trace_signature
+from fold.api import captured_consts, signature_of, trace_signature
 from fold.errors import FoldTypeError
 from fold.inline import inline_program
 from fold.ir import Program
@@ -47,7 +47,7 @@ class Jitted:
         leaves, signature = signature_of(args, f"fold.jit({self.__name__})")
         if current_scope() is not None or any(isinstance(leaf, Tracer) for leaf in leaves):
             program = trace_signature(self.f, signature)
-            return program.out_tree.unflatten(inline_program(program, leaves))
+            return program.out_tree.unflatten(inline_program(program, captured_consts(program) + list(leaves)))
         backend = get_backend(self.backend)
         key = (backend.name, signature)
         entry = self._compiled.get(key)
