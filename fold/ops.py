@@ -7,6 +7,7 @@ statements, so every elementwise statement sees arguments of one shape and one d
 
 from __future__ import annotations
 
+import builtins
 import numbers
 from typing import Any, Sequence
 
@@ -83,7 +84,11 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
         return x
     if _is_weak(x):
         x = np.asarray(x)
-    if broadcast_shapes(shape_of(x), shape) != shape:
+    try:
+        fits = broadcast_shapes(shape_of(x), shape) == shape
+    except ShapeError:
+        fits = False
+    if not fits:
         raise ShapeError(f"broadcast_to: shape {shape_of(x)} cannot be broadcast to {shape}")
     return bind(BroadcastTo(shape), x)[0]
 
@@ -98,7 +103,7 @@ def _result_dtype(values: Sequence[Any], kind: str, op: str) -> np.dtype:
         if dtype != np.dtype(bool):
             raise FoldTypeError(f"{op}: needs boolean arguments, got {[np.result_type(_dtype_key(v)).name for v in values]}")
         return dtype
-    if kind in ("arith", "compare") and dtype == np.dtype(bool) and op not in ("maximum", "minimum", "eq", "ne", "mul"):
+    if kind in ("arith", "compare") and dtype == np.dtype(bool) and op not in ("maximum", "minimum", "eq", "ne", "mul", "where", "concatenate"):
         raise FoldTypeError(f"{op}: not defined on booleans; use & | ~ or convert to a number first")
     return dtype
 
@@ -190,11 +195,16 @@ def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> ArrayLike:
     x = as_value(x, "transpose")
     ndim = len(shape_of(x))
     perm = tuple(range(ndim))[::-1] if axes is None else tuple(int(a) % max(ndim, 1) for a in axes)
-    if sorted(perm) != list(range(ndim)):
+    if sorted(perm) != list(range(ndim)) or (axes is not None and not _axes_in_range(axes, ndim)):
         raise ShapeError(f"transpose: axes {tuple(axes)} are not a permutation of the {ndim} axes of {shape_of(x)}")
     if perm == tuple(range(ndim)):
         return x
     return bind(Transpose(perm), x)[0]
+
+
+def _axes_in_range(axes: Sequence[int], ndim: int) -> bool:
+    # NumPy's rule: -ndim <= axis < ndim; taking `axis % ndim` alone would silently pick another axis
+    return all(-ndim <= int(a) < ndim for a in axes)
 
 
 def concatenate(xs: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
@@ -205,6 +215,8 @@ def concatenate(xs: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
     ndim = len(shape_of(values[0]))
     if ndim == 0:
         raise ShapeError("concatenate: cannot concatenate 0-d arrays")
+    if not _axes_in_range((axis,), ndim):
+        raise ShapeError(f"concatenate: axis {axis} is out of range for arrays of shape {shape_of(values[0])}")
     axis = axis % ndim
     dtype = _result_dtype(values, "compare", "concatenate") if all(np.result_type(_dtype_key(v)) == bool for v in values) else _result_dtype(values, "arith", "concatenate")
     values = [convert(v, dtype) for v in values]
@@ -218,6 +230,8 @@ def sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:  # 
     x = as_value(x, "sum")
     ndim = len(shape_of(x))
     axes = tuple(range(ndim)) if axis is None else ((axis,) if isinstance(axis, int) else tuple(axis))
+    if not _axes_in_range(axes, ndim):
+        raise ShapeError(f"sum: axis {axis} is out of range for an array of shape {shape_of(x)}")
     axes = tuple(sorted({a % ndim for a in axes})) if ndim else ()
     if shape_of(x) and np.result_type(_dtype_key(x)) == bool:
         x = convert(x, "int64")
@@ -239,7 +253,7 @@ def matmul(a: ArrayLike, b: ArrayLike) -> ArrayLike:
     a2 = reshape(convert(a, dtype), (1, ka) if len(sa) == 1 else sa)
     b2 = reshape(convert(b, dtype), (kb, 1) if len(sb) == 1 else sb)
     out = bind(MatMul(), a2, b2)[0]
-    out_shape = (sa[0],) * (len(sa) == 2) + (sb[1],) * (len(sb) == 2)
+    out_shape = sa[:-1] + sb[1:]  # a vector operand contributes no axis
     return reshape(out, out_shape)
 
 
@@ -257,9 +271,9 @@ def replicate(n: int, x: ArrayLike) -> ArrayLike:
 
 def _normalise_key(key: Any, shape: tuple[int, ...]) -> list:
     key = key if isinstance(key, tuple) else (key,)
-    if sum(k is Ellipsis for k in key) > 1:
+    if builtins.sum(k is Ellipsis for k in key) > 1:
         raise FoldIndexError("an index can only have a single ellipsis ('...')")
-    used = sum(1 for k in key if k is not None and k is not Ellipsis)
+    used = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
     if used > len(shape):
         raise FoldIndexError(f"too many indices ({used}) for an array of shape {shape}")
     out: list = []
@@ -307,7 +321,7 @@ def getitem(x: ArrayLike, key: Any) -> ArrayLike:
         result = bind(StaticIndex(tuple(static)), np.asarray(x) if _is_weak(x) else x)[0]
     if dynamic:
         pos = dynamic[0]
-        dyn_axis = sum(1 for k in entries[:pos] if not isinstance(k, (int, np.integer)) or isinstance(k, bool))
+        dyn_axis = builtins.sum(1 for k in entries[:pos] if not isinstance(k, (int, np.integer)) or isinstance(k, bool))
         return _gather_axis(result, entries[pos], dyn_axis)
     return reshape(result, tuple(out_shape))
 

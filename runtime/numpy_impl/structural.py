@@ -52,11 +52,21 @@ def _transpose(prim: Transpose, args: list, depth: int) -> list:
     return [np.transpose(x, tuple(range(depth)) + tuple(depth + p for p in prim.perm))]
 
 
+def _slice(start: int, stop: int, step: int) -> slice:
+    # a normalised slice (from slice.indices) stops at -1 when a negative step runs past index 0; to NumPy,
+    # stop=-1 would mean "the last element", so that end is spelled None
+    return slice(start, None if stop < 0 else stop, step)
+
+
+def index_key(index: tuple) -> tuple:
+    """A StaticIndex entry list as a NumPy key."""
+    return tuple(_slice(*e) if isinstance(e, tuple) else e for e in index)
+
+
 @numpy_impls.register(StaticIndex)
 def _static_index(prim: StaticIndex, args: list, depth: int) -> list:
     (x,) = args
-    key = tuple(slice(*e) if isinstance(e, tuple) else e for e in prim.index)
-    return [x[(slice(None),) * depth + key]]
+    return [x[(slice(None),) * depth + index_key(prim.index)]]
 
 
 def check_indices(idx: np.ndarray, size: int, where: str) -> None:

@@ -1,0 +1,337 @@
+"""Bad input: each gets a fold error (one hierarchy, fold.FoldError) whose message names the problem.
+
+Each test checks the exception's type, that it derives from fold.FoldError, and what the message says.
+Closing over values of enclosing traces is not an error: the last tests check it works at any depth.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from helpers import assert_close, run_checked
+
+import fold
+
+
+def raises(exc_type: type, f: Callable[..., Any], *args: Any, match: list[str] | str = ()) -> BaseException:
+    """Run `f(*args)`; it must raise `exc_type` (a FoldError) with every string of `match` in its message."""
+    with pytest.raises(exc_type) as info:
+        f(*args)
+    err = info.value
+    assert isinstance(err, fold.FoldError), f"{type(err).__name__} is not a fold.FoldError"
+    message = str(err)
+    for part in [match] if isinstance(match, str) else match:
+        assert part in message, f"{part!r} not in {message!r}"
+    return err
+
+
+def _run(f: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda *args: fold.run(f, *args)
+
+
+# ------------------------------------------------------------------------------------------------- map
+
+
+def test_map_with_mismatched_leading_axes_names_both_shapes() -> None:
+    f = _run(lambda a, b: fold.map(lambda x, y: x + y, a, b))
+    err = raises(fold.ShapeError, f, np.ones((3, 2)), np.ones((4, 2)), match=["fold.map", "(3, 2)", "(4, 2)", "leading ax"])
+    assert isinstance(err, ValueError)
+    # inside a pytree, the message says which leaf has which shape
+    g = _run(lambda d: fold.map(lambda e: e["u"] * e["v"], d))
+    raises(fold.ShapeError, g, {"u": np.ones(5), "v": np.ones((6, 1))}, match=["fold.map", "['u']", "(5,)", "['v']", "(6, 1)"])
+
+
+def test_map_over_a_0d_array_is_a_shape_error() -> None:
+    raises(fold.ShapeError, _run(lambda a: fold.map(lambda x: x, a)), np.float64(1.0), match=["fold.map", "0-d"])
+
+
+def test_map_over_nothing() -> None:
+    raises(fold.FoldTypeError, lambda: fold.map(lambda: 1.0), match="fold.map")
+
+
+# ----------------------------------------------------------------------------------- reduce / scan ops
+
+
+@pytest.mark.parametrize("combinator", ["reduce", "scan"])
+def test_operator_returning_a_different_structure(combinator: str) -> None:
+    comb = getattr(fold, combinator)
+    f = _run(lambda x: comb(lambda a, b: (a + b, a * b), x, identity=0.0))
+    raises(fold.StructureError, f, np.ones(4), match=[f"fold.{combinator}", "structure", "(*, *)"])
+    g = _run(lambda x, y: comb(lambda a, b: {"p": a["p"] + b["p"]}, {"p": x, "q": y}, identity={"p": 0.0, "q": 0.0}))
+    raises(fold.StructureError, g, np.ones(4), np.ones(4), match=[f"fold.{combinator}", "'p'", "'q'"])
+
+
+@pytest.mark.parametrize("combinator", ["reduce", "scan", "reduce_by_index"])
+def test_operator_returning_a_different_shape_or_dtype(combinator: str) -> None:
+    def call(op, xs, identity):
+        if combinator == "reduce_by_index":
+            return fold.reduce_by_index(op, 3, np.zeros(len(xs), dtype=np.int64), xs, identity=identity)
+        return getattr(fold, combinator)(op, xs, identity=identity)
+
+    f = _run(lambda x: call(lambda a, b: fold.concatenate([a, b]), x, np.zeros(2)))
+    raises(fold.StructureError, f, np.ones((4, 2)), match=[f"fold.{combinator}", "f64[2]", "f64[4]"])
+    g = _run(lambda x: call(lambda a, b: a / b, x, 1))
+    raises(fold.StructureError, g, np.ones(4, dtype=np.int64), match=[f"fold.{combinator}", "i64[]", "f64[]"])
+
+
+def test_loop_body_returning_a_different_state() -> None:
+    f = _run(lambda x: fold.loop(lambda i, s: (s, s), x, 3))
+    raises(fold.StructureError, f, np.ones(2), match=["fold.loop", "structure"])
+    g = _run(lambda x: fold.loop(lambda i, s: s * 0.5, x, 3))
+    raises(fold.StructureError, g, np.ones(2, dtype=np.int32), match=["fold.loop", "i32[2]", "f64[2]"])
+
+
+@pytest.mark.parametrize("combinator", ["reduce", "scan", "reduce_by_index"])
+def test_identity_of_the_wrong_shape(combinator: str) -> None:
+    if combinator == "reduce_by_index":
+        comb = lambda op, x, identity: fold.reduce_by_index(op, 2, np.zeros(len(x), dtype=np.int64), x, identity=identity)  # noqa: E731
+    else:
+        comb = getattr(fold, combinator)
+    f = _run(lambda x: comb(lambda a, b: a + b, x, identity=np.zeros(3)))
+    err = raises(fold.ShapeError, f, np.ones((5, 2)), match=[f"fold.{combinator}", "identity", "(3,)", "(2,)"])
+    assert isinstance(err, ValueError)
+
+
+def test_identity_of_the_wrong_structure_or_kind() -> None:
+    f = _run(lambda x: fold.reduce(lambda a, b: (a[0] + b[0], a[1] + b[1]), (x, x), identity=0.0))
+    raises(fold.StructureError, f, np.ones(3), match=["fold.reduce", "identity", "(*, *)"])
+    g = _run(lambda x: fold.reduce(lambda a, b: a + b, x, identity="zero"))
+    raises(fold.FoldTypeError, g, np.ones(3), match=["fold.reduce", "identity"])
+
+
+def test_identity_that_is_a_traced_value() -> None:
+    f = _run(lambda x: fold.reduce(lambda a, b: a + b, x, identity=x[0]))
+    raises(fold.FoldTypeError, f, np.ones(3), match=["fold.reduce", "identity", "constant"])
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_reduce_with_a_plain_callable_and_no_identity(n: int) -> None:
+    # an empty array has no element to start from: a plain callable needs identity= (here and for any n)
+    f = _run(lambda x: fold.reduce(lambda a, b: a + b, x))
+    raises(fold.FoldTypeError, f, np.ones(n), match=["fold.reduce", "identity=", "required", "empty"])
+    g = _run(lambda x: fold.scan(lambda a, b: a + b, x))
+    raises(fold.FoldTypeError, g, np.ones(n), match=["fold.scan", "identity="])
+
+
+def test_monoid_with_an_extra_identity_and_non_callable_operators() -> None:
+    raises(fold.FoldTypeError, _run(lambda x: fold.reduce(fold.monoids.sum, x, identity=0.0)), np.ones(3), match=["sum", "identity="])
+    raises(fold.FoldTypeError, _run(lambda x: fold.reduce("add", x, identity=0.0)), np.ones(3), match=["fold.reduce", "str"])
+    raises(fold.FoldTypeError, lambda: fold.Monoid("add", 0.0), match="callable")
+
+
+def test_reduce_by_index_bad_indices() -> None:
+    f = _run(lambda i, v: fold.reduce_by_index(fold.monoids.sum, 3, i, v))
+    raises(fold.FoldTypeError, f, np.zeros(4), np.ones(4), match=["fold.reduce_by_index", "integer", "f64[4]"])
+    raises(fold.ShapeError, f, np.zeros(4, dtype=np.int64), np.ones(5), match=["fold.reduce_by_index", "4", "5"])
+    g = _run(lambda i, v: fold.reduce_by_index(fold.monoids.sum, -1, i, v))
+    raises(fold.FoldTypeError, g, np.zeros(4, dtype=np.int64), np.ones(4), match=["fold.reduce_by_index", "-1"])
+
+
+# ---------------------------------------------------------------------------------------------- indexing
+
+
+@pytest.mark.parametrize("key", [3, -4, (0, 5), (slice(None), -6)], ids=repr)
+def test_static_index_out_of_range_at_trace_time(key: object) -> None:
+    x = np.ones((3, 5))
+    bad = key if isinstance(key, int) else key[1]
+    err = raises(fold.FoldIndexError, fold.trace, lambda a: a[key], x, match=[f"index {bad}", "out of range", "(3, 5)"])
+    assert isinstance(err, IndexError)
+
+
+def test_static_index_out_of_range_inside_a_map_body() -> None:
+    raises(fold.FoldIndexError, fold.trace, lambda x: fold.map(lambda r: r[4], x), np.ones((2, 3)),
+           match=["index 4", "out of range", "(3,)"])
+
+
+def test_static_index_array_out_of_range_at_trace_time() -> None:
+    raises(fold.FoldIndexError, fold.trace, lambda a: a[np.array([0, 7])], np.ones(3), match=["index 7", "out of range", "size 3"])
+    raises(fold.FoldIndexError, fold.trace, lambda a: a[1, 2, 3], np.ones((3, 3)), match=["too many indices", "(3, 3)"])
+    raises(fold.FoldIndexError, fold.trace, lambda a: a[np.array([True, False, True])], np.ones(3), match="boolean")
+    raises(fold.FoldIndexError, fold.trace, lambda a: a[1.5], np.ones(3), match="unsupported index")
+
+
+def test_dynamic_gather_index_out_of_range_at_run_time() -> None:
+    x = np.arange(3.0)
+    # at trace time the index is unknown: the program traces and verifies ...
+    run_checked(lambda a, i: a[i], x, np.array([0, 2]))
+    # ... and an out-of-range value is reported when it runs, as a fold error, not a raw NumPy IndexError
+    raises(fold.FoldIndexError, _run(lambda a, i: a[i]), x, np.array([0, 3]), match=["gather", "index 3", "out of range", "size 3"])
+    raises(fold.FoldIndexError, _run(lambda a, i: fold.map(lambda j: a[j], i)), x, np.array([1, 9, 0]),
+           match=["gather", "index 9", "size 3"])
+
+
+def test_traced_index_must_be_an_integer() -> None:
+    raises(fold.FoldError, fold.trace, lambda a, i: a[i], np.ones(3), np.zeros(2), match="integer")
+
+
+# ---------------------------------------------------------------------------------------- python values
+
+
+def test_a_string_argument_names_its_leaf_path() -> None:
+    err = raises(fold.FoldTypeError, fold.trace, lambda a, s: a, np.ones(2), "hello", match=["leaf [1]", "str", "'hello'", "not an array"])
+    assert isinstance(err, TypeError)
+    raises(fold.FoldTypeError, _run(lambda a, s: a), np.ones(2), "hello", match="leaf [1]")
+
+
+def test_an_object_nested_in_a_pytree_names_its_leaf_path() -> None:
+    raises(fold.FoldTypeError, fold.trace, lambda t: t, {"x": [np.ones(2), object()]}, match=["leaf [0]['x'][1]", "object"])
+
+
+def test_a_bad_value_passed_to_a_combinator_or_returned_by_a_body() -> None:
+    raises(fold.FoldTypeError, _run(lambda a: fold.map(lambda r: r[0], (a, "s"))), np.ones(3), match=["fold.map", "leaf [0][1]", "str"])
+    raises(fold.FoldTypeError, _run(lambda a: fold.map(lambda r: (r, object()), a)), np.ones(3), match=["map body", "leaf [1]", "object"])
+    raises(fold.FoldTypeError, _run(lambda a: ("s", a)), np.ones(3), match=["leaf [0]", "str"])
+    raises(fold.FoldTypeError, _run(lambda a: a + "s"), np.ones(3), match=["add", "str"])
+
+
+@pytest.mark.parametrize("dtype", ["complex128", "float16", "uint8", "int8"])
+def test_unsupported_dtypes(dtype: str) -> None:
+    raises(fold.FoldTypeError, fold.trace, lambda a: a * 2, np.ones(3, dtype=dtype), match=[dtype, "not supported", "float32"])
+
+
+def test_complex_python_scalars_and_conversions() -> None:
+    raises(fold.FoldTypeError, _run(lambda a: a * 1j), np.ones(3), match="complex")
+    raises(fold.FoldTypeError, _run(lambda a: fold.convert(a, "float16")), np.ones(3), match="float16")
+    raises(fold.FoldTypeError, lambda: fold.exp(np.ones(2, dtype=np.complex64)), match="complex64")
+
+
+# -------------------------------------------------------------------------------------- escaped tracers
+
+_leaked: list = []
+
+
+def _leaky_function():
+    """A fresh function each time (traces are cached per function) that keeps its argument in a global."""
+    def _leak(x):
+        _leaked.append(x)
+        return x * 2.0
+
+    return _leak
+
+
+def test_a_tracer_kept_in_a_global_and_used_in_a_later_trace() -> None:
+    _leaked.clear()
+    run_checked(_leaky_function(), np.ones(3))
+    (old,) = _leaked
+    err = raises(fold.EscapedTracerError, fold.trace, lambda a: a + old, np.ones(3),
+                 match=["f64[3]", "_leak", "outside the trace that created it", "global"])
+    assert "Traceback" not in str(err)
+    # also deep inside a later map body
+    raises(fold.EscapedTracerError, fold.trace, lambda a: fold.map(lambda r: r + old, a), np.ones((2, 3)),
+           match=["_leak", "map body"])
+
+
+def test_a_tracer_kept_in_a_global_and_used_eagerly() -> None:
+    _leaked.clear()
+    run_checked(_leaky_function(), np.ones(3))
+    (old,) = _leaked
+    raises(fold.EscapedTracerError, fold.exp, old, match=["f64[3]", "_leak", "after that trace ended", "exp"])
+    raises(fold.EscapedTracerError, lambda: old + 1.0, match=["_leak", "add"])
+    raises(fold.EscapedTracerError, lambda: fold.map(lambda r: r, old), match=["_leak"])
+
+
+def test_a_tracer_of_a_finished_map_body_used_after_the_map() -> None:
+    def f(x):
+        inner = []
+        fold.map(lambda r: inner.append(r) or r, x)
+        return inner[0] + 1.0
+
+    raises(fold.EscapedTracerError, fold.trace, f, np.ones((2, 3)), match=["f64[3]", "map body", "outside the trace"])
+
+
+# ----------------------------------------------------------------------------------- concrete values
+
+
+def test_if_on_a_tracer() -> None:
+    def f(x):
+        if x[0] > 0:
+            return x
+        return -x
+
+    err = raises(fold.ConcretizationError, fold.trace, f, np.ones(3), match=["bool()", "if", "bool[]", "fold.where"])
+    assert isinstance(err, TypeError)
+    raises(fold.ConcretizationError, fold.trace, lambda x: float(x[0]), np.ones(3), match="float()")
+    raises(fold.ConcretizationError, fold.trace, lambda x: np.asarray(x), np.ones(3), match="NumPy array")
+    raises(fold.ConcretizationError, fold.trace, lambda x, i: [1.0, 2.0][i], np.ones(3), np.int64(0), match="Python index")
+
+
+# ---------------------------------------------------------------------------------- shape errors
+
+
+def test_elementwise_shapes_that_do_not_broadcast() -> None:
+    raises(fold.ShapeError, _run(lambda a, b: a + b), np.ones(3), np.ones(4), match=["add", "(3,)", "(4,)"])
+    raises(fold.ShapeError, _run(lambda a, b: a @ b), np.ones((2, 3)), np.ones((2, 3)), match=["matmul", "(2, 3)"])
+    raises(fold.ShapeError, _run(lambda a: fold.reshape(a, (4, -1))), np.ones(6), match=["reshape", "(6,)", "(4, -1)"])
+    raises(fold.ShapeError, _run(lambda a: fold.transpose(a, (0, 0))), np.ones((2, 2)), match=["transpose", "(2, 2)"])
+    raises(fold.ShapeError, _run(lambda a: fold.broadcast_to(a, (2, 4))), np.ones(3), match=["broadcast_to", "(3,)", "(2, 4)"])
+    raises(fold.ShapeError, _run(lambda a, b: fold.concatenate([a, b])), np.ones((2, 3)), np.ones((2, 4)), match="concatenate")
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda a: fold.sum(a, axis=2), "sum"), (lambda a: fold.sum(a, axis=(0, -3)), "sum"),
+    (lambda a: fold.transpose(a, (2, 0)), "transpose"), (lambda a: fold.concatenate([a, a], axis=2), "concatenate"),
+    (lambda a: fold.concatenate([a, a], axis=-3), "concatenate"),
+], ids=["sum-2", "sum-(0,-3)", "transpose-(2,0)", "concatenate-2", "concatenate--3"])
+def test_axis_out_of_range_is_an_error_not_another_axis(call, name: str) -> None:
+    # NumPy raises for axis >= ndim or < -ndim; fold must not wrap it around to another axis
+    raises(fold.ShapeError, _run(call), np.ones((2, 3)), match=[name, "(2, 3)"])
+
+
+def test_runtime_numpy_failures_are_fold_errors_naming_the_statement() -> None:
+    err = raises(fold.FoldRuntimeError, _run(lambda a, b: a ** b), np.array([2, 3]), np.array([1, -1]), match=["pow", "int64"])
+    assert isinstance(err, RuntimeError)
+
+
+def test_every_fold_error_class_derives_from_fold_error() -> None:
+    for name in ["ConcretizationError", "EscapedTracerError", "FoldIndexError", "FoldRuntimeError", "FoldTypeError",
+                 "MissingRuleError", "MonoidLawError", "ProgramError", "ShapeError", "StructureError"]:
+        assert issubclass(getattr(fold, name), fold.FoldError), name
+
+
+# ------------------------------------------------------------------------ closures are not errors
+
+
+def test_closing_over_values_of_enclosing_traces_works_at_any_depth() -> None:
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(2, 3, 4)), rng.normal(size=4)
+
+    def f(x, w):
+        w2 = w * 2.0  # a value of the top-level trace
+
+        def level1(p):
+            bias = fold.sum(p)  # a value of the first map body
+
+            def level2(r):
+                scale = fold.abs(r[0])  # a value of the second map body
+
+                def level3(e):
+                    # uses values of all three enclosing traces, and an operator that closes over one of them
+                    # (saturating addition min(a + b, cap) of non-negative values is associative)
+                    total = fold.reduce(lambda a, b: fold.minimum(a + b, scale), fold.abs(w2), identity=0.0)
+                    return e * w2[1] + bias + scale + total
+
+                return fold.map(level3, r)
+
+            return fold.map(level2, p)
+
+        return fold.map(level1, x)
+
+    expected = np.empty_like(x)
+    for i in range(2):
+        for j in range(3):
+            scale = abs(x[i, j, 0])
+            total = 0.0
+            for v in np.abs(w * 2.0):
+                total = min(total + v, scale)
+            for k in range(4):
+                expected[i, j, k] = x[i, j, k] * w[1] * 2.0 + x[i].sum() + scale + total
+    assert_close(run_checked(f, x, w), expected)
+
+
+def test_messages_never_show_a_numpy_traceback() -> None:
+    with pytest.raises(fold.FoldError) as info:
+        fold.run(lambda a, i: a[i], np.ones(3), np.array([5]))
+    assert not re.search(r"numpy[/\\]", str(info.value))
