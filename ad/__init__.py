@@ -3,7 +3,7 @@
 Importing this package registers every rule.
 """
 
-from . import elementwise_rules, fold_jvp, loop_rules, map_rules, rbi_rules, reduce_rules, scan_rules, structural_rules  # noqa: F401
+from . import elementwise_rules, fold_jvp, gemm_rules, loop_rules, map_rules, rbi_rules, reduce_rules, scan_rules, structural_rules  # noqa: F401
 from .api import grad, jvp, value_and_grad, vjp
 from .jvp import jvp_program, jvp_rules
 from .vjp import REDUCE_RULES, reduce_rule_scope, vjp_program, vjp_rules

@@ -17,6 +17,7 @@ from . import monoids, printing_rules  # noqa: F401  (printing_rules registers p
 from .api import trace
 from .combinators import loop, map, reduce, reduce_by_index, scan  # noqa: A004
 from .dtypes import ShapedArray
+from .gemm import gemm_map_reduce
 from .errors import (
     ConcretizationError,
     EscapedTracerError,
@@ -94,7 +95,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ConcretizationError", "EscapedTracerError", "FoldError", "FoldIndexError", "FoldRuntimeError",
-    "FoldTypeError", "MissingRuleError", "Monoid", "MonoidLawError", "Program", "ProgramError", "ShapeError",
+    "FoldTypeError", "gemm_map_reduce", "MissingRuleError", "Monoid", "MonoidLawError", "Program", "ProgramError", "ShapeError",
     "ShapedArray", "StructureError", "Tracer", "abs", "broadcast_to", "check_program", "concatenate", "convert",
     "cos", "divide", "dot", "exp", "expm1", "iota", "log", "log1p", "logaddexp", "logical_and", "logical_not",
     "logical_or", "loop", "map", "matmul", "maximum", "minimum", "monoids", "reduce", "reduce_by_index",

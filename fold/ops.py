@@ -36,7 +36,12 @@ ArrayLike = Any  # a Tracer, a NumPy array or a Python number
 
 
 def _is_weak(x: Any) -> bool:
-    return isinstance(x, numbers.Number) and not isinstance(x, (np.generic, np.ndarray))
+    """Python numbers, and NumPy scalars such as `1 / np.sqrt(d)`, adopt the dtype of the arrays they meet.
+
+    (NumPy 2 makes its scalars strong, so `np.float64(2) * float32_array` is float64; in fold a scale
+    computed with NumPy must not silently turn a float32 layer into float64.)
+    """
+    return isinstance(x, numbers.Number) and not isinstance(x, np.ndarray)
 
 
 def as_value(x: Any, where: str) -> Any:

@@ -87,7 +87,7 @@ def _print_stmts(program: Program, names: Namer, lines: list[str], indent: str) 
         rule: Callable = print_rules.lookup(stmt.prim) if type(stmt.prim) in print_rules else default_print
         outs = ", ".join(_binding(v, names) for v in stmt.outs)
         lines.append(f"{indent}let {outs} = {rule(stmt, args)}")
-        for body in stmt.prim.bodies():
+        for body in getattr(stmt.prim, "printed_bodies", stmt.prim.bodies)():
             _print_body(body, stmt.prim.num_consts, names, lines, indent + "    ")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .ir import Let
-from .primitives import Elementwise, Loop, Map, Reduce, ReduceByIndex, Scan
+from .primitives import Elementwise, GemmMapReduce, GemmMapReduceVJP, Loop, Map, Reduce, ReduceByIndex, Scan
 from .printer import default_print, print_rules
 
 
@@ -55,3 +55,20 @@ def _print_loop(stmt: Let, args: list[str]) -> str:
 
 
 __all__ = ["default_print"]
+
+
+@print_rules.register(GemmMapReduce)
+def _print_gemm(stmt: Let, args: list[str]) -> str:
+    prim = stmt.prim
+    captures, rest = _captures(stmt, args)
+    k = prim.num_leaves
+    ident, rest = rest[:k], rest[k:]
+    row, col = rest[: prim.num_row_args], rest[prim.num_row_args:]
+    return (f"gemm_map_reduce[{prim.monoid.name}, block={prim.block}] ({', '.join(ident)}) "
+            f"rows: {' '.join(row)} | cols: {' '.join(col)}{captures}")
+
+
+@print_rules.register(GemmMapReduceVJP)
+def _print_gemm_vjp(stmt: Let, args: list[str]) -> str:
+    prim = stmt.prim.forward
+    return f"gemm_map_reduce_vjp[{prim.monoid.name}, block={prim.block}] {' '.join(args)}"

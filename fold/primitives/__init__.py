@@ -3,6 +3,7 @@
 from .ad_support import IndexTranspose, LoopSaving
 from .combinators import Loop, Map, Reduce, ReduceByIndex, Scan
 from .elementwise import SCALAR_OPS, Elementwise, ScalarOp
+from .gemm import GemmMapReduce, GemmMapReduceVJP
 from .structural import (
     BroadcastTo,
     Concatenate,
@@ -17,6 +18,6 @@ from .structural import (
 )
 
 __all__ = [
-    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "Concatenate", "Convert", "Elementwise", "Gather", "Iota", "Loop", "Map",
+    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "Concatenate", "Convert", "Elementwise", "Gather", "GemmMapReduce", "GemmMapReduceVJP", "Iota", "Loop", "Map",
     "MatMul", "Reduce", "ReduceByIndex", "Reshape", "ScalarOp", "Scan", "StaticIndex", "SumAxes", "Transpose",
 ]

@@ -1,0 +1,158 @@
+"""jvp and vjp of gemm_map_reduce: no rule per layer, only per construct.
+
+vjp, for a commutative monoid with d (Corollaries 2.1.1 and 2.1.3): the backward primitive walks the same
+blocks, recomputes each block's totals T, takes their cotangent D(A, T, Abar) — the block is a part of the
+fold — and runs the vjp of the block program (made here by ad/, matrix products included), accumulating
+the cotangents of row and column operands block by block. Memory stays O(M * |T| + block).
+
+For a monoid without d the nested map/reduce the primitive abbreviates is differentiated instead, with the
+generic rule, after one warning: that materialises M x N values.
+
+jvp: the same primitive over (value, tangent) pairs — block programs replaced by their jvp, the operator
+lifted to pairs, exactly as for reduce.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from fold import ops
+from fold.combinators import map as fold_map
+from fold.combinators import reduce as fold_reduce
+from fold.inline import inline_program
+from fold.primitives import GemmMapReduce, GemmMapReduceVJP
+from fold.primitives.gemm import split_gemm_args
+from fold.pytree import tree_flatten
+from fold.tracing import bind, trace_body
+
+from .fn_vjp import vjp_of_function
+from .jvp import jvp_inline, jvp_rules
+from .vjp import vjp_program, vjp_rules
+from .zeros import Zero, aval_of, differentiable, instantiate, is_zero
+
+_warned: set[str] = set()
+
+
+def _d_program(prim: GemmMapReduce):
+    elem = prim.op.out_tree
+    elems = elem.unflatten(list(prim.op.out_avals))
+    traced = trace_body(lambda c, a, g: prim.monoid.d(c, a, g), (elems, elems, elems), f"d of {prim.monoid.name}")
+    return traced.program
+
+
+def _qualifies(prim) -> bool:
+    m = prim.monoid
+    return m is not None and m.d is not None and m.commutative
+
+
+@vjp_rules.register(GemmMapReduce)
+def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
+    consts, identity, rows, cols = split_gemm_args(prim, list(args))
+    dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
+    if not _qualifies(prim):
+        return _nested_vjp(prim, args, dense)
+    block_vjps = []
+    for shape, program in prim.blocks:
+        grad_program, mask = vjp_program(program)
+        block_vjps.append((shape, _dense_outputs(grad_program, mask, program)))
+    backward = GemmMapReduceVJP(prim, tuple(block_vjps), _d_program(prim))
+    results = bind(backward, *args, *outs, *dense)
+    nc = len(consts)
+    arg_cts = results[:nc] + [Zero(aval_of(i)) for i in identity] + results[nc:]
+    return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, arg_cts, strict=True)]
+
+
+def _dense_outputs(grad_program, mask, program):
+    """The vjp program with a cotangent output for every input (zeros where the mask has none)."""
+    def fn(*flat):
+        results = iter(inline_program(grad_program, list(flat)))
+        return [next(results) if m else np.zeros(v.aval.shape, v.aval.dtype) for m, v in zip(mask, program.inputs, strict=True)]
+
+    avals = [v.aval for v in program.inputs] + list(program.out_avals)
+    return trace_body(fn, avals, "gemm block vjp").program
+
+
+def _nested(prim, consts, rows, cols):
+    """The nested map/reduce that gemm_map_reduce abbreviates (materialises M x N)."""
+    npairs = _pairs(prim)
+    ls, row_data = rows[:npairs], rows[npairs:]
+    rs, col_data = cols[:npairs], cols[npairs:]
+
+    def one_row(*row_args):
+        l_i, r_i = row_args[:npairs], row_args[npairs:]
+
+        def one_pair(*col_args):
+            r_j, c_j = col_args[:npairs], col_args[npairs:]
+            s = [ops.sum(a * b) for a, b in zip(l_i, r_j, strict=True)]
+            return inline_program(prim.fn, list(consts) + s + list(r_i) + list(c_j))
+
+        hs = fold_map(one_pair, *rs, *col_data)
+        total = fold_reduce(prim.monoid, prim.op.out_tree.unflatten(list(hs)))
+        return tree_flatten(total)[0]
+
+    return list(fold_map(one_row, *ls, *row_data))
+
+
+def _pairs(prim) -> int:
+    """The number of matrix products: fn takes pairs + row data + column data, the primitive pairs + row data
+    row operands and pairs + column data column operands."""
+    return prim.num_row_args + prim.num_col_args - (len(prim.fn.inputs) - prim.num_consts)
+
+
+def _nested_vjp(prim, args, cts):
+    name = prim.monoid.name if prim.monoid is not None else "operator"
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"gemm_map_reduce: monoid {name} has no d (or is not commutative), so its gradient differentiates "
+                      f"the nested map/reduce with the generic rule, which holds M x N intermediates", stacklevel=3)
+    consts, identity, rows, cols = split_gemm_args(prim, list(args))
+    nc, nr = len(consts), len(rows)
+    diff = [i for i, a in enumerate(args) if hasattr(a, "aval") and differentiable(aval_of(a))]
+    arg_cts = vjp_of_function(lambda *xs: _nested(prim, list(xs[:nc]), list(xs[nc + len(identity): nc + len(identity) + nr]),
+                                                  list(xs[nc + len(identity) + nr:])), list(args), cts)
+    return [arg_cts[i] if i in diff else Zero(aval_of(a)) for i, a in enumerate(args)]
+
+
+@jvp_rules.register(GemmMapReduce)
+def _gemm_jvp(prim: GemmMapReduce, primals, tangents):
+    consts, identity, rows, cols = split_gemm_args(prim, list(primals))
+    t_consts, _, t_rows, t_cols = split_gemm_args(prim, list(tangents))
+    dense = lambda ts, xs: [instantiate(t, aval_of(x)) if differentiable(aval_of(x)) else np.zeros(aval_of(x).shape, aval_of(x).dtype)  # noqa: E731
+                            for t, x in zip(ts, xs, strict=True)]
+    t_consts, t_rows, t_cols = dense(t_consts, consts), dense(t_rows, rows), dense(t_cols, cols)
+    nc, nr, ncol = len(consts), len(rows), len(cols)
+    k = prim.num_leaves
+    elem_avals = list(prim.op.out_avals)
+
+    def lifted_block(program):
+        def fn(*flat):
+            c, tc = list(flat[:nc]), list(flat[nc: 2 * nc])
+            r, tr = list(flat[2 * nc: 2 * nc + nr]), list(flat[2 * nc + nr: 2 * nc + 2 * nr])
+            rest = flat[2 * nc + 2 * nr:]
+            col, tcol = list(rest[:ncol]), list(rest[ncol:])
+            outs, touts = jvp_inline(program, c + r + col, _z(tc, c) + _z(tr, r) + _z(tcol, col))
+            return list(outs) + [instantiate(t, aval_of(o)) for t, o in zip(touts, outs, strict=True)]
+
+        avals = [v.aval for v in program.inputs]
+        layout = (avals[:nc] * 2 + avals[nc: nc + nr] * 2 + avals[nc + nr:] * 2)
+        return trace_body(fn, layout, "gemm block jvp").program
+
+    def lifted_op():
+        def fn(*flat):
+            a, ta, b, tb = flat[:k], flat[k: 2 * k], flat[2 * k: 3 * k], flat[3 * k:]
+            outs, touts = jvp_inline(prim.op, list(a) + list(b), list(ta) + list(tb))
+            return list(outs) + [instantiate(t, av) for t, av in zip(touts, elem_avals, strict=True)]
+
+        return trace_body(fn, elem_avals * 4, "lifted monoid operator").program
+
+    lifted = GemmMapReduce(prim.fn, tuple((s, lifted_block(p)) for s, p in prim.blocks), lifted_op(), None,
+                           2 * nc, 2 * nr, 2 * ncol, prim.block)
+    zeros = [np.zeros(aval_of(e).shape, aval_of(e).dtype) for e in identity]
+    outs = bind(lifted, *consts, *t_consts, *identity, *zeros, *rows, *t_rows, *cols, *t_cols)
+    return outs[:k], outs[k:]
+
+
+def _z(ts, xs):
+    return [t if differentiable(aval_of(x)) else Zero(aval_of(x)) for t, x in zip(ts, xs, strict=True)]

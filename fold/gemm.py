@@ -1,0 +1,181 @@
+"""fold.gemm_map_reduce: fold a monoid over a mapped matrix product without materialising it.
+
+For every row i, A_i = fold over j of fn(s_ij, *rows_i, *cols_j) with s = lhs @ rhs.T (one s per pair when
+lhs and rhs are tuples). The meaning is the nested map/reduce it abbreviates; the execution is blocked: a
+block of s by one matrix product, the map over the whole block, the block folded along j (with matrix
+products for fields that are column data times a weight) and combined into the running row totals.
+Memory: O(M * |T| + block), never M x N.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import ops
+from .combinators import map as fold_map
+from .dtypes import ShapedArray
+from .errors import FoldTypeError, ShapeError, StructureError
+from .factorize import factorize
+from .gemm_folds import Factored, Full, fold_block
+from .inline import inline_program
+from .monoid import Monoid, identity_leaves
+from .primitives import GemmMapReduce
+from .pytree import leaf_paths, tree_flatten
+from .tracing import abstractify, bind, trace_body
+
+DEFAULT_BLOCK_BUDGET = 32 * 2**20  # bytes of per-block intermediates the automatic block size aims for
+
+
+def _as_tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _matrices(where: str, name: str, xs: tuple) -> tuple[list, list[ShapedArray]]:
+    leaves, _, avals = abstractify(xs, where)
+    for i, a in enumerate(avals):
+        if a.ndim != 2:
+            raise ShapeError(f"{where}: {name}[{i}] must be a matrix, got shape {a.shape}")
+    return leaves, avals
+
+
+def choose_block(m: int, n: int, per_pair_bytes: int, budget: int) -> tuple[int, int]:
+    side = max(int(math.sqrt(budget / max(per_pair_bytes, 1))), 32)
+    return max(min(m, side), 1), max(min(n, side * 2), 1)
+
+
+def _check_block(where: str, block: Any) -> tuple[int, int] | None:
+    if block is None:
+        return None
+    pair = (block, block) if isinstance(block, (int, np.integer)) else tuple(block)
+    if len(pair) != 2 or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in pair):
+        raise FoldTypeError(f"{where}: block must be an int or a pair of ints (rows, columns), got {block!r}")
+    if min(pair) <= 0:
+        raise ShapeError(f"{where}: block sizes must be positive, got {block!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, *, rows: Sequence[Any] = (),
+                    cols: Sequence[Any] = (), block: int | tuple[int, int] | None = None,
+                    budget: int = DEFAULT_BLOCK_BUDGET) -> Any:
+    """Row folds of a mapped matrix product: A_i = fold_j fn(<lhs_i, rhs_j>, *rows_i, *cols_j).
+
+    `lhs` (M x F) and `rhs` (N x F) may be tuples of the same length (then fn receives one s per pair);
+    `rows` are arrays with leading axis M, `cols` arrays with leading axis N. The result has the monoid's
+    element structure with a leading axis M. `block` (an int or (rows, cols)) overrides the block size,
+    which by default keeps the per-block intermediates near `budget` bytes.
+
+    >>> import numpy as np, fold
+    >>> Q, K = np.random.rand(3, 4), np.random.rand(5, 4)
+    >>> lse = fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, Q, K)
+    >>> bool(np.allclose(lse, np.log(np.exp(Q @ K.T).sum(axis=1))))
+    True
+    """
+    where = "fold.gemm_map_reduce"
+    if not isinstance(monoid, Monoid):
+        raise FoldTypeError(f"{where}: the first argument must be a fold.Monoid, got {type(monoid).__name__}")
+    lhs_t, rhs_t = _as_tuple(lhs), _as_tuple(rhs)
+    if len(lhs_t) != len(rhs_t) or not lhs_t:
+        raise ShapeError(f"{where}: lhs and rhs must be matrices or tuples of the same length, got {len(lhs_t)} and {len(rhs_t)}")
+    lhs_leaves, lhs_avals = _matrices(where, "lhs", lhs_t)
+    rhs_leaves, rhs_avals = _matrices(where, "rhs", rhs_t)
+    for i, (a, b) in enumerate(zip(lhs_avals, rhs_avals, strict=True)):
+        if a.shape[1] != b.shape[1]:
+            raise ShapeError(f"{where}: inner dimensions differ: lhs[{i}] has shape {a.shape}, rhs[{i}] has shape {b.shape} ({a.shape[1]} != {b.shape[1]})")
+    m, n = lhs_avals[0].shape[0], rhs_avals[0].shape[0]
+    for i, (a, b) in enumerate(zip(lhs_avals, rhs_avals, strict=True)):
+        if a.shape[0] != m or b.shape[0] != n:
+            raise ShapeError(f"{where}: all lhs must have {m} rows and all rhs {n} rows; lhs[{i}] is {a.shape}, rhs[{i}] is {b.shape}")
+    dtype = np.result_type(*[a.dtype for a in lhs_avals + rhs_avals])
+    dtype = dtype if dtype.kind == "f" else np.dtype("float64")
+    lhs_leaves = [ops.convert(x, dtype) for x in lhs_leaves]
+    rhs_leaves = [ops.convert(x, dtype) for x in rhs_leaves]
+
+    row_leaves, row_def, row_avals = abstractify(tuple(rows), where)
+    col_leaves, col_def, col_avals = abstractify(tuple(cols), where)
+    _check_leading(where, "rows", row_def, row_avals, m, "M (the rows of lhs)")
+    _check_leading(where, "cols", col_def, col_avals, n, "N (the rows of rhs)")
+    row_elems = [a.update(shape=a.shape[1:]) for a in row_avals]
+    col_elems = [a.update(shape=a.shape[1:]) for a in col_avals]
+    s_avals = [ShapedArray((), dtype)] * len(lhs_t)
+
+    body = trace_body(lambda *args: fn(*args[: len(lhs_t)], *row_def.unflatten(list(args[len(lhs_t): len(lhs_t) + len(row_elems)])),
+                                         *col_def.unflatten(list(args[len(lhs_t) + len(row_elems):]))),
+                      s_avals + row_elems + col_elems, f"gemm_map_reduce map {getattr(fn, '__name__', 'fn')}")
+    fn_program, out_tree = body.program, body.out_tree
+    identity_def = tree_flatten(monoid.identity)[1]
+    if out_tree != identity_def:
+        raise StructureError(f"{where}: the map returns structure {out_tree}, but the monoid {monoid.name} has elements {identity_def}")
+    elems = list(fn_program.out_avals)
+    identity = identity_leaves(where, monoid.identity, out_tree, elems)
+    op = trace_body(lambda a, b: monoid.op(a, b), (out_tree.unflatten(elems),) * 2, f"monoid {monoid.name}")
+    if op.consts or list(op.program.out_avals) != elems:
+        raise StructureError(f"{where}: the monoid {monoid.name} must map two elements {out_tree.unflatten([str(e) for e in elems])} to one such element")
+
+    nc, npairs = len(body.consts), len(lhs_t)
+    inputs = list(fn_program.inputs)
+    col_inputs = inputs[nc + npairs + len(row_elems):]
+    factorization = factorize(fn_program, col_inputs, inputs[:nc])
+    per_pair = dtype.itemsize * (len(factorization.pointwise.stmts) + npairs + 4) + sum(
+        e.nbytes for i, e in enumerate(elems) if i in factorization.full)
+    bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, budget)
+    shapes = sorted({(min(bi, m - i0), min(bj, n - j0)) for i0 in range(0, m, bi) for j0 in range(0, n, bj)})
+    const_avals = [v.aval for v in inputs[:nc]]
+
+    def block_program(shape):
+        ri, rj = shape
+
+        def run(*flat):
+            flat = list(flat)
+            consts, flat = flat[:nc], flat[nc:]
+            ls, flat = flat[:npairs], flat[npairs:]
+            row_blk, flat = flat[: len(row_elems)], flat[len(row_elems):]
+            rs, col_blk = flat[:npairs], flat[npairs:]
+            return _fold_one_block(monoid, out_tree, fn_program, factorization, consts, ls, rs, row_blk, col_blk, ri, elems)
+
+        avals = (const_avals + [ShapedArray((ri, a.shape[1]), dtype) for a in lhs_avals]
+                 + [a.update(shape=(ri,) + a.shape[1:]) for a in row_avals]
+                 + [ShapedArray((rj, a.shape[1]), dtype) for a in rhs_avals]
+                 + [a.update(shape=(rj,) + a.shape[1:]) for a in col_avals])
+        traced = trace_body(run, avals, f"gemm_map_reduce block {ri}x{rj}")
+        assert not traced.consts
+        return traced.program
+
+    prim = GemmMapReduce(fn_program, tuple((s, block_program(s)) for s in shapes), op.program, monoid, nc,
+                         npairs + len(row_leaves), npairs + len(col_leaves), (bi, bj))
+    outs = bind(prim, *body.consts, *identity, *lhs_leaves, *row_leaves, *rhs_leaves, *col_leaves)
+    return out_tree.unflatten(outs)
+
+
+def _check_leading(where: str, name: str, treedef, avals: list[ShapedArray], size: int, what: str) -> None:
+    for path, aval in zip(leaf_paths(treedef, name), avals, strict=True):
+        if aval.ndim == 0 or aval.shape[0] != size:
+            raise ShapeError(f"{where}: {path} has shape {aval.shape}; its leading axis must be {what} = {size}")
+
+
+def _fold_one_block(monoid, out_tree, fn_program, factorization, consts, ls, rs, row_blk, col_blk, bi: int, elems) -> list:
+    """Inside a block program: s = L R^T, the map over the block, the block folded along j."""
+    npairs = len(ls)
+    s_blocks = [ops.matmul(lhs, ops.transpose(rhs)) for lhs, rhs in zip(ls, rs, strict=True)]
+
+    def per_pair(*args):
+        return inline_program(factorization.pointwise, list(consts) + list(args))
+
+    def per_row(*args):
+        s_row, row = list(args[:npairs]), list(args[npairs:])
+        return fold_map(lambda *sc: per_pair(*sc[:npairs], *row, *sc[npairs:]), *s_row, *col_blk)
+
+    pointwise = list(fold_map(per_row, *s_blocks, *row_blk)) if factorization.pointwise.outputs else []
+    columns = []
+    if factorization.columns.outputs:
+        placeholders = [np.zeros(v.aval.shape, v.aval.dtype) for v in fn_program.inputs[len(consts): len(fn_program.inputs) - len(col_blk)]]
+        columns = list(fold_map(lambda *c: inline_program(factorization.columns, list(consts) + placeholders + list(c)), *col_blk))
+    fields: list = [None] * len(elems)
+    for k, leaf in enumerate(factorization.full):
+        fields[leaf] = Full(pointwise[k])
+    for k, f in enumerate(factorization.factored):
+        weight = None if f.weight_output is None else pointwise[f.weight_output]
+        fields[f.leaf] = Factored(weight, columns[k])
+    return fold_block(monoid, fields, out_tree, bi)
