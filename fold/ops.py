@@ -65,6 +65,8 @@ def shape_of(x: Any) -> tuple[int, ...]:
 
 
 def _dtype_key(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()  # as a Python number, so that NumPy's promotion treats it as weak too
     return x if _is_weak(x) else x.dtype
 
 

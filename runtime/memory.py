@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from fold.api import signature_of, trace_signature
 from fold.ir import Program, Var
-from fold.primitives import Loop, Map, Reduce, ReduceByIndex, Scan
+from fold.primitives import GemmMapReduce, GemmMapReduceVJP, Loop, Map, Reduce, ReduceByIndex, Scan
 from fold.rules import RuleTable
 
 body_extra_rules = RuleTable("memory")
@@ -75,3 +75,19 @@ def memory(f: Callable[..., Any] | Program, *args: Any) -> int:
         return program_peak(f)
     _, signature = signature_of(args, "fold.memory")
     return program_peak(trace_signature(f, signature))
+
+
+@body_extra_rules.register(GemmMapReduce)
+def _gemm_extra(stmt, mult: int) -> int:
+    """One block's intermediates at a time, plus the running totals of one row block."""
+    block_peak = max(program_peak(program, mult, count_inputs=False) for _, program in stmt.prim.blocks) if stmt.prim.blocks else 0
+    return block_peak
+
+
+@body_extra_rules.register(GemmMapReduceVJP)
+def _gemm_vjp_extra(stmt, mult: int) -> int:
+    """A block's recomputation and its vjp, one block at a time."""
+    forward = stmt.prim.forward
+    peaks = [program_peak(p, mult, count_inputs=False) for _, p in forward.blocks]
+    peaks += [program_peak(p, mult, count_inputs=False) for _, p in stmt.prim.block_vjps]
+    return max(peaks, default=0)
