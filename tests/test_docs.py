@@ -27,7 +27,7 @@ def test_docs_code_blocks_run(code):
     exec(compile(code, "<docs>", "exec"), {})
 
 
-@pytest.mark.parametrize("module", ["fold.api", "fold.combinators", "fold.monoid", "runtime.api", "ad.api", "ad.monoid_laws", "ad.compare"])
+@pytest.mark.parametrize("module", ["fold.api", "fold.combinators", "fold.monoid", "fold.gemm", "runtime.api", "ad.api", "ad.monoid_laws", "ad.compare"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0
