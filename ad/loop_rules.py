@@ -97,10 +97,11 @@ def _step_vjp(prim, consts, i, state, ct_state, ct_consts):
     return new_state, new_consts
 
 
-def _backward_stretch(prim, consts, start: int, length, first_state, ct_state, ct_consts):
+def _backward_stretch(prim, consts, start: int, length, first_state, ct_state, ct_consts, saved_cts=None):
     """The return sweep over iterations start .. start+length-1, recomputing their states from `first_state`.
 
-    `start` may be traced (the stretch index of an enclosing loop); `length` is static.
+    `start` may be traced (the stretch index of an enclosing loop); `length` is static. `saved_cts`: see
+    `_add_saved_cts`.
     """
     nc = prim.num_consts
     k = len(first_state)
@@ -116,7 +117,8 @@ def _backward_stretch(prim, consts, start: int, length, first_state, ct_state, c
         ct_s, ct_c = carry
         i_local = length - 1 - j
         state_i = [s[i_local] for s in states]
-        return _step_vjp(prim, consts, start + i_local, state_i, list(ct_s), list(ct_c))
+        new_s, new_c = _step_vjp(prim, consts, start + i_local, state_i, list(ct_s), list(ct_c))
+        return _add_saved_cts(new_s, saved_cts, start + i_local), new_c
 
     ct_s, ct_c = fold_loop(back, (list(ct_state), list(ct_consts)), length)
     return list(ct_s), list(ct_c)
@@ -134,8 +136,19 @@ def _offset_body(prim):
     return trace_body(fn, avals, "loop body (offset)").program
 
 
+def _add_saved_cts(ct_state, saved_cts, i):
+    """Add the cotangent of the state before iteration `i` as a LoopSaving output (row i // stride of its
+    stacks, when i % stride == 0), if the stacks have cotangents: `saved_cts` is (stride, per-leaf cts or Zero)."""
+    if saved_cts is None:
+        return ct_state
+    stride, stack_cts = saved_cts
+    hit = (i % stride) == 0
+    return [c if is_zero(sc) else c + ops.where(hit, sc[i // stride], 0.0).astype(aval_of(c).dtype)
+            for c, sc in zip(ct_state, stack_cts, strict=True)]
+
+
 @vjp_rules.register(Loop)
-def _loop_vjp(prim: Loop, args, outs, saved, cts):
+def _loop_vjp(prim: Loop, args, outs, saved, cts, saved_cts=None):
     nc = prim.num_consts
     consts, init = args[:nc], args[nc:]
     ct_state = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
@@ -149,16 +162,17 @@ def _loop_vjp(prim: Loop, args, outs, saved, cts):
     n_full, rest = divmod(n, stride)
     if rest:  # the last, shorter stretch first
         last = [s[n_full] for s in saved]
-        ct_state, all_ct_consts = _backward_stretch(prim, const_list, n_full * stride, rest, last, ct_state, all_ct_consts)
+        ct_state, all_ct_consts = _backward_stretch(prim, const_list, n_full * stride, rest, last, ct_state, all_ct_consts, saved_cts)
     if n_full:
         def back_stretch(j, carry):
             ct_s, ct_c = carry
             seg = n_full - 1 - j
             first = [s[seg] for s in saved]
-            return _backward_stretch(prim, const_list, seg * stride, stride, first, list(ct_s), list(ct_c))
+            return _backward_stretch(prim, const_list, seg * stride, stride, first, list(ct_s), list(ct_c), saved_cts)
 
         if n_full == 1:
-            ct_state, all_ct_consts = _backward_stretch(prim, const_list, 0, stride, [s[0] for s in saved], ct_state, all_ct_consts)
+            ct_state, all_ct_consts = _backward_stretch(prim, const_list, 0, stride, [s[0] for s in saved], ct_state, all_ct_consts,
+                                                        saved_cts)
         else:
             ct_state, all_ct_consts = fold_loop(back_stretch, (list(ct_state), list(all_ct_consts)), n_full)
             ct_state, all_ct_consts = list(ct_state), list(all_ct_consts)
@@ -176,9 +190,12 @@ def _full_const_cts(consts, diff_consts, ct_consts):
 
 @vjp_rules.register(LoopSaving)
 def _loop_saving_vjp(prim: LoopSaving, args, outs, residual, cts):
-    """Only reached when a gradient program is itself differentiated: the saved stacks' cotangents are not
-    propagated (they are checkpoints, recomputed values), the final state's are, as for a Loop."""
+    """Only reached when a gradient program is itself differentiated. As for a Loop, plus: the saved stacks
+    are outputs too (the states before iterations 0, stride, ...), so their cotangents join those states'."""
     nc = prim.num_consts
     k = len(args) - nc
     loop = Loop(prim.body, nc, prim.n, None)
-    return _loop_vjp(loop, args, outs[:k], outs[k:] if prim.stride == 1 else bind(LoopSaving(prim.body, nc, prim.n, 1), *args)[k:], cts[:k])
+    stack_cts = [c if is_zero(c) else instantiate(c, aval_of(o)) for c, o in zip(cts[k:], outs[k:], strict=True)]
+    saved_cts = None if all(is_zero(c) for c in stack_cts) else (prim.stride, stack_cts)
+    all_states = outs[k:] if prim.stride == 1 else bind(LoopSaving(prim.body, nc, prim.n, 1), *args)[k:]
+    return _loop_vjp(loop, args, outs[:k], all_states, cts[:k], saved_cts)

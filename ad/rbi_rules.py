@@ -17,7 +17,7 @@ from fold.pytree import tree_flatten
 from fold.recognize import recognize_binary_op
 
 from .fn_vjp import vjp_of_function
-from .reduce_rules import check_no_captured_floats
+from .reduce_rules import check_no_captured_floats, choose_rule
 from .vjp import current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of, instantiate
 
@@ -87,6 +87,8 @@ def _rbi_vjp(prim: ReduceByIndex, args, outs, residual, cts):
     setting = current_reduce_rule()
     op = recognize_binary_op(prim.body, nc)
     qualifies = prim.monoid is not None and prim.monoid.d is not None and prim.monoid.commutative
+    if setting == "monoid" and not qualifies:
+        choose_rule(prim, setting)  # raises, naming the operator and why, as for reduce
     if setting == "generic":
         rule = _generic_vjp
     elif setting == "monoid" and qualifies:

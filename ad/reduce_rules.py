@@ -134,7 +134,7 @@ def choose_rule(prim, setting: str) -> ReduceRule:
         what = prim.monoid.name if prim.monoid is not None else _operator_name(prim)
         why = ("it is a plain operator, not a fold.Monoid" if prim.monoid is None
                else "it has no d" if prim.monoid.d is None else "it is not commutative")
-        raise FoldError(f"reduce_rule='monoid' cannot differentiate the reduce with operator {what}: {why}")
+        raise FoldError(f"reduce_rule='monoid' cannot differentiate the {prim.name} with operator {what}: {why}")
     return _BY_NAME[setting]
 
 
