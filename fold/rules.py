@@ -52,6 +52,6 @@ def all_primitive_types() -> list[type]:
     while stack:
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
-        if not getattr(cls, "abstract", False):
+        if not getattr(cls, "abstract", False) and not getattr(cls, "backend_internal", False):
             found.append(cls)
     return sorted(set(found), key=lambda c: c.__name__)

@@ -1,0 +1,25 @@
+"""Kernel templates: compiled scalar functions and arrays in, arrays out. Blind to fold's IR.
+
+This package imports nothing of fold, ad or runtime (only NumPy, Numba and the standard library); a test
+checks it. `kernels.cpu` holds the Numba CPU templates; CUDA templates are to follow in `kernels.cuda`.
+
+The contract (the same for every template):
+
+- Elements are tuples of k >= 1 scalar leaves, stored as k arrays ("a record of arrays"): 1-D and
+  C-contiguous, or 2-D (rows, n) for the segmented reduce, all of one shape.
+- A *combine* is a numba.njit function of 2k scalars, combine(a_0, ..., a_{k-1}, b_0, ..., b_{k-1}),
+  returning a k-tuple (a scalar or a 1-tuple when k == 1). It must be associative; it need not be
+  commutative: every kernel keeps its operands in order, a before b.
+- A *mapper* is a numba.njit function of m scalars returning a k-tuple (a scalar or 1-tuple when k == 1).
+- The *identity* is a tuple of k scalars; each must be exactly representable in its leaf's dtype.
+- Element dtypes are the leaves' dtypes, or the mapper's result types (compiled for the inputs' dtypes).
+- Kernels return tuples of NumPy arrays (one per leaf), or of k NumPy scalars for reduce / map_reduce.
+- Host drivers (plain Python) own the thread and chunk configuration (numba.get_num_threads()), empty
+  inputs (n == 0 gives the identity or empty arrays), output allocation, and the exclusive / reverse
+  variants; they check their assumptions (compiled functions, contiguity, one shape, arity of
+  the functions' results) and raise errors that name the values involved.
+- Compiled kernels are cached in memory per (template, function objects, k, m); Numba specialises each
+  on the dtypes. No disk cache (see kernels.cpu.codegen for why).
+
+Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, histogram, map.
+"""

@@ -8,6 +8,8 @@ copied per row). NumPy broadcasting then does the rest, and each primitive's imp
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
 from typing import Sequence
 
@@ -18,6 +20,28 @@ from fold.ir import Atom, Lit, Program, Var
 from fold.rules import RuleTable
 
 numpy_impls = RuleTable("numpy backend")
+
+# A backend built on this interpreter registers rules that run first, for the statements it lowers
+# differently; a rule that returns None declines, and the numpy implementation runs instead.
+_overrides = threading.local()
+
+
+@contextlib.contextmanager
+def lowering(table: RuleTable):
+    """Statements evaluated in this block try `table`'s rules before the numpy implementations."""
+    stack = getattr(_overrides, "stack", [])
+    _overrides.stack = stack + [table]
+    try:
+        yield
+    finally:
+        _overrides.stack = stack
+
+
+def _override(prim):
+    for table in reversed(getattr(_overrides, "stack", ())):
+        if type(prim) in table:
+            return table.lookup(prim)
+    return None
 
 _last_uses: "weakref.WeakKeyDictionary[Program, list[list[Var]]]" = weakref.WeakKeyDictionary()
 
@@ -63,10 +87,12 @@ def eval_program(program: Program, args: Sequence[np.ndarray], depth: int = 0) -
 
 def run_statement(prim, values: list[np.ndarray], depth: int, out_avals: list) -> list[np.ndarray]:
     """One primitive on batched arrays, with NumPy's own errors turned into a FoldRuntimeError."""
-    impl = numpy_impls.lookup(prim)
+    override = _override(prim)
     try:
         with np.errstate(all="ignore"):
-            outs = impl(prim, values, depth)
+            outs = override(prim, values, depth) if override is not None else None
+            if outs is None:
+                outs = numpy_impls.lookup(prim)(prim, values, depth)
     except FoldError:
         raise
     except Exception as err:  # a NumPy failure deep inside: name the statement instead of leaking a traceback

@@ -27,7 +27,10 @@ class Backend(Protocol):
     def compile(self, program: Program) -> CompiledProgram: ...
 
 
-_REGISTRY: dict[str, str] = {"numpy": "runtime.backends.numpy_backend:NumpyBackend"}
+_REGISTRY: dict[str, str] = {
+    "numpy": "runtime.backends.numpy_backend:NumpyBackend",
+    "numba": "runtime.numba_backend.backend:NumbaBackend",
+}
 _instances: dict[str, Backend] = {}
 _local = threading.local()
 DEFAULT_ORDER = ("numpy",)

@@ -1,0 +1,29 @@
+"""Numba CPU kernel templates (parallel with prange) and their host drivers; see `kernels` for the contract.
+
+    reduce(combine, k, identity, leaves, *, chunks=None)                       -> k scalars
+    map_reduce(mapper, m, combine, k, identity, inputs, *, chunks=None)        -> k scalars
+    segmented_reduce(mapper_or_None, combine, k, identity, inputs, *, parallel=None) -> k arrays (rows,)
+    scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, chunks=None) -> k arrays (n,)
+    histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
+    map(mapper, m, k, inputs, *, parallel=None)                                -> k arrays (n,)
+
+The functions reduce, scan, histogram and map shadow the submodules of the same names as attributes of
+this package; reach a template with `from kernels.cpu.reduce import fold_kernel` (which goes through
+sys.modules), not `kernels.cpu.reduce.fold_kernel`.
+"""
+
+from . import codegen, host
+from .histogram import histogram
+from .map import map  # noqa: A004 (the combinator's name)
+from .reduce import map_reduce, reduce
+from .scan import scan
+from .segmented import segmented_reduce
+
+
+def clear_cache() -> None:
+    """Forget every compiled kernel and inferred result type (and the references they hold to functions)."""
+    codegen.clear_kernels()
+    host.clear_result_dtypes()
+
+
+__all__ = ["clear_cache", "histogram", "map", "map_reduce", "reduce", "scan", "segmented_reduce"]

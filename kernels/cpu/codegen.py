@@ -1,0 +1,94 @@
+"""Build kernel source specialised to a number of leaves and compile it with numba.njit, once per key.
+
+A kernel template is a Python function `template(k, m, ...) -> str` returning the source of one function
+named `kernel`. The source names the caller's compiled scalar functions as globals (`combine`, `mapper`);
+Numba freezes a global dispatcher into the kernel at compile time, so every distinct function object gets
+its own kernel, and the in-memory cache below is keyed by those objects.
+
+No disk cache: Numba's `cache=True` keys its index on the kernel's source file and bytecode only, not on
+the globals it calls, so an on-disk kernel specialised on a caller-supplied `combine` could be reloaded
+for a different `combine` after a restart. Kernels are therefore compiled once per process.
+
+Helpers for writing templates, with `k` leaves:
+
+    names("acc", 3)                          -> "acc0, acc1, acc2"
+    each("acc{j} = id{j}", 2, indent=8)      -> "        acc0 = id0\n        acc1 = id1"
+    indent(block, 4)                         -> every line of block indented by 4 more spaces
+    call("acc", "combine", "acc0, x0[i]", 1) -> "acc0 = as_scalar(combine(acc0, x0[i]))"
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import textwrap
+import threading
+from typing import Any, Callable, Hashable
+
+import numpy as np
+from numba import njit, prange, types
+from numba.core.errors import TypingError
+from numba.extending import overload
+
+_KERNELS: dict[Hashable, Any] = {}
+_LOCK = threading.RLock()
+_SERIAL = itertools.count()
+
+
+def as_scalar(x):
+    """Inside kernels: a 1-tuple's only item, or a scalar unchanged (so k == 1 functions may return either)."""
+    return x[0] if isinstance(x, tuple) else x
+
+
+@overload(as_scalar)
+def _as_scalar_typed(x):
+    if isinstance(x, types.BaseTuple):
+        if len(x) != 1:
+            raise TypingError(f"expected a scalar or a 1-tuple, got a {len(x)}-tuple {x}")
+        return lambda x: x[0]
+    return lambda x: x
+
+
+def names(prefix: str, count: int) -> str:
+    return ", ".join(f"{prefix}{j}" for j in range(count))
+
+
+def each(line: str, count: int, indent: int = 0) -> str:
+    """`line` formatted with j = 0 .. count-1, one per line, indented by `indent` spaces."""
+    return "\n".join(" " * indent + line.format(j=j) for j in range(count))
+
+
+def indent(block: str, spaces: int) -> str:
+    return textwrap.indent(block, " " * spaces)
+
+
+def call(targets: str, fn: str, args: str, count: int) -> str:
+    """`target0, ... = fn(args)`, unwrapping a scalar result when count == 1."""
+    if count == 1:
+        return f"{targets}0 = as_scalar({fn}({args}))"
+    return f"{names(targets, count)} = {fn}({args})"
+
+
+def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any], *, parallel: bool) -> Any:
+    """The njit-compiled `kernel` for `key`, building its source with `build()` on first use.
+
+    `env` holds the globals the source refers to (the caller's compiled functions); `np`, `prange` and
+    `as_scalar` are always available. The source is registered with linecache so that Numba's error
+    messages and tracebacks can show it.
+    """
+    with _LOCK:
+        kernel = _KERNELS.get(key)
+        if kernel is None:
+            source = build()
+            filename = f"<kernels.cpu generated #{next(_SERIAL)}: {key[0]}>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            namespace = {"np": np, "prange": prange, "as_scalar": as_scalar, **env}
+            exec(compile(source, filename, "exec"), namespace)
+            kernel = njit(parallel=parallel, error_model="numpy")(namespace["kernel"])
+            _KERNELS[key] = kernel
+        return kernel
+
+
+def clear_kernels() -> None:
+    with _LOCK:
+        _KERNELS.clear()

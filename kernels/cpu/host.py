@@ -1,0 +1,117 @@
+"""What every host driver shares: checking arguments, inferring element dtypes, choosing chunks.
+
+Errors name the argument and the values involved. Only NumPy, Numba and the standard library are used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numba
+import numpy as np
+from numba import types
+from numba.core.dispatcher import Dispatcher
+from numba.np.numpy_support import as_dtype
+
+# (function, argument dtypes, count) -> result dtypes, so that a call after the first compiles nothing.
+_RESULT_DTYPES: dict[tuple, tuple] = {}
+
+# Below this many elements per chunk, splitting an array across threads costs more than it saves.
+MIN_CHUNK = 1 << 14
+
+
+def clear_result_dtypes() -> None:
+    _RESULT_DTYPES.clear()
+
+
+def check_function(fn: Any, what: str) -> None:
+    if not isinstance(fn, Dispatcher):
+        raise TypeError(f"{what} must be a numba.njit-compiled function, got {fn!r} of type {type(fn).__name__}")
+
+
+def check_count(count: Any, what: str) -> int:
+    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {count!r}")
+    return int(count)
+
+
+def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str) -> list[np.ndarray]:
+    """`count` C-contiguous NumPy arrays with `ndim` dimensions and one shape."""
+    if isinstance(arrays, np.ndarray) or len(arrays) != count:
+        got = "one array" if isinstance(arrays, np.ndarray) else f"{len(arrays)} arrays"
+        raise ValueError(f"{what}: expected a sequence of {count} arrays, got {got}")
+    for j, a in enumerate(arrays):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{what}[{j}] must be a NumPy array, got {type(a).__name__}")
+        if a.ndim != ndim:
+            raise ValueError(f"{what}[{j}] must be {ndim}-D, got shape {a.shape}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{what}[{j}] must be C-contiguous (pass np.ascontiguousarray(...)), "
+                             f"got strides {a.strides} for shape {a.shape}")
+    shapes = [a.shape for a in arrays]
+    if any(s != shapes[0] for s in shapes):
+        raise ValueError(f"{what}: all arrays must have one shape, got {shapes}")
+    return list(arrays)
+
+
+def result_dtypes(fn: Dispatcher, arg_dtypes: Sequence[np.dtype], count: int, what: str) -> list[np.dtype]:
+    """Compile `fn` for scalars of `arg_dtypes` and return the dtypes of its `count` results (memoised)."""
+    key = (fn, tuple(np.dtype(d) for d in arg_dtypes), count)
+    found = _RESULT_DTYPES.get(key)
+    if found is None:
+        found = _RESULT_DTYPES[key] = _infer_result_dtypes(fn, key[1], count, what)
+    return list(found)
+
+
+def _infer_result_dtypes(fn: Dispatcher, arg_dtypes: tuple, count: int, what: str) -> tuple:
+    argtys = tuple(numba.from_dtype(np.dtype(d)) for d in arg_dtypes)
+    try:
+        fn.compile(argtys)
+    except Exception as e:  # a typing error inside the caller's function: say which one and for what
+        raise TypeError(f"{what} does not compile for arguments {[str(t) for t in argtys]}: {e}") from e
+    ret = fn.overloads[argtys].signature.return_type
+    items = list(ret.types) if isinstance(ret, types.BaseTuple) else [ret]
+    if len(items) != count:
+        raise ValueError(f"{what} must return {count} value(s) (k = {count}), "
+                         f"got {len(items)} for arguments {[str(t) for t in argtys]}: {ret}")
+    try:
+        return tuple(np.dtype(as_dtype(t)) for t in items)
+    except Exception as e:
+        raise TypeError(f"{what} returns {ret}, which is not a tuple of NumPy scalars") from e
+
+
+def check_combine(combine: Dispatcher, dtypes: Sequence[np.dtype]) -> None:
+    """The combine of k leaves takes 2k scalars and returns k."""
+    result_dtypes(combine, list(dtypes) * 2, len(dtypes), "combine")
+
+
+def cast_identity(identity: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple:
+    """The identity as NumPy scalars of the element dtypes; a value that does not survive the cast is an error."""
+    if not isinstance(identity, (tuple, list)) or len(identity) != len(dtypes):
+        raise ValueError(f"identity must be a tuple of {len(dtypes)} scalar(s) (one per leaf), got {identity!r}")
+    out = []
+    for j, (value, dtype) in enumerate(zip(identity, dtypes, strict=True)):
+        with np.errstate(all="ignore"):
+            cast = np.asarray(value).astype(dtype)[()] if np.ndim(value) == 0 else None
+        if cast is None or not _same_value(cast, value):
+            raise ValueError(f"identity[{j}] = {value!r} does not fit the element dtype {dtype} "
+                             f"(cast gives {cast!r})")
+        out.append(cast)
+    return tuple(out)
+
+
+def _same_value(cast: Any, value: Any) -> bool:
+    if cast == value:
+        return True
+    return cast.dtype.kind in "fc" and bool(np.isnan(cast)) and bool(np.isnan(np.asarray(value, dtype=float)))
+
+
+def num_chunks(n: int, chunks: int | None, min_chunk: int = MIN_CHUNK) -> int:
+    """How many contiguous chunks to split n >= 1 elements into.
+
+    Default: one per Numba thread, but never chunks smaller than `min_chunk` elements (so small inputs run
+    as one chunk). An explicit `chunks` (for tests and tuning) is honoured up to n.
+    """
+    if chunks is not None:
+        return min(check_count(chunks, "chunks"), n)
+    return max(1, min(numba.get_num_threads(), n // min_chunk))

@@ -1,0 +1,52 @@
+"""Parallel elementwise map: out[.][i] = mapper(inputs[0][i], ..., inputs[m-1][i]) over 1-D arrays.
+
+Parallel (prange, Numba's own scheduling) once there are at least MIN_CHUNK elements for two threads;
+serial below that, where starting the threads would cost more than the work.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import host
+from .codegen import call, compile_kernel, each, indent, names
+
+
+def _map_source(k: int, m: int) -> str:
+    body = call("e", "mapper", ", ".join(f"x{j}[i]" for j in range(m)), k) + "\n" + each("out{j}[i] = e{j}", k)
+    return f"""
+def kernel(T, {names("x", m)}, {names("out", k)}):
+    n = x0.shape[0]
+    if T == 1:  # no parallel region at all
+        for i in range(n):
+{indent(body, 12)}
+    else:
+        for i in prange(n):
+{indent(body, 12)}
+"""
+
+
+def map_kernel(mapper: Any, k: int, m: int) -> Any:
+    """The compiled kernel(T, x_0..x_{m-1}, out_0..out_{k-1}), filling the out_j in place (T == 1: serially)."""
+    return compile_kernel(("map", mapper, k, m), lambda: _map_source(k, m), {"mapper": mapper}, parallel=True)
+
+
+def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A001 (the combinator's name)
+        parallel: bool | None = None) -> tuple:
+    """Apply `mapper` (m scalars in, k out; a scalar when k == 1) to m 1-D arrays of one length.
+
+    Returns a tuple of k new arrays whose dtypes are the mapper's result types for the inputs' dtypes.
+    `parallel` overrides the automatic choice (parallel from 2 * MIN_CHUNK elements with two threads).
+    """
+    host.check_function(mapper, "mapper")
+    m, k = host.check_count(m, "m"), host.check_count(k, "k")
+    inputs = host.check_arrays(inputs, m, 1, "inputs")
+    dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
+    n = inputs[0].shape[0]
+    outs = tuple(np.empty(n, d) for d in dtypes)
+    if n > 0:
+        T = host.num_chunks(n, None) if parallel is None else 1 + bool(parallel)
+        map_kernel(mapper, k, m)(T, *inputs, *outs)
+    return outs

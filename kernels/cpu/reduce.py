@@ -1,0 +1,104 @@
+"""Parallel reduce and fused map-reduce over 1-D arrays of k-leaf elements.
+
+    reduce(combine, k, identity, leaves)              = x_0 . x_1 . ... . x_{n-1}
+    map_reduce(mapper, m, combine, k, identity, xs)   = f(xs[.][0]) . f(xs[.][1]) . ... . f(xs[.][n-1])
+
+The kernel splits [0, n) into T contiguous chunks, folds each from the identity in parallel (prange),
+then combines the T partials sequentially in chunk order, so the operands never change order and
+non-commutative associative operators are correct (T = 1: one plain loop, no parallel region). In
+map_reduce the mapped elements are never stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import host
+from .codegen import call, compile_kernel, each, indent, names
+
+
+def _fold_loop(k: int, m: int, mapped: bool, lo: str, hi: str, acc: str) -> str:
+    """Fold the elements lo <= i < hi into acc_0.., starting from the identity."""
+    if mapped:
+        element = call("e", "mapper", ", ".join(f"x{j}[i]" for j in range(m)), k)
+    else:
+        element = each("e{j} = x{j}[i]", k)
+    return f"""{each(acc + "{j} = id{j}", k)}
+for i in range({lo}, {hi}):
+{indent(element, 4)}
+    {call(acc, "combine", names(acc, k) + ", " + names("e", k), k)}"""
+
+
+def _fold_source(k: int, m: int, mapped: bool) -> str:
+    return f"""
+def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
+    n = x0.shape[0]
+    if T == 1:  # no parallel region at all
+{indent(_fold_loop(k, m, mapped, "0", "n", "s"), 8)}
+        return ({names("s", k)},)
+    for t in prange(T):
+        lo = t * n // T
+        hi = (t + 1) * n // T
+{indent(_fold_loop(k, m, mapped, "lo", "hi", "acc"), 8)}
+{each("p{j}[t] = acc{j}", k, 8)}
+{each("tot{j} = p{j}[0]", k, 4)}
+    for t in range(1, T):
+        {call("tot", "combine", names("tot", k) + ", " + ", ".join(f"p{j}[t]" for j in range(k)), k)}
+    return ({names("tot", k)},)
+"""
+
+
+def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None) -> Any:
+    """The compiled kernel(T, x_0..x_{m-1}, id_0..id_{k-1}, p_0..p_{k-1}) -> k-tuple (m = k without mapper).
+
+    The p_j are T-element scratch arrays for the chunk partials, allocated by the driver.
+    """
+    m = k if mapper is None else m
+    key = ("fold", combine, mapper, k, m)
+    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None),
+                          {"combine": combine, "mapper": mapper}, parallel=True)
+
+
+def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], *,
+           chunks: int | None = None) -> tuple:
+    """Reduce k 1-D arrays of one length n (the leaves of n elements) with `combine`.
+
+    Returns a tuple of k NumPy scalars of the leaves' dtypes; the identity when n == 0.
+    `chunks` overrides the number of parallel chunks (default: one per Numba thread, see host.num_chunks).
+    """
+    host.check_function(combine, "combine")
+    k = host.check_count(k, "k")
+    leaves = host.check_arrays(leaves, k, 1, "leaves")
+    dtypes = [a.dtype for a in leaves]
+    ident = host.cast_identity(identity, dtypes)
+    return _run(fold_kernel(combine, k), combine, ident, dtypes, leaves, chunks)
+
+
+def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
+               inputs: Sequence[np.ndarray], *, chunks: int | None = None) -> tuple:
+    """Reduce the elements mapper(inputs[0][i], ..., inputs[m-1][i]), i < n, without materialising them.
+
+    `mapper` takes m scalars and returns k (a scalar when k == 1); the element dtypes are its result
+    types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes.
+    """
+    host.check_function(mapper, "mapper")
+    host.check_function(combine, "combine")
+    m, k = host.check_count(m, "m"), host.check_count(k, "k")
+    inputs = host.check_arrays(inputs, m, 1, "inputs")
+    dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
+    ident = host.cast_identity(identity, dtypes)
+    return _run(fold_kernel(combine, k, mapper, m), combine, ident, dtypes, inputs, chunks)
+
+
+def _run(kernel: Any, combine: Any, ident: tuple, dtypes: list[np.dtype], xs: list[np.ndarray],
+         chunks: int | None) -> tuple:
+    host.check_combine(combine, dtypes)
+    n = xs[0].shape[0]
+    if n == 0:
+        return ident
+    T = host.num_chunks(n, chunks)
+    partials = [np.empty(T, d) for d in dtypes]
+    out = kernel(T, *xs, *ident, *partials)
+    return tuple(d.type(v) for d, v in zip(dtypes, out, strict=True))

@@ -1,0 +1,80 @@
+"""Segmented reduce: one fold per row of 2-D inputs (the reduce inside a map).
+
+    out[r] = f(xs[.][r, 0]) . f(xs[.][r, 1]) . ... . f(xs[.][r, n-1])      for r < rows
+
+with f the optional mapper (the identity map when None). Rows run in parallel (prange), each folded
+sequentially in column order, so non-commutative operators are correct. Parallelism is over rows only:
+with fewer rows than threads, some threads idle (a single long row is better served by map_reduce).
+Below MIN_CHUNK elements per thread in all (host.num_chunks(rows * n)), the rows run serially.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import host
+from .codegen import call, compile_kernel, each, indent, names
+
+
+def _segmented_source(k: int, m: int, mapped: bool) -> str:
+    if mapped:
+        element = call("e", "mapper", ", ".join(f"x{j}[r, i]" for j in range(m)), k)
+    else:
+        element = each("e{j} = x{j}[r, i]", k)
+    row = f"""{each("acc{j} = id{j}", k)}
+for i in range(n):
+{indent(element, 4)}
+    {call("acc", "combine", names("acc", k) + ", " + names("e", k), k)}
+{each("out{j}[r] = acc{j}", k)}"""
+    return f"""
+def kernel(T, {names("x", m)}, {names("id", k)}, {names("out", k)}):
+    rows, n = x0.shape
+    if T == 1:  # no parallel region at all
+        for r in range(rows):
+{indent(row, 12)}
+    else:
+        for r in prange(rows):
+{indent(row, 12)}
+"""
+
+
+def segmented_kernel(mapper: Any, combine: Any, k: int, m: int) -> Any:
+    """The compiled kernel(T, x_0..x_{m-1}, id_0.., out_0..), filling the rows-element out_j (T == 1: serially)."""
+    key = ("segmented", combine, mapper, k, m)
+    return compile_kernel(key, lambda: _segmented_source(k, m, mapper is not None),
+                          {"combine": combine, "mapper": mapper}, parallel=True)
+
+
+def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequence[Any],
+                     inputs: Sequence[np.ndarray], *, parallel: bool | None = None) -> tuple:
+    """Reduce every row of C-contiguous 2-D arrays of one shape (rows, n) along its last axis.
+
+    Without mapper, `inputs` are the k leaves. With mapper (m = len(inputs) scalars in, k out), the
+    element at (r, i) is mapper(inputs[0][r, i], ...), never stored. Returns a tuple of k arrays of
+    length rows, of the element dtypes; the identity in every row when n == 0. `parallel` overrides the
+    automatic choice between parallel and serial rows.
+    """
+    host.check_function(combine, "combine")
+    k = host.check_count(k, "k")
+    if mapper is None:
+        inputs = host.check_arrays(inputs, k, 2, "inputs")
+        dtypes = [a.dtype for a in inputs]
+    else:
+        host.check_function(mapper, "mapper")
+        if isinstance(inputs, np.ndarray) or len(inputs) < 1:
+            raise ValueError("inputs must be a non-empty sequence of 2-D arrays (the mapper's arguments)")
+        inputs = host.check_arrays(inputs, len(inputs), 2, "inputs")
+        dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
+    ident = host.cast_identity(identity, dtypes)
+    host.check_combine(combine, dtypes)
+    rows, n = inputs[0].shape
+    if n == 0:
+        return tuple(np.full(rows, v, d) for v, d in zip(ident, dtypes, strict=True))
+    outs = tuple(np.empty(rows, d) for d in dtypes)
+    if rows > 0:
+        auto = 1 if rows == 1 else host.num_chunks(rows * n, None)
+        T = auto if parallel is None else 1 + bool(parallel)
+        segmented_kernel(mapper, combine, k, len(inputs))(T, *inputs, *ident, *outs)
+    return outs

@@ -1,0 +1,481 @@
+"""The Numba CPU kernel templates (kernels.cpu) against plain Python / NumPy references.
+
+- reduce, map_reduce, scan (all four exclusive/reverse variants), histogram, segmented_reduce and map,
+  at sizes 0, 1, 2, either side of the thread count, of explicit chunk counts and of the automatic
+  chunking boundary (MIN_CHUNK * threads), and ~10^5;
+- operators: add, mul, max (k = 1), the 2x2 matrix product (k = 4) and the linear-recurrence pair
+  ((a1, b1), (a2, b2)) -> (a1 a2, a2 b1 + b2) (k = 2); the last two are not commutative, so any change of
+  operand order shows up. int64 data makes them exact (wrap-around arithmetic is a ring);
+- histograms with out-of-range indices, empty bins and a non-commutative operator, per bin against a
+  sequential fold;
+- clear errors for bad arguments; one compiled kernel per (template, functions, k, m);
+- kernels/ imports nothing of fold, ad or runtime.
+
+References: a sequential Python fold over the operator's py_func on NumPy scalars (the definition) for
+small n, a vectorised NumPy tree (reduce) or Hillis-Steele (scan) over the same py_func for large n.
+Compiled combines live at module level so each kernel compiles once per dtype for the whole file.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numba
+import numpy as np
+import pytest
+from numba import njit
+
+import kernels.cpu as kc
+from kernels.cpu import host
+from kernels.cpu.histogram import histogram_threads
+from kernels.cpu.reduce import fold_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+THREADS = numba.get_num_threads()
+MIN_CHUNK = host.MIN_CHUNK
+SMALL = 300  # up to this size the reference is the sequential Python fold
+
+
+# ---------------------------------------------------------------- operators (compiled once per file)
+
+@njit
+def add(a, b):
+    return a + b
+
+
+@njit
+def add_tuple(a, b):  # k == 1 may also return a 1-tuple
+    return (a + b,)
+
+
+@njit
+def mul(a, b):
+    return a * b
+
+
+@njit
+def maximum(a, b):
+    return np.maximum(a, b)
+
+
+@njit
+def matmul2(a00, a01, a10, a11, b00, b01, b10, b11):
+    return (a00 * b00 + a01 * b10, a00 * b01 + a01 * b11,
+            a10 * b00 + a11 * b10, a10 * b01 + a11 * b11)
+
+
+@njit
+def linrec(a1, b1, a2, b2):
+    return a1 * a2, a2 * b1 + b2
+
+
+@njit
+def argmax(v1, i1, v2, i2):  # leaves of two dtypes; on ties the first index wins (not commutative)
+    if v2 > v1:
+        return v2, i2
+    return v1, i1
+
+
+@njit
+def square(x):
+    return x * x
+
+
+@njit
+def shear(p, q):  # [[1, p], [0, 1]] @ [[1, 0], [q, 1]]: an integer matrix with determinant 1
+    return 1 + p * q, p, q, 1
+
+
+@njit
+def to_linrec(p, q):
+    return 2 * p + 1, q - p
+
+
+# ---------------------------------------------------------------- data
+
+def _rng(*key: Any) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _ints(rng, n, dtype, lo=-8, hi=8):
+    return [rng.integers(lo, hi, n).astype(dtype)]
+
+
+def _mul_data(rng, n, dtype):
+    if np.dtype(dtype).kind == "f":
+        return [rng.uniform(0.999, 1.001, n).astype(dtype)]
+    return [rng.integers(-(1 << 20), 1 << 20, n).astype(dtype) | 1]  # odd: never 0 modulo 2^64
+
+
+def _max_data(rng, n, dtype):
+    return [rng.standard_normal(n).astype(dtype)] if np.dtype(dtype).kind == "f" \
+        else [rng.integers(-10**6, 10**6, n).astype(dtype)]
+
+
+def _matrix_data(rng, n, dtype):
+    if np.dtype(dtype).kind == "f":  # random rotations and reflections: O(2) is not commutative, stays bounded
+        theta, flip = rng.uniform(0, 2 * np.pi, n), rng.integers(0, 2, n) * 2 - 1
+        c, s = np.cos(theta), np.sin(theta)
+        return [c, -flip * s, s, flip * c]
+    p, q = rng.integers(-3, 4, n), rng.integers(-3, 4, n)
+    return [a.astype(dtype) for a in shear.py_func(p, q)[:3]] + [np.ones(n, dtype)]
+
+
+def _linrec_data(rng, n, dtype):
+    if np.dtype(dtype).kind == "f":
+        return [rng.uniform(0.5, 1.0, n), rng.uniform(-1, 1, n)]
+    return [rng.integers(-5, 6, n).astype(dtype) | 1, rng.integers(-100, 100, n).astype(dtype)]
+
+
+class Op(NamedTuple):
+    fn: Any
+    k: int
+    identity: Callable[[np.dtype], tuple]
+    data: Callable[..., list]
+
+
+OPS = {
+    "add": Op(add, 1, lambda d: (0,), _ints),
+    "add_tuple": Op(add_tuple, 1, lambda d: (0,), _ints),
+    "mul": Op(mul, 1, lambda d: (1,), _mul_data),
+    "max": Op(maximum, 1, lambda d: (-np.inf,) if d.kind == "f" else (np.iinfo(d).min,), _max_data),
+    "matmul": Op(matmul2, 4, lambda d: (1, 0, 0, 1), _matrix_data),
+    "linrec": Op(linrec, 2, lambda d: (1, 0), _linrec_data),
+}
+
+
+def _exact(op: str, dtype: np.dtype) -> bool:
+    return dtype.kind in "iu" or op in ("add", "add_tuple", "max")  # add sums small integers: exact in floats
+
+
+def _check(got, want, op, dtype, what):
+    assert len(got) == len(want), what
+    for j, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == dtype, f"{what}: leaf {j} has dtype {g.dtype}, expected {dtype}"
+        if _exact(op, dtype):
+            np.testing.assert_array_equal(g, w, err_msg=f"{what}: leaf {j}")
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9, err_msg=f"{what}: leaf {j}")
+
+
+# ---------------------------------------------------------------- references
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, tuple) else (x,)
+
+
+def _swapped(fn, k):
+    def swapped(*args):
+        return fn(*args[k:], *args[:k])
+    return swapped
+
+
+def seq_fold(fn, identity, xs):
+    acc = tuple(identity)
+    with np.errstate(over="ignore"):
+        for i in range(len(xs[0])):
+            acc = _as_tuple(fn(*acc, *(x[i] for x in xs)))
+    return acc
+
+
+def tree_fold(fn, identity, xs):
+    """Pairwise, order-preserving; the identity is used for n == 0 only (it is exact for every operator here)."""
+    n = len(xs[0])
+    if n == 0:
+        return tuple(identity)
+    with np.errstate(over="ignore"):
+        while n > 1:
+            m = n // 2
+            pairs = _as_tuple(fn(*(x[0:2 * m:2] for x in xs), *(x[1:2 * m:2] for x in xs)))
+            xs = [np.concatenate([p, x[n - 1:]]) if n % 2 else p for p, x in zip(pairs, xs, strict=True)]
+            n = m + n % 2
+    return tuple(x[0] for x in xs)
+
+
+def fold_reference(fn, identity, xs):
+    return seq_fold(fn, identity, xs) if len(xs[0]) <= SMALL else tree_fold(fn, identity, xs)
+
+
+def inclusive_scan_reference(fn, xs):
+    n = len(xs[0])
+    if n <= SMALL:
+        out, acc = [np.empty_like(x) for x in xs], None
+        with np.errstate(over="ignore"):
+            for i in range(n):
+                elem = tuple(x[i] for x in xs)
+                acc = elem if acc is None else _as_tuple(fn(*acc, *elem))
+                for o, a in zip(out, acc, strict=True):
+                    o[i] = a
+        return out
+    ys, d = [x.copy() for x in xs], 1  # Hillis-Steele
+    with np.errstate(over="ignore"):
+        while d < n:
+            new = _as_tuple(fn(*(y[:-d] for y in ys), *(y[d:] for y in ys)))
+            ys = [np.concatenate([y[:d], z]) for y, z in zip(ys, new, strict=True)]
+            d *= 2
+    return ys
+
+
+def scan_reference(fn, k, identity, xs, exclusive, reverse):
+    if reverse:
+        fn, xs = _swapped(fn, k), [x[::-1] for x in xs]
+    ys = inclusive_scan_reference(fn, xs)
+    if exclusive:
+        ys = [np.concatenate([np.array([e], y.dtype), y[:-1]])[:len(y)] for e, y in zip(identity, ys, strict=True)]
+    return [y[::-1] for y in ys] if reverse else ys
+
+
+# ---------------------------------------------------------------- sizes
+
+def _sizes() -> list[tuple[int, int | None]]:
+    """(n, chunks): None is the automatic choice (one chunk per thread, at least MIN_CHUNK elements each)."""
+    auto = [0, 1, 2, THREADS - 1, THREADS, THREADS + 1, MIN_CHUNK - 1, MIN_CHUNK, MIN_CHUNK + 1,
+            MIN_CHUNK * THREADS - 1, MIN_CHUNK * THREADS, MIN_CHUNK * THREADS + 1, 100_003]
+    explicit = [(n, c) for c in (3, 8) for n in (c - 1, c, c + 1, 2 * c + 1, 1001)]
+    return sorted({(n, None) for n in auto if n >= 0} | set(explicit), key=lambda c: (c[0], c[1] or 0))
+
+
+SIZES = _sizes()
+SIZE_IDS = [f"n{n}-{'auto' if c is None else f'c{c}'}" for n, c in SIZES]
+F64, F32, I64 = np.dtype("float64"), np.dtype("float32"), np.dtype("int64")
+
+REDUCE_CASES = [("add", F64), ("add", F32), ("add", I64), ("mul", F64), ("mul", I64), ("max", F32),
+                ("max", I64), ("matmul", I64), ("matmul", F64), ("linrec", I64), ("linrec", F64)]
+SCAN_CASES = [("add", F64), ("add", F32), ("add", I64), ("mul", I64), ("max", F64), ("matmul", I64),
+              ("linrec", I64), ("linrec", F64)]
+
+
+def _case(op_name, dtype, n, *key):
+    op = OPS[op_name]
+    xs = op.data(_rng(op_name, str(dtype), n, *key), n, dtype)
+    ident = tuple(np.asarray(v).astype(xs[0].dtype)[()] for v in op.identity(dtype))
+    return op, xs, ident
+
+
+# ---------------------------------------------------------------- reduce
+
+@pytest.mark.parametrize("n,chunks", SIZES, ids=SIZE_IDS)
+@pytest.mark.parametrize("op_name,dtype", REDUCE_CASES, ids=[f"{o}-{d}" for o, d in REDUCE_CASES])
+def test_reduce(op_name, dtype, n, chunks):
+    op, xs, ident = _case(op_name, dtype, n)
+    got = kc.reduce(op.fn, op.k, op.identity(dtype), xs, chunks=chunks)
+    _check(got, fold_reference(op.fn.py_func, ident, xs), op_name, dtype, f"reduce {op_name} n={n} chunks={chunks}")
+
+
+@pytest.mark.parametrize("n,chunks", [(0, None), (1, None), (5, 3), (1001, 8), (100_003, None)])
+def test_reduce_combine_returning_1_tuple(n, chunks):
+    op, xs, ident = _case("add_tuple", F64, n)
+    got = kc.reduce(add_tuple, 1, (0.0,), xs, chunks=chunks)
+    _check(got, (xs[0].sum(),), "add", F64, f"reduce add_tuple n={n}")
+
+
+@pytest.mark.parametrize("n,chunks", [(0, None), (1, None), (9, 8), (1001, 3), (100_003, None)])
+def test_leaves_of_different_dtypes(n, chunks):
+    values = _rng("argmax", n).integers(-20, 20, n).astype(np.float64)  # many ties
+    index = np.arange(n, dtype=np.int64)
+    v, i = kc.reduce(argmax, 2, (-np.inf, -1), [values, index], chunks=chunks)
+    assert (v.dtype, i.dtype) == (np.float64, np.int64)
+    assert (v, i) == ((values.max(), values.argmax()) if n else (-np.inf, -1))
+    running_v, running_i = kc.scan(argmax, 2, (-np.inf, -1), [values, index], chunks=chunks)
+    assert (running_v.dtype, running_i.dtype) == (np.float64, np.int64)
+    np.testing.assert_array_equal(running_v, np.maximum.accumulate(values))
+    want_i = [int(np.argmax(values[:j + 1])) for j in range(min(n, SMALL))]
+    np.testing.assert_array_equal(running_i[:len(want_i)], want_i)
+
+
+def test_reduce_follows_the_thread_count():
+    op, xs, ident = _case("matmul", I64, 3 * MIN_CHUNK + 5)
+    want = fold_reference(matmul2.py_func, ident, xs)
+    try:
+        for threads in range(1, THREADS + 1):
+            numba.set_num_threads(threads)
+            assert host.num_chunks(len(xs[0]), None) == min(threads, 3)
+            _check(kc.reduce(matmul2, 4, (1, 0, 0, 1), xs), want, "matmul", I64, f"threads={threads}")
+    finally:
+        numba.set_num_threads(THREADS)
+
+
+# ---------------------------------------------------------------- map_reduce and map
+
+MAP_REDUCE_CASES = [  # (mapper, m, input dtype, operator of the mapped elements)
+    (square, 1, F64, "add"),
+    (to_linrec, 2, I64, "linrec"),
+    (shear, 2, I64, "matmul"),
+]
+
+
+@pytest.mark.parametrize("n,chunks", SIZES, ids=SIZE_IDS)
+@pytest.mark.parametrize("mapper,m,dtype,op_name", MAP_REDUCE_CASES, ids=["square-add", "linrec", "shear-matmul"])
+def test_map_reduce(mapper, m, dtype, op_name, n, chunks):
+    op = OPS[op_name]
+    inputs = [x.astype(dtype) for x in _ints(_rng("map_reduce", op_name, n), m * n, dtype, -3, 4)[0].reshape(m, n)]
+    with np.errstate(over="ignore"):
+        elems = [np.asarray(e, dtype) for e in _as_tuple(mapper.py_func(*inputs))]
+    elems = [np.broadcast_to(e, (n,)).copy() for e in elems]  # shear's constant 1
+    ident = tuple(dtype.type(v) for v in op.identity(dtype))
+    got = kc.map_reduce(mapper, m, op.fn, op.k, op.identity(dtype), inputs, chunks=chunks)
+    _check(got, fold_reference(op.fn.py_func, ident, elems), op_name, dtype, f"map_reduce {op_name} n={n}")
+
+
+@pytest.mark.parametrize("parallel", [None, False, True])
+@pytest.mark.parametrize("n", [0, 1, 2, THREADS + 1, 1001, 2 * MIN_CHUNK, 100_003])
+def test_map(n, parallel):
+    rng = _rng("map", n)
+    p, q = rng.integers(-3, 4, n), rng.integers(-3, 4, n)
+    got = kc.map(shear, 2, 4, [p, q], parallel=parallel)
+    want = [np.broadcast_to(np.asarray(e), (n,)) for e in shear.py_func(p, q)]
+    _check(got, want, "matmul", I64, f"map shear n={n}")
+    x = rng.standard_normal(n).astype(np.float32)
+    (y,) = kc.map(square, 1, 1, [x], parallel=parallel)
+    assert y.dtype == np.float32  # the mapper's result type for float32 input
+    np.testing.assert_array_equal(y, x * x)
+
+
+# ---------------------------------------------------------------- scan
+
+@pytest.mark.parametrize("n,chunks", SIZES, ids=SIZE_IDS)
+@pytest.mark.parametrize("op_name,dtype", SCAN_CASES, ids=[f"{o}-{d}" for o, d in SCAN_CASES])
+def test_scan(op_name, dtype, n, chunks):
+    op, xs, ident = _case(op_name, dtype, n)
+    for exclusive in (False, True):
+        for reverse in (False, True):
+            got = kc.scan(op.fn, op.k, op.identity(dtype), xs, exclusive, reverse, chunks=chunks)
+            want = scan_reference(op.fn.py_func, op.k, ident, xs, exclusive, reverse)
+            _check(got, want, op_name, dtype,
+                   f"scan {op_name} n={n} chunks={chunks} exclusive={exclusive} reverse={reverse}")
+
+
+def test_scan_is_not_commutative_by_accident():
+    """Guard the guard: the two non-commutative operators really give different results swapped."""
+    for op_name in ("matmul", "linrec"):
+        op, xs, ident = _case(op_name, I64, 50)
+        swapped = fold_reference(_swapped(op.fn.py_func, op.k), ident, xs)
+        assert fold_reference(op.fn.py_func, ident, xs) != swapped, op_name
+
+
+# ---------------------------------------------------------------- histogram
+
+HIST_CASES = [("add", F64), ("max", I64), ("linrec", I64), ("matmul", I64)]
+
+
+def histogram_reference(fn, identity, n_bins, indices, xs):
+    """Per bin, the sequential fold of its elements in input order, starting from the identity."""
+    outs = [np.empty(n_bins, x.dtype) for x in xs]
+    for b in range(n_bins):
+        sel = indices == b
+        for o, v in zip(outs, fold_reference(fn, identity, [x[sel] for x in xs]), strict=True):
+            o[b] = v
+    return outs
+
+
+@pytest.mark.parametrize("n_bins", [1, 7, 50])
+@pytest.mark.parametrize("n,chunks", [(0, None), (1, None), (2, None), (5, None), (9, 8), (17, 8), (1001, 1),
+                                      (1001, 3), (1001, 8), (MIN_CHUNK * THREADS + 1, None), (100_003, None)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("op_name,dtype", HIST_CASES, ids=[f"{o}-{d}" for o, d in HIST_CASES])
+def test_histogram(op_name, dtype, n, chunks, n_bins):
+    op, xs, ident = _case(op_name, dtype, n, n_bins)
+    indices = _rng("indices", n, n_bins).integers(-3, n_bins + 3, n)  # out-of-range indices on both sides
+    got = kc.histogram(op.fn, op.k, op.identity(dtype), n_bins, indices, xs, chunks=chunks)
+    want = histogram_reference(op.fn.py_func, ident, n_bins, indices, xs)
+    _check(got, want, op_name, dtype, f"histogram {op_name} n={n} chunks={chunks} n_bins={n_bins}")
+
+
+def test_histogram_empty_bins_hold_the_identity():
+    xs = [np.array([2, 3, 5]), np.array([7, 11, 13])]
+    got = kc.histogram(linrec, 2, (1, 0), 6, np.array([4, -1, 4]), xs)
+    np.testing.assert_array_equal(got[0], [1, 1, 1, 1, 10, 1])  # bin 4: (2, 7) then (5, 13)
+    np.testing.assert_array_equal(got[1], [0, 0, 0, 0, 5 * 7 + 13, 0])
+    assert all(len(g) == 0 for g in kc.histogram(linrec, 2, (1, 0), 0, np.array([0, 1, 2]), [xs[0], xs[1]]))
+
+
+def test_histogram_sequential_rule():
+    assert histogram_threads(1000, 5) == 1  # too few elements for MIN_CHUNK per thread
+    assert histogram_threads(10**6, 10**6) == 1  # private histograms would outweigh the work
+    assert histogram_threads(MIN_CHUNK * THREADS, 5) == THREADS
+    assert histogram_threads(10**7, 10**5) == min(THREADS, 10**7 // (4 * 10**5))
+
+
+# ---------------------------------------------------------------- segmented reduce
+
+@pytest.mark.parametrize("parallel", [None, False, True])
+@pytest.mark.parametrize("rows,n", [(0, 5), (3, 0), (1, 1), (THREADS + 1, 7), (5, 1000), (301, 3), (64, 1024)])
+def test_segmented_reduce(rows, n, parallel):
+    rng = _rng("segmented", rows, n)
+    x = rng.integers(-8, 8, (rows, n)).astype(np.float64)
+    (got,) = kc.segmented_reduce(None, add, 1, (0.0,), [x], parallel=parallel)
+    np.testing.assert_array_equal(got, x.sum(axis=1))
+    mats = [np.ascontiguousarray(a.reshape(rows, n)) for a in _matrix_data(rng, rows * n, I64)]
+    got = kc.segmented_reduce(None, matmul2, 4, (1, 0, 0, 1), mats, parallel=parallel)
+    _check(got, _rowwise_matmul_reference(mats), "matmul", I64, f"segmented rows={rows} n={n}")
+    p, q = rng.integers(-3, 4, (rows, n)), rng.integers(-3, 4, (rows, n))
+    got = kc.segmented_reduce(shear, matmul2, 4, (1, 0, 0, 1), [p, q], parallel=parallel)
+    mapped = [np.broadcast_to(np.asarray(e), (rows, n)) for e in shear.py_func(p, q)]
+    _check(got, _rowwise_matmul_reference(mapped), "matmul", I64, f"segmented with mapper rows={rows} n={n}")
+
+
+def _rowwise_matmul_reference(mats):
+    rows = [fold_reference(matmul2.py_func, (1, 0, 0, 1), [a[r] for a in mats]) for r in range(len(mats[0]))]
+    return [np.array([row[j] for row in rows], np.int64) for j in range(4)]
+
+
+# ---------------------------------------------------------------- errors and caching
+
+def test_errors_name_the_problem():
+    x, y = np.arange(10.0), np.arange(11.0)
+    with pytest.raises(TypeError, match="combine must be a numba.njit-compiled function"):
+        kc.reduce(add.py_func, 1, (0.0,), [x])
+    with pytest.raises(ValueError, match="expected a sequence of 2 arrays, got 1"):
+        kc.reduce(linrec, 2, (1.0, 0.0), [x])
+    with pytest.raises(ValueError, match=r"one shape, got \[\(10,\), \(11,\)\]"):
+        kc.reduce(linrec, 2, (1.0, 0.0), [x, y])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kc.scan(add, 1, (0.0,), [y[::2]])
+    with pytest.raises(ValueError, match=r"identity\[0\] = -inf does not fit the element dtype int64"):
+        kc.reduce(maximum, 1, (-np.inf,), [np.arange(3)])
+    with pytest.raises(ValueError, match="identity must be a tuple of 2"):
+        kc.reduce(linrec, 2, (1.0,), [x, x])
+    with pytest.raises(ValueError, match=r"mapper must return 4 value\(s\) \(k = 4\), got 2"):
+        kc.map(to_linrec, 2, 4, [x, x])
+    with pytest.raises(TypeError, match="combine does not compile"):
+        kc.reduce(add, 2, (0.0, 0.0), [x, x])  # add takes 2 scalars, a k = 2 combine gets 4
+    with pytest.raises(TypeError, match="indices must have an integer dtype"):
+        kc.histogram(add, 1, (0.0,), 3, x, [x])
+    with pytest.raises(ValueError, match="chunks must be an integer >= 1"):
+        kc.reduce(add, 1, (0.0,), [x], chunks=0)
+
+
+def test_one_kernel_per_function_and_arity():
+    assert fold_kernel(add, 1) is fold_kernel(add, 1)
+    assert fold_kernel(add, 1) is not fold_kernel(mul, 1)
+    assert fold_kernel(add, 1) is not fold_kernel(add, 1, square, 1)
+    kernel = fold_kernel(matmul2, 4)
+    for n in (5, 50, 500):
+        kc.reduce(matmul2, 4, (1, 0, 0, 1), [np.ones(n, np.int64)] * 4)
+    assert sum(1 for sig in kernel.signatures if sig[1] == numba.int64[::1]) == 1  # one compile for all sizes
+
+
+# ---------------------------------------------------------------- the dependency rule
+
+def test_kernels_import_nothing_of_ours():
+    forbidden = {"fold", "ad", "runtime", "tests", "benchmarks", "examples"}
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                tops = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            assert not forbidden & set(tops), f"{path.relative_to(ROOT)}:{node.lineno} imports {tops}"
+    code = ("import sys, kernels, kernels.cpu; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'fold', 'ad', 'runtime'}); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"importing kernels.cpu loaded {result.stdout.strip()} {result.stderr[-2000:]}"
