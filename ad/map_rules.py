@@ -7,9 +7,13 @@ cotangents of captured values (a weight vector used by every row) are summed ove
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fold import ops
-from fold.ir import Program
-from fold.primitives import Map
+from fold.dce import dce
+from fold.ir import Program, Var
+from fold.primitives import Map, MatMul
+from fold.pytree import LEAF, TreeDef
 from fold.tracing import bind
 
 from .jvp import jvp_program, jvp_rules
@@ -51,7 +55,40 @@ def _map_vjp(prim: Map, args, outs, residual, cts):
     nc = prim.num_consts
     ct_mask = [not is_zero(c) for c in cts]
     body, in_mask = vjp_program(prim.body, ct_mask)
+    owners = [i for i, m in enumerate(in_mask) if m]  # the body's output j is the cotangent of args[owners[j]]
+    body, products = _defer_row_products(body, [j for j, i in enumerate(owners) if i < nc])
     results = bind(Map(body, nc), *args, *[c for c in cts if not is_zero(c)])
+    summed = {j: _sum_of_products(results[j], results[extra]) for j, extra in products.items()}
+    results = [summed.get(j, r) for j, r in enumerate(results[: len(owners)])]
     arg_cts = split_by_mask(results, in_mask, [aval_of(a) for a in args])
-    # a captured value's cotangent is the sum of its per-row contributions
-    return [ops.sum(ct, axis=0) if i < nc and not is_zero(ct) else ct for i, ct in enumerate(arg_cts)]
+    # a captured value's cotangent is the sum of its per-row contributions (already summed for products)
+    done = {owners[j] for j in summed}
+    return [ops.sum(ct, axis=0) if i < nc and i not in done and not is_zero(ct) else ct for i, ct in enumerate(arg_cts)]
+
+
+def _defer_row_products(body: Program, const_outputs: list[int]) -> tuple[Program, dict[int, int]]:
+    """Where a captured value's per-row cotangent is a matrix product A_r @ B_r (a weight matrix used by a
+    matmul), output A_r in its place and B_r at the end, so that the sum over rows is one matmul after the
+    map instead of n products materialised and then summed. Returns the body and {output: B's output}."""
+    uses = Counter(a for s in body.stmts for a in s.args if isinstance(a, Var))
+    uses.update(a for a in body.outputs if isinstance(a, Var))
+    defs = {v: s for s in body.stmts for v in s.outs}
+    outputs, products = list(body.outputs), {}
+    for j in const_outputs:
+        stmt = defs.get(outputs[j]) if isinstance(outputs[j], Var) else None
+        if (stmt is not None and isinstance(stmt.prim, MatMul) and uses[outputs[j]] == 1
+                and all(isinstance(a, Var) for a in stmt.args)):
+            outputs[j] = stmt.args[0]
+            products[j] = len(outputs)
+            outputs.append(stmt.args[1])
+    if not products:
+        return body, {}
+    flat_out = TreeDef("list", None, (LEAF,) * len(outputs))
+    return dce(Program(body.inputs, body.stmts, tuple(outputs), body.in_tree, flat_out, dict(body.meta))), products
+
+
+def _sum_of_products(a, b):
+    """sum_r a[r] @ b[r] for a: (n, p, k), b: (n, k, q), as one (p, n*k) @ (n*k, q) product."""
+    n, p, k = aval_of(a).shape
+    q = aval_of(b).shape[2]
+    return ops.matmul(ops.reshape(ops.transpose(a, (1, 0, 2)), (p, n * k)), ops.reshape(b, (n * k, q)))

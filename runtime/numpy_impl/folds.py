@@ -131,8 +131,30 @@ def _scan(prim: Scan, args: list, depth: int) -> list:
     if ufunc is not None:
         accumulate: Combine = lambda a, b: [ufunc(a[0], b[0])]  # noqa: E731 (only used for the flips)
         inclusive = lambda x: [ufunc.accumulate(x[0], axis=depth)]  # noqa: E731
+        if prim.exclusive:
+            out = _exclusive_accumulate(ufunc, np.flip(xs[0], depth) if prim.reverse else xs[0], identity[0], depth)
+            if out is not None:
+                return [np.flip(out, depth) if prim.reverse else out]
         return _scan_with(inclusive, xs, identity, depth, accumulate, prim.exclusive, prim.reverse)
     return scan_leaves(xs, identity, depth, _combiner(prim, consts, depth), prim.exclusive, prim.reverse)
+
+
+def _exclusive_accumulate(ufunc: np.ufunc, x: np.ndarray, identity: np.ndarray, axis: int) -> np.ndarray | None:
+    """identity, x0, x0.x1, ...: accumulated straight into the result, with no concatenation afterwards.
+
+    None where the general path is needed: not a float array, or an identity that would change x's dtype or shape.
+    """
+    identity = np.expand_dims(np.asarray(identity), axis)
+    n = x.shape[axis]
+    row = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+    if (x.dtype.kind not in "fc" or identity.dtype != x.dtype or identity.ndim != x.ndim
+            or np.broadcast_shapes(identity.shape, row) != row):
+        return None
+    out = np.empty(x.shape, dtype=x.dtype)
+    take_axis(out, axis, slice(0, 1))[...] = identity
+    if n > 1:
+        ufunc.accumulate(take_axis(x, axis, slice(0, n - 1)), axis=axis, out=take_axis(out, axis, slice(1, n)))
+    return out
 
 
 def _scan_with(inclusive, xs, identity, axis, combine, exclusive, reverse):
