@@ -114,9 +114,20 @@ def _reduce(prim: Reduce, args: list, depth: int) -> list:
     if xs[0].shape[depth] == 0:
         return identity
     ufunc = _fast_ufunc(prim)
+    if ufunc is np.logaddexp:
+        return [_logsumexp(xs[0], depth)]
     if ufunc is not None:
         return [ufunc.reduce(xs[0], axis=depth)]
     return tree_reduce(xs, depth, _combiner(prim, consts, depth))
+
+
+def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    """logaddexp.reduce, computed as max + log(sum(exp(x - max))): several times faster than NumPy's
+    element-by-element logaddexp.reduce. -inf everywhere gives -inf, +inf gives +inf, NaN propagates."""
+    top = np.max(x, axis=axis, keepdims=True)
+    shift = np.where(np.isfinite(top), top, 0.0).astype(x.dtype, copy=False)
+    total = np.log(np.sum(np.exp(x - shift), axis=axis, keepdims=True)) + shift
+    return np.squeeze(total, axis=axis).astype(x.dtype, copy=False)
 
 
 _ACCUMULATE = {"add": np.cumsum, "mul": np.cumprod}
