@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	NUMBA_CACHE_DIR=$(CURDIR)/.numba_cache $(PY) -m pytest tests -q -p no:cacheprovider
+	NUMBA_CACHE_DIR=$(CURDIR)/.numba_cache $(PY) -m pytest tests -p no:cacheprovider
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
