@@ -92,7 +92,7 @@ def _logaddexp(args, out, wanted):
     x, y = args
     # exp(x - out), made safe where x == out (both infinite: split evenly instead of exp(nan))
     def weight(a, b):
-        shift = ops.where(a == out, ops.where(b == out, float(-np.log(2.0)), 0.0), a - out)
+        shift = ops.where(a == out, ops.where(b == out, float(-np.log(2.0)), 0.0).astype(out.dtype), a - out)
         return ops.exp(shift)
 
     return (weight(x, y) if wanted[0] else None), (weight(y, x) if wanted[1] else None)

@@ -1,0 +1,547 @@
+"""fold.gemm_map_reduce: the Table 1 layers against their naive materialised formulas, its meaning as the
+nested map/reduce it abbreviates, its derivatives, the fallback for monoids without d, the memory bound, the
+matrix-product lowering of column fields, and its errors."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import tracemalloc
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ad
+import fold
+from fold.ir import Program, Var
+from fold.primitives import GemmMapReduce, GemmMapReduceVJP, Map
+from fold.testing import check_grads, check_vjp
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+L = _load("gemm_layers")
+TOL = {np.dtype("float64"): 1e-10, np.dtype("float32"): 1e-4}
+
+
+# ------------------------------------------------------------------------------------------ the layers
+
+class Layer:
+    """A Table 1 layer: its fold version, its naive reference (forward and hand-written backward), inputs."""
+
+    def __init__(self, name, fold_fn, naive, make, float_args):
+        self.name, self.fold_fn, self.naive, self.make, self.float_args = name, fold_fn, naive, make, float_args
+
+
+def _r(rng, dtype):
+    return lambda *shape: rng.standard_normal(shape).astype(dtype)
+
+
+def _attention_args(rng, m, n, dtype, f=4, d=3):
+    r = _r(rng, dtype)
+    return (r(m, f), r(n, f), r(n, d)), r(m, d)
+
+
+def _cross_entropy_args(rng, m, n, dtype, f=4):
+    r = _r(rng, dtype)
+    return (r(m, f), r(n, f), rng.integers(0, n, m)), r(m)
+
+
+def _distillation_args(rng, m, n, dtype, f=4, d=3):
+    r = _r(rng, dtype)
+    return (r(m, f), r(n, f), r(m, d), r(n, d)), r(m)
+
+
+def _mlp_args(rng, m, n, dtype, f=4, d=3):
+    """X: B x D(f), P: D x K, Q: K x D(d); m is B, n is K."""
+    r = _r(rng, dtype)
+    return (r(m, f), r(f, n), r(n, d)), r(m, d)
+
+
+LAYERS = {
+    "attention": Layer("attention", L.attention, lambda Q, K, V, G: L.attention_naive(Q, K, V, G), _attention_args, 3),
+    "causal_attention": Layer("causal_attention", L.causal_attention,
+                              lambda Q, K, V, G: L.attention_naive(Q, K, V, G, causal=True), _attention_args, 3),
+    "cross_entropy": Layer("cross_entropy", L.cross_entropy, L.cross_entropy_naive, _cross_entropy_args, 2),
+    "distillation": Layer("distillation", L.distillation, L.distillation_naive, _distillation_args, 4),
+    "mlp": Layer("mlp", L.mlp, L.mlp_naive, _mlp_args, 3),
+}
+M, N = 6, 10
+BLOCKS = [1, (2, 3), (4, 4), (3, 5), (4, 7), (100, 100), (6, 1), (1, 10), None]
+
+
+def _assert_rel(actual, expected, tol, what):
+    """|actual - expected| <= tol * (|expected| + max|expected|), elementwise: relative, with the array's
+    scale as the floor for entries near zero."""
+    actual, expected = np.asarray(actual), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    scale = float(np.max(np.abs(expected), initial=0.0)) or 1.0
+    err = float(np.max(np.abs(actual.astype(np.float64) - expected) / (np.abs(expected) + scale), initial=0.0))
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:g}"
+
+
+def _check_layer(layer: Layer, args, cot, block, dtype):
+    """fold's forward and every float cotangent (float `dtype`) against the naive formulas in float64."""
+    fn = lambda *a: layer.fold_fn(*a, block=block)  # noqa: E731
+    out = fold.run(fn, *args)
+    grads = fold.vjp(fn, tuple(args), cot)
+    as64 = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in args]
+    ref, ref_grads = layer.naive(*as64, cot.astype(np.float64))
+    tol = TOL[np.dtype(dtype)]
+    assert np.asarray(out).dtype == np.dtype(dtype)
+    _assert_rel(out, ref, tol, f"{layer.name} forward (block {block})")
+    assert len(ref_grads) == layer.float_args
+    for k, (g, rg) in enumerate(zip(grads[: layer.float_args], ref_grads, strict=True)):
+        assert np.asarray(g).dtype == np.dtype(dtype), (k, np.asarray(g).dtype)
+        _assert_rel(g, rg, tol, f"{layer.name} cotangent of input {k} (block {block})")
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_against_naive_formula(name, dtype, block):
+    layer = LAYERS[name]
+    args, cot = layer.make(np.random.default_rng(7), M, N, dtype)
+    _check_layer(layer, args, cot, block, dtype)
+
+
+@pytest.mark.parametrize("mn", [(1, N), (M, 1), (1, 1)], ids=["M=1", "N=1", "M=N=1"])
+@pytest.mark.parametrize("block", [None, 1, (4, 4)], ids=str)
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_with_one_row_or_column(name, block, mn):
+    layer = LAYERS[name]
+    args, cot = layer.make(np.random.default_rng(8), *mn, "float64")
+    _check_layer(layer, args, cot, block, "float64")
+
+
+def test_default_block_covers_a_small_matrix_in_one_block():
+    Q, K, V = _attention_args(np.random.default_rng(0), M, N, "float64")[0]
+    program = fold.trace(L.attention, Q, K, V)
+    (stmt,) = [s for s in program.stmts if isinstance(s.prim, GemmMapReduce)]
+    assert stmt.prim.block == (M, N)
+
+
+def test_explicit_block_is_recorded_and_clipped_shapes_are_traced():
+    Q, K, V = _attention_args(np.random.default_rng(0), M, N, "float64")[0]
+    program = fold.trace(lambda *a: L.attention(*a, block=(4, 4)), Q, K, V)
+    (stmt,) = [s for s in program.stmts if isinstance(s.prim, GemmMapReduce)]
+    assert stmt.prim.block == (4, 4)
+    assert sorted(shape for shape, _ in stmt.prim.blocks) == [(2, 2), (2, 4), (4, 2), (4, 4)]
+
+
+# ------------------------------------------------------------------------------------------ derivatives
+
+@pytest.mark.parametrize("block", [(2, 3), None], ids=str)
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_jvp_against_finite_differences_and_vjp(name, block):
+    layer = LAYERS[name]
+    args, _ = layer.make(np.random.default_rng(9), 5, 7, "float64")
+    fn = lambda *a: layer.fold_fn(*a, block=block)  # noqa: E731
+    fn.__name__ = f"{name}[block={block}]"
+    check_grads(fn, tuple(args))
+    check_vjp(fn, tuple(args), seed=3)
+
+
+@pytest.mark.parametrize("name", ["attention", "mlp", "cross_entropy"])
+def test_jvp_against_naive_jacobian(name):
+    """The tangent of the output along a direction equals <cotangent, naive backward> for unit cotangents."""
+    layer = LAYERS[name]
+    rng = np.random.default_rng(10)
+    args, cot = layer.make(rng, 5, 7, "float64")
+    tangents = tuple(rng.standard_normal(a.shape) if a.dtype.kind == "f" else np.zeros_like(a) for a in args)
+    fn = lambda *a: layer.fold_fn(*a, block=(2, 3))  # noqa: E731
+    ydot = fold.jvp(fn, tuple(args), tangents)
+    _, ref_grads = layer.naive(*args, cot)
+    expected = sum(float(np.vdot(g, t)) for g, t in zip(ref_grads, tangents, strict=False))
+    assert float(np.vdot(cot, ydot)) == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.xfail(raises=fold.MissingRuleError, strict=True,
+                   reason="gemm_map_reduce_vjp has no jvp rule yet, so jvp-of-vjp (Hessian-vector products) fails")
+def test_second_order_attention():
+    """jvp of the vjp (Hessian-vector products) through gemm_map_reduce."""
+    args, _ = _attention_args(np.random.default_rng(11), 4, 5, "float64")
+    fn = lambda *a: L.attention(*a, block=(2, 3))  # noqa: E731
+    check_grads(fn, tuple(args), order=2)
+
+
+# ------------------------------------------------------------------------------------------ the meaning
+
+def attention_nested(Q, K, V):
+    scale = 1.0 / np.sqrt(Q.shape[1])
+
+    def row(q):
+        H = fold.map(lambda k, v: {"z": fold.sum(q * k) * scale, "v": v}, K, V)
+        return fold.reduce(fold.monoids.logwsum, H)["v"]
+
+    return fold.map(row, Q)
+
+
+def causal_attention_nested(Q, K, V):
+    scale = 1.0 / np.sqrt(Q.shape[1])
+    js = fold.iota(K.shape[0])
+
+    def row(q, i):
+        H = fold.map(lambda k, v, j: {"z": fold.where(j <= i, fold.sum(q * k) * scale, -np.inf), "v": v}, K, V, js)
+        return fold.reduce(fold.monoids.logwsum, H)["v"]
+
+    return fold.map(row, Q, fold.iota(Q.shape[0]))
+
+
+def cross_entropy_nested(P, C, targets):
+    js = fold.iota(C.shape[0])
+
+    def row(p, t):
+        H = fold.map(lambda c, j: {"p": fold.sum(p * c), "n": fold.where(j == t, fold.sum(p * c), 0.0)}, C, js)
+        A = fold.reduce(fold.monoids.cross_entropy, H)
+        return A["p"] - A["n"]
+
+    return fold.map(row, P, targets)
+
+
+def distillation_nested(Ps, Cs, Pt, Ct):
+    def row(ps, pt):
+        H = fold.map(lambda cs, ct: {"q": fold.sum(ps * cs), "p": fold.sum(pt * ct), "n": fold.sum(ps * cs)}, Cs, Ct)
+        A = fold.reduce(fold.monoids.cross_entropy_dist, H)
+        return A["q"] - A["n"]
+
+    return fold.map(row, Ps, Pt)
+
+
+def mlp_nested(X, P, Q):
+    def row(x):
+        H = fold.map(lambda p, q: {"v": fold.sigmoid(fold.sum(x * p)) * q}, fold.transpose(P), Q)
+        return fold.reduce(fold.monoids.vsum, H)["v"]
+
+    return fold.map(row, X)
+
+
+NESTED = {"attention": attention_nested, "causal_attention": causal_attention_nested,
+          "cross_entropy": cross_entropy_nested, "distillation": distillation_nested, "mlp": mlp_nested}
+
+
+@pytest.mark.parametrize("block", [(2, 3), None], ids=str)
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_equals_nested_map_reduce_definition(name, block):
+    layer = LAYERS[name]
+    args, cot = layer.make(np.random.default_rng(12), M, N, "float64")
+    fn = lambda *a: layer.fold_fn(*a, block=block)  # noqa: E731
+    _assert_rel(fold.run(fn, *args), fold.run(NESTED[name], *args), 1e-10, f"{name} forward vs nested")
+    grads, nested_grads = fold.vjp(fn, tuple(args), cot), fold.vjp(NESTED[name], tuple(args), cot)
+    for k in range(layer.float_args):
+        _assert_rel(grads[k], nested_grads[k], 1e-10, f"{name} cotangent {k} vs nested")
+
+
+def test_nested_program_has_no_gemm_but_gemm_program_has_one():
+    args, _ = _attention_args(np.random.default_rng(0), M, N, "float64")
+    assert not any(isinstance(s.prim, GemmMapReduce) for s in fold.trace(attention_nested, *args).stmts)
+    assert any(isinstance(s.prim, GemmMapReduce) for s in fold.trace(L.attention, *args).stmts)
+
+
+def test_several_matrix_products_and_row_and_column_data():
+    """fn receives one s per (lhs, rhs) pair, then the row data, then the column data."""
+    rng = np.random.default_rng(13)
+    A1, B1, A2, B2 = rng.standard_normal((5, 3)), rng.standard_normal((8, 3)), rng.standard_normal((5, 2)), rng.standard_normal((8, 2))
+    w, c = rng.standard_normal(5), rng.standard_normal((8, 4))
+
+    def fn(A1, B1, A2, B2, w, c):
+        out = fold.gemm_map_reduce(fold.monoids.vsum, lambda s1, s2, wi, cj: {"v": (s1 * s2 + wi) * cj},
+                                   (A1, A2), (B1, B2), rows=(w,), cols=(c,), block=(2, 3))
+        return out["v"]
+
+    s1, s2 = A1 @ B1.T, A2 @ B2.T
+    expected = (s1 * s2 + w[:, None]) @ c
+    _assert_rel(fold.run(fn, A1, B1, A2, B2, w, c), expected, 1e-12, "two products")
+    check_grads(fn, (A1, B1, A2, B2, w, c))
+
+
+# ------------------------------------------------------------------------------------------ no d: the fallback
+
+def _lse(monoid, block=(2, 3)):
+    return lambda Q, K: fold.gemm_map_reduce(monoid, lambda s: s, Q, K, block=block)
+
+
+def test_user_monoid_without_d_falls_back_with_one_warning():
+    name = f"user_logaddexp_{uuid.uuid4().hex[:8]}"  # a fresh name: the warning is once per monoid name
+    user = fold.Monoid(lambda a, b: fold.logaddexp(a, b), -np.inf, commutative=True, name=name)
+    assert user.d is None
+    rng = np.random.default_rng(14)
+    Q, K, g = rng.standard_normal((M, 4)), rng.standard_normal((N, 4)), rng.standard_normal(M)
+    _assert_rel(fold.run(_lse(user), Q, K), np.log(np.exp(Q @ K.T).sum(1)), 1e-12, "user logaddexp forward")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        grads = fold.vjp(_lse(user), (Q, K), g)
+        # a second, differently shaped program (the rule runs again, but does not warn again)
+        fold.vjp(_lse(user, block=(3, 4)), (Q[:5], K[:7]), g[:5])
+    ours = [w for w in caught if name in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    message = str(ours[0].message)
+    assert "no d" in message and "M x N" in message, message
+    builtin = fold.vjp(_lse(fold.monoids.logaddexp), (Q, K), g)
+    for a, b in zip(grads, builtin, strict=True):
+        _assert_rel(a, b, 1e-10, "fallback gradient vs built-in logaddexp")
+    w = np.exp(Q @ K.T - np.log(np.exp(Q @ K.T).sum(1, keepdims=True))) * g[:, None]
+    _assert_rel(grads[0], w @ K, 1e-10, "fallback dQ")
+    _assert_rel(grads[1], w.T @ Q, 1e-10, "fallback dK")
+
+
+def test_builtin_monoid_with_d_does_not_warn():
+    rng = np.random.default_rng(15)
+    Q, K, g = rng.standard_normal((M, 4)), rng.standard_normal((N, 4)), rng.standard_normal(M)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fold.vjp(_lse(fold.monoids.logaddexp, block=(4, 5)), (Q, K), g)
+
+
+def test_gradient_program_uses_the_blocked_backward():
+    args, _ = _attention_args(np.random.default_rng(0), M, N, "float64")
+    grad_program, _ = ad.vjp_program(fold.trace(lambda *a: L.attention(*a, block=(2, 3)), *args))
+    prims = [type(s.prim) for s in grad_program.stmts]
+    assert GemmMapReduceVJP in prims
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+BIG = 2048
+SMALL_BLOCK = (128, 256)
+
+
+def _big_attention_inputs(f=16, d=16, dtype=np.float32):
+    rng = np.random.default_rng(16)
+    return [rng.standard_normal(shape).astype(dtype) for shape in [(BIG, f), (BIG, f), (BIG, d), (BIG, d)]]
+
+
+def _small_block_attention(Q, K, V):
+    return L.attention(Q, K, V, block=SMALL_BLOCK)
+
+
+def test_memory_estimate_of_forward_vjp_and_jvp_programs_is_far_below_m_by_n():
+    Q, K, V, _ = _big_attention_inputs()
+    full = BIG * BIG * Q.itemsize
+    program = fold.trace(_small_block_attention, Q, K, V)
+    grad_program, _ = ad.vjp_program(program)
+    jvp_program, _ = ad.jvp_program(program)
+    for what, p in [("forward", program), ("vjp", grad_program), ("jvp", jvp_program)]:
+        estimate = fold.memory(p)
+        assert estimate < 0.25 * full, f"{what}: fold.memory {estimate} bytes >= 25% of M*N*itemsize = {full}"
+
+
+def test_measured_peak_of_forward_and_vjp_is_far_below_m_by_n():
+    Q, K, V, G = _big_attention_inputs()
+    full = BIG * BIG * Q.itemsize
+    forward = fold.jit(_small_block_attention)
+    forward(Q, K, V)  # trace and compile outside the measurement
+    fold.vjp(_small_block_attention, (Q, K, V), G)
+
+    def peak(fn):
+        gc.collect()
+        tracemalloc.start()
+        try:
+            result = fn()
+            return tracemalloc.get_traced_memory()[1], result
+        finally:
+            tracemalloc.stop()
+
+    fwd_peak, out = peak(lambda: forward(Q, K, V))
+    vjp_peak, grads = peak(lambda: fold.vjp(_small_block_attention, (Q, K, V), G))
+    assert fwd_peak < 0.25 * full, f"forward peak {fwd_peak} >= 25% of {full}"
+    assert vjp_peak < 0.25 * full, f"vjp peak {vjp_peak} >= 25% of {full}"
+    # and the results are right (spot check against the naive formula on a few rows)
+    rows = slice(0, 64)
+    s = Q[rows].astype(np.float64) @ K.T.astype(np.float64) / np.sqrt(Q.shape[1])
+    p = np.exp(s - s.max(1, keepdims=True))
+    _assert_rel(out[rows], (p / p.sum(1, keepdims=True)) @ V, 1e-4, "big attention forward rows")
+    assert [g.shape for g in grads] == [Q.shape, K.shape, V.shape]
+
+
+# ------------------------------------------------------------------------------------------ column fields
+
+def _effective_sizes(program: Program, in_batches: list[tuple], depth: int, out: list) -> None:
+    """(variable, effective shape) for every variable of `program` and its bodies, as the batched interpreter
+    holds them: inside a map every value carries the map's axis, unless it is a captured value (broadcast,
+    never copied), so a body input's batch is its source's batch plus (n,) for mapped values or (1,) for
+    captured ones, and a statement's batch is the largest of its arguments'."""
+    batch: dict = dict(zip(program.inputs, in_batches, strict=True))
+    one = (1,) * depth
+
+    def b(atom):
+        return batch.get(atom, one) if isinstance(atom, Var) else one
+
+    for v in program.inputs:
+        out.append((v, batch[v] + v.aval.shape))
+    for stmt in program.stmts:
+        args = [b(a) for a in stmt.args]
+        joint = tuple(max(sizes) for sizes in zip(*args)) if args else one
+        joint = joint or one
+        if isinstance(stmt.prim, Map):
+            nc = stmt.prim.num_consts
+            xs = stmt.args[nc:]
+            n = xs[0].aval.shape[0]
+            body_in = [b(c) + (1,) for c in stmt.args[:nc]] + [b(x) + (n,) for x in xs]
+            _effective_sizes(stmt.prim.body, body_in, depth + 1, out)
+        else:
+            for body in stmt.prim.bodies():
+                _effective_sizes(body, [joint] * len(body.inputs), depth, out)
+        for v in stmt.outs:
+            batch[v] = joint
+            out.append((v, joint + v.aval.shape))
+
+
+def _block_programs(program: Program) -> list[tuple[tuple, Program]]:
+    found = []
+    for stmt in program.stmts:
+        if isinstance(stmt.prim, GemmMapReduce):
+            found += [(shape, p) for shape, p in stmt.prim.blocks]
+        if isinstance(stmt.prim, GemmMapReduceVJP):
+            found += [(shape, p) for shape, p in stmt.prim.block_vjps]
+    return found
+
+
+def _assert_no_broadcast_block(program: Program, bi: int, bj: int, d: int, what: str) -> None:
+    blocks = _block_programs(program)
+    assert blocks, f"{what}: no gemm block programs found"
+    for (ri, rj), block in blocks:
+        found: list = []
+        _effective_sizes(block, [()] * len(block.inputs), 0, found)
+        assert found
+        for var, shape in found:
+            squeezed = tuple(s for s in shape if s != 1)
+            assert squeezed != (ri, rj, d), f"{what} block {ri}x{rj}: {var} is held as {shape}"
+            assert int(np.prod(shape)) < ri * rj * d, f"{what} block {ri}x{rj}: {var} is held as {shape} (>= bi*bj*D)"
+
+
+@pytest.mark.parametrize("name", ["attention", "mlp"])
+def test_column_fields_are_not_broadcast_to_block_by_d(name):
+    """attention's v = V_j and the MLP's sigmoid(s) * Q_j are folded by matrix products: no value of
+    bi x bj x D (counting the batch axes of map bodies) in the forward or the backward block programs."""
+    bi, bj, d, f = 6, 8, 5, 3
+    rng = np.random.default_rng(17)
+    if name == "attention":
+        args = (rng.standard_normal((12, f)), rng.standard_normal((16, f)), rng.standard_normal((16, d)))
+        fn = lambda *a: L.attention(*a, block=(bi, bj))  # noqa: E731
+    else:
+        args = (rng.standard_normal((12, f)), rng.standard_normal((f, 16)), rng.standard_normal((16, d)))
+        fn = lambda *a: L.mlp(*a, block=(bi, bj))  # noqa: E731
+    program = fold.trace(fn, *args)
+    _assert_no_broadcast_block(program, bi, bj, d, f"{name} forward")
+    grad_program, _ = ad.vjp_program(program)
+    _assert_no_broadcast_block(grad_program, bi, bj, d, f"{name} vjp")
+
+
+def test_the_check_would_see_a_broadcast_field():
+    """The generic block fold (a monoid without a block rule) expands column fields: the walker finds it."""
+    vsum_user = fold.Monoid(lambda a, b: {"v": a["v"] + b["v"]}, {"v": 0.0}, commutative=True, name="user_vsum")
+    rng = np.random.default_rng(18)
+    X, P, Q = rng.standard_normal((12, 3)), rng.standard_normal((3, 16)), rng.standard_normal((16, 5))
+
+    def mlp_user(X, P, Q):
+        return fold.gemm_map_reduce(vsum_user, lambda s, q: {"v": fold.sigmoid(s) * q}, X, fold.transpose(P),
+                                    cols=(Q,), block=(6, 8))["v"]
+
+    with pytest.raises(AssertionError, match="held as"):
+        _assert_no_broadcast_block(fold.trace(mlp_user, X, P, Q), 6, 8, 5, "user vsum")
+    _assert_rel(fold.run(mlp_user, X, P, Q), (1 / (1 + np.exp(-(X @ P)))) @ Q, 1e-12, "generic block fold")
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+def _qkv(m=M, n=N, f=4, d=3):
+    rng = np.random.default_rng(19)
+    return rng.standard_normal((m, f)), rng.standard_normal((n, f)), rng.standard_normal((n, d))
+
+
+def _logwsum_map(s, v):
+    return {"z": s, "v": v}
+
+
+def test_error_inner_dimensions_differ():
+    Q, K = np.ones((6, 4)), np.ones((10, 5))
+    with pytest.raises(fold.ShapeError, match=r"inner dimensions.*\(6, 4\).*\(10, 5\)"):
+        fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, Q, K)
+    with pytest.raises(fold.ShapeError, match=r"\(6, 4\).*\(10, 5\)"):
+        fold.run(lambda Q, K: fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, Q, K), Q, K)
+
+
+def test_error_inner_dimensions_differ_in_second_pair():
+    A, B = np.ones((6, 4)), np.ones((10, 4))
+    with pytest.raises(fold.ShapeError, match=r"lhs\[1\].*\(6, 2\).*rhs\[1\].*\(10, 3\)"):
+        fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s, t: s + t, (A, np.ones((6, 2))), (B, np.ones((10, 3))))
+
+
+def test_error_lhs_and_rhs_tuples_of_different_length():
+    with pytest.raises(fold.ShapeError, match="same length"):
+        fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, (np.ones((6, 4)), np.ones((6, 4))), np.ones((10, 4)))
+
+
+def test_error_operand_not_a_matrix():
+    with pytest.raises(fold.ShapeError, match=r"matrix.*\(4,\)"):
+        fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, np.ones(4), np.ones((10, 4)))
+
+
+def test_error_column_data_leading_axis_not_n():
+    Q, K, _ = _qkv()
+    V = np.ones((N + 1, 3))
+    with pytest.raises(fold.ShapeError, match=rf"\({N + 1}, 3\).*N.*{N}"):
+        fold.gemm_map_reduce(fold.monoids.logwsum, _logwsum_map, Q, K, cols=(V,))
+
+
+def test_error_row_data_leading_axis_not_m():
+    Q, K, V = _qkv()
+    t = np.zeros(M + 2, np.int64)
+    with pytest.raises(fold.ShapeError, match=rf"\({M + 2},\).*M.*{M}"):
+        fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, t, v: {"z": s, "v": v}, Q, K, rows=(t,), cols=(V,))
+
+
+def test_error_scalar_row_data():
+    Q, K, _ = _qkv()
+    with pytest.raises(fold.ShapeError, match=rf"\(\).*M.*{M}"):
+        fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s, t: s + t, Q, K, rows=(np.float64(1.0),))
+
+
+@pytest.mark.parametrize("fn", [lambda s, v: s, lambda s, v: (s, v), lambda s, v: {"z": s}, lambda s, v: {"z": s, "w": v}],
+                         ids=["scalar", "tuple", "missing field", "wrong field"])
+def test_error_map_output_structure_does_not_match_monoid(fn):
+    Q, K, V = _qkv()
+    with pytest.raises(fold.StructureError, match="logwsum"):
+        fold.gemm_map_reduce(fold.monoids.logwsum, fn, Q, K, cols=(V,))
+
+
+@pytest.mark.parametrize("block", [0, -1, (0, 4), (4, 0), (2, -3)], ids=str)
+def test_error_block_not_positive(block):
+    Q, K, V = _qkv()
+    with pytest.raises(fold.ShapeError, match="positive"):
+        fold.gemm_map_reduce(fold.monoids.logwsum, _logwsum_map, Q, K, cols=(V,), block=block)
+
+
+@pytest.mark.parametrize("block", [1.5, "4", (1, 2, 3), (True, 2)], ids=str)
+def test_error_block_not_ints(block):
+    Q, K, V = _qkv()
+    with pytest.raises(fold.FoldTypeError, match="block"):
+        fold.gemm_map_reduce(fold.monoids.logwsum, _logwsum_map, Q, K, cols=(V,), block=block)
+
+
+def test_error_first_argument_not_a_monoid():
+    Q, K, _ = _qkv()
+    with pytest.raises(fold.FoldTypeError, match="Monoid"):
+        fold.gemm_map_reduce(lambda a, b: a + b, lambda s: s, Q, K)
+
+
+# ------------------------------------------------------------------------------------------ printing
+
+def test_printed_program_and_gradient_program():
+    args, _ = _attention_args(np.random.default_rng(0), M, N, "float64")
+    program = fold.trace(lambda *a: L.attention(*a, block=(2, 3)), *args)
+    text = str(program)
+    assert "gemm_map_reduce[logwsum" in text, text
+    grad_program, _ = ad.vjp_program(program)
+    assert "gemm_map_reduce_vjp" in str(grad_program), str(grad_program)
