@@ -21,6 +21,7 @@ import numpy as np
 from fold import ops
 from fold.combinators import map as fold_map
 from fold.combinators import reduce as fold_reduce
+from fold.dce import dce
 from fold.inline import inline_program
 from fold.primitives import GemmMapReduce, GemmMapReduceVJP
 from fold.primitives.gemm import split_gemm_args
@@ -29,7 +30,7 @@ from fold.tracing import bind, trace_body
 
 from .fn_vjp import vjp_of_function
 from .jvp import jvp_inline, jvp_rules
-from .vjp import vjp_program, vjp_rules
+from .vjp import vjp_inline, vjp_rules
 from .zeros import Zero, aval_of, differentiable, instantiate, is_zero
 
 _warned: set[str] = set()
@@ -53,25 +54,33 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     if not _qualifies(prim):
         return _nested_vjp(prim, args, dense)
-    block_vjps = []
-    for shape, program in prim.blocks:
-        grad_program, mask = vjp_program(program)
-        block_vjps.append((shape, _dense_outputs(grad_program, mask, program)))
-    backward = GemmMapReduceVJP(prim, tuple(block_vjps), _d_program(prim))
+    d = _d_program(prim)
+    backward = GemmMapReduceVJP(prim, tuple((shape, _block_backward(prim, program, d)) for shape, program in prim.blocks), d)
     results = bind(backward, *args, *outs, *dense)
     nc = len(consts)
     arg_cts = results[:nc] + [Zero(aval_of(i)) for i in identity] + results[nc:]
     return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, arg_cts, strict=True)]
 
 
-def _dense_outputs(grad_program, mask, program):
-    """The vjp program with a cotangent output for every input (zeros where the mask has none)."""
-    def fn(*flat):
-        results = iter(inline_program(grad_program, list(flat)))
-        return [next(results) if m else np.zeros(v.aval.shape, v.aval.dtype) for m, v in zip(mask, program.inputs, strict=True)]
+def _block_backward(prim, program, d):
+    """One block's backward, one forward sweep: (block operands, A rows, Abar rows) -> operand cotangents.
 
-    avals = [v.aval for v in program.inputs] + list(program.out_avals)
-    return trace_body(fn, avals, "gemm block vjp").program
+    The block's totals T come out of the forward sweep, their cotangent is D(A, T, Abar) row by row, and
+    the return sweep follows; where d ignores T (vsum: d = g), dead-code elimination drops the recomputation.
+    """
+    n_in, k = len(program.inputs), prim.num_leaves
+
+    def fn(*flat):
+        inputs, totals, total_cts = list(flat[:n_in]), list(flat[n_in: n_in + k]), list(flat[n_in + k:])
+
+        def block_cts(block_totals):  # Corollary 2.1.1: the block is a part of the fold
+            return list(fold_map(lambda *leaves: inline_program(d, list(leaves)), *totals, *block_totals, *total_cts))
+
+        _, in_cts = vjp_inline(program, inputs, block_cts)
+        return [instantiate(c, v.aval) for c, v in zip(in_cts, program.inputs, strict=True)]
+
+    avals = [v.aval for v in program.inputs] + list(program.out_avals) * 2
+    return dce(trace_body(fn, avals, "gemm block backward").program)
 
 
 def _nested(prim, consts, rows, cols):

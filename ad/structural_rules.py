@@ -16,6 +16,7 @@ from fold.primitives import (
     MatMul,
     Reshape,
     StaticIndex,
+    StopGradient,
     SumAxes,
     Transpose,
 )
@@ -151,3 +152,14 @@ def _matmul_vjp(prim, args, outs, residual, cts):
 @vjp_rules.register(Iota)
 def _iota_vjp(prim, args, outs, residual, cts):
     return []
+
+
+@jvp_rules.register(StopGradient)
+def _stop_gradient_jvp(prim, primals, tangents):
+    outs = bind(prim, *primals)
+    return outs, [Zero(o.aval) for o in outs]
+
+
+@vjp_rules.register(StopGradient)
+def _stop_gradient_vjp(prim, args, outs, residual, cts):
+    return [Zero(aval_of(args[0]))]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from fold.dce import dce
 from fold.errors import FoldTypeError
@@ -47,10 +47,12 @@ def reduce_rule_scope(rule: str) -> Iterator[None]:
         _config.reduce_rule = previous
 
 
-def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any]) -> tuple[list, list]:
+def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] | Callable[[list], Sequence[Any]]) -> tuple[list, list]:
     """Emit, in the current trace, the forward sweep and the return sweep of `program`.
 
-    Returns (primal outputs, cotangents of the inputs), cotangents possibly `Zero`.
+    `cts_out` are the output cotangents, or a function that computes them from the primal outputs (so that
+    a cotangent depending on the outputs costs no second forward sweep). Returns (primal outputs,
+    cotangents of the inputs), cotangents possibly `Zero`.
     """
     env: dict = dict(zip(program.inputs, primals, strict=True))
 
@@ -67,6 +69,8 @@ def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any])
         env.update(zip(stmt.outs, outs, strict=True))
         residuals.append(residual)
 
+    if callable(cts_out):
+        cts_out = cts_out([read(a) for a in program.outputs])
     ct_env: dict = {}
 
     def accumulate(atom, ct):

@@ -59,6 +59,7 @@ from .ops import (
     sign,
     sin,
     sqrt,
+    stop_gradient,
     sum,
     tanh,
     transpose,
@@ -99,6 +100,6 @@ __all__ = [
     "ShapedArray", "StructureError", "Tracer", "abs", "broadcast_to", "check_program", "concatenate", "convert",
     "cos", "divide", "dot", "exp", "expm1", "iota", "log", "log1p", "logaddexp", "logical_and", "logical_not",
     "logical_or", "loop", "map", "matmul", "maximum", "minimum", "monoids", "reduce", "reduce_by_index",
-    "replicate", "reshape", "scan", "sigmoid", "sign", "sin", "sqrt", "sum", "tanh", "trace", "transpose",
+    "replicate", "reshape", "scan", "sigmoid", "sign", "sin", "sqrt", "stop_gradient", "sum", "tanh", "trace", "transpose",
     "tree_flatten", "tree_map", "tree_unflatten", "where", *_LAZY,
 ]

@@ -77,7 +77,7 @@ def row_max(x):
 
 def stable_logsumexp_rows(z):
     """(row totals, normalised weights exp(z - total)) of a (bi, bj) block; rows of -inf give (-inf, 0)."""
-    m = row_max(z)
+    m = ops.stop_gradient(row_max(z))  # the shift cancels, so its derivative is zero: do not compute it
     m_safe = ops.where(m == -np.inf, 0.0, m)
     e = ops.exp(z - _column_vector(m_safe))
     total_weight = ops.sum(e, axis=1)

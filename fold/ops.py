@@ -26,6 +26,7 @@ from .primitives import (
     MatMul,
     Reshape,
     StaticIndex,
+    StopGradient,
     SumAxes,
     Transpose,
 )
@@ -265,6 +266,17 @@ def matmul(a: ArrayLike, b: ArrayLike) -> ArrayLike:
 
 
 dot = matmul
+
+
+def stop_gradient(x: ArrayLike) -> ArrayLike:
+    """`x` itself, treated as a constant by differentiation (its tangent and cotangent are zero).
+
+    For values a result does not really depend on, such as the shift of a numerically stable logsumexp.
+    """
+    x = as_value(x, "stop_gradient")
+    if not isinstance(x, Tracer):
+        return x
+    return bind(StopGradient(), x)[0]
 
 
 def replicate(n: int, x: ArrayLike) -> ArrayLike:

@@ -1,6 +1,6 @@
 """The primitives of the language, with their shape rules. Importing this package registers them all."""
 
-from .ad_support import IndexTranspose, LoopSaving
+from .ad_support import IndexTranspose, LoopSaving, StopGradient
 from .combinators import Loop, Map, Reduce, ReduceByIndex, Scan
 from .elementwise import SCALAR_OPS, Elementwise, ScalarOp
 from .gemm import GemmMapReduce, GemmMapReduceVJP
@@ -18,6 +18,6 @@ from .structural import (
 )
 
 __all__ = [
-    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "Concatenate", "Convert", "Elementwise", "Gather", "GemmMapReduce", "GemmMapReduceVJP", "Iota", "Loop", "Map",
+    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "StopGradient", "Concatenate", "Convert", "Elementwise", "Gather", "GemmMapReduce", "GemmMapReduceVJP", "Iota", "Loop", "Map",
     "MatMul", "Reduce", "ReduceByIndex", "Reshape", "ScalarOp", "Scan", "StaticIndex", "SumAxes", "Transpose",
 ]

@@ -61,3 +61,15 @@ def _loop_saving_shape(prim: LoopSaving, *avals: ShapedArray) -> list[ShapedArra
     if prim.stride < 1:
         raise ShapeError(f"loop_saving: stride must be positive, got {prim.stride}")
     return list(init) + [a.update(shape=(prim.num_saved,) + a.shape) for a in init]
+
+
+@dataclass(frozen=True)
+class StopGradient(Primitive):
+    """The identity, with no derivative: its tangents and cotangents are zero."""
+
+    name = "stop_gradient"
+
+
+@shape_rules.register(StopGradient)
+def _stop_gradient_shape(prim: StopGradient, x: ShapedArray) -> list[ShapedArray]:
+    return [x]

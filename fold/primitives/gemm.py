@@ -53,10 +53,11 @@ class GemmMapReduce(Primitive):
 @dataclass(frozen=True)
 class GemmMapReduceVJP(Primitive):
     """Per block: recompute the block's totals T, take T's cotangent from D(A, T, Abar) (Corollary 2.1.1), and
-    run the block program's vjp; cotangents of row (column) operands are accumulated per row (column) block."""
+    run the block program's return sweep; cotangents of row (column) operands are accumulated per row (column)
+    block. Each block's backward program maps (block operands, A rows, Abar rows) to the operands' cotangents."""
 
     forward: GemmMapReduce
-    block_vjps: tuple  # ((bi, bj), vjp program of that block program)
+    block_vjps: tuple  # ((bi, bj), backward program of that block)
     d: Program  # the monoid's d(c, a, g), element level
     name = "gemm_map_reduce_vjp"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fold.primitives import IndexTranspose, LoopSaving
+from fold.primitives import IndexTranspose, LoopSaving, StopGradient
 
 from ..interpreter import eval_program, numpy_impls
 from .structural import index_key
@@ -37,3 +37,8 @@ def _loop_saving(prim: LoopSaving, args: list, depth: int) -> list:
         batch = np.broadcast_shapes(*[x.shape[:depth] for x in store]) if depth else ()
         stacks.append(np.stack([np.broadcast_to(x, batch + x.shape[depth:]) for x in store], axis=depth))
     return state + stacks
+
+
+@numpy_impls.register(StopGradient)
+def _stop_gradient(prim: StopGradient, args: list, depth: int) -> list:
+    return [args[0]]

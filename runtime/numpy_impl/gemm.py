@@ -44,13 +44,6 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int) -> list:
     return totals
 
 
-def _d_uses_part(prim: GemmMapReduceVJP) -> bool:
-    """Does the monoid's d(c, a, g) read its second argument a (here: a block's totals)?"""
-    k = prim.forward.num_leaves
-    part = set(prim.d.inputs[k: 2 * k])
-    return any(a in part for stmt in prim.d.stmts for a in stmt.args) or any(a in part for a in prim.d.outputs)
-
-
 @numpy_impls.register(GemmMapReduceVJP)
 def _gemm_vjp(prim: GemmMapReduceVJP, args: list, depth: int) -> list:
     _at_top_level(prim, depth)
@@ -60,7 +53,7 @@ def _gemm_vjp(prim: GemmMapReduceVJP, args: list, depth: int) -> list:
     k = forward.num_leaves
     totals, total_cts = args[n_in: n_in + k], args[n_in + k: n_in + 2 * k]
     m, n = rows[0].shape[0], cols[0].shape[0]
-    needs_totals = _d_uses_part(prim)
+    nc, nr = len(consts), len(rows)
     const_cts = [np.zeros(c.shape, c.dtype) for c in consts]
     row_cts = [np.zeros(r.shape, r.dtype) for r in rows]
     col_cts = [np.zeros(c.shape, c.dtype) for c in cols]
@@ -68,13 +61,8 @@ def _gemm_vjp(prim: GemmMapReduceVJP, args: list, depth: int) -> list:
         row_blk = [r[i0:i1] for r in rows]
         a_blk, g_blk = [t[i0:i1] for t in totals], [g[i0:i1] for g in total_cts]
         for j0, j1 in col_blocks:
-            shape = (i1 - i0, j1 - j0)
             inputs = consts + row_blk + [c[j0:j1] for c in cols]
-            # d(A, T, Abar) needs the block's totals T unless it ignores them (vsum: d = g); then skip that pass
-            block_totals = eval_program(forward.block_program(shape), inputs) if needs_totals else a_blk
-            block_cts = eval_program(prim.d, a_blk + block_totals + g_blk, depth=1)  # Corollary 2.1.1
-            cts = eval_program(prim.block_vjp(shape), inputs + block_cts)
-            nc, nr = len(consts), len(rows)
+            cts = eval_program(prim.block_vjp((i1 - i0, j1 - j0)), inputs + a_blk + g_blk)
             for acc, ct in zip(const_cts, cts[:nc], strict=True):
                 acc += ct
             for acc, ct in zip(row_cts, cts[nc: nc + nr], strict=True):
