@@ -46,16 +46,22 @@ def _override(prim):
 _last_uses: "weakref.WeakKeyDictionary[Program, list[list[Var]]]" = weakref.WeakKeyDictionary()
 
 
-def _dead_after(program: Program) -> list[list[Var]]:
-    """For each statement, the variables whose last use it is (so their arrays can be freed after it)."""
-    cached = _last_uses.get(program)
-    if cached is not None:
-        return cached
+def last_use(program: Program) -> dict[Var, int]:
+    """The index of the last statement that reads each variable."""
     last: dict[Var, int] = {}
     for i, stmt in enumerate(program.stmts):
         for a in stmt.args:
             if isinstance(a, Var):
                 last[a] = i
+    return last
+
+
+def _dead_after(program: Program) -> list[list[Var]]:
+    """For each statement, the variables whose last use it is (so their arrays can be freed after it)."""
+    cached = _last_uses.get(program)
+    if cached is not None:
+        return cached
+    last = last_use(program)
     keep = {a for a in program.outputs if isinstance(a, Var)}
     dead: list[list[Var]] = [[] for _ in program.stmts]
     for var, i in last.items():

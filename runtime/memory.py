@@ -14,6 +14,8 @@ from fold.ir import Program, Var
 from fold.primitives import GemmMapReduce, GemmMapReduceVJP, Loop, Map, Reduce, ReduceByIndex, Scan
 from fold.rules import RuleTable
 
+from .interpreter import last_use
+
 body_extra_rules = RuleTable("memory")
 
 
@@ -23,11 +25,7 @@ def _bytes(var: Any, mult: int) -> int:
 
 def program_peak(program: Program, mult: int = 1, count_inputs: bool = True) -> int:
     """Peak live bytes of `program` when every value carries `mult` batch rows."""
-    last: dict[Var, int] = {}
-    for i, stmt in enumerate(program.stmts):
-        for a in stmt.args:
-            if isinstance(a, Var):
-                last[a] = i
+    last = last_use(program)
     outputs = {a for a in program.outputs if isinstance(a, Var)}
     live = sum(_bytes(v, mult) for v in program.inputs) if count_inputs else 0
     peak = live

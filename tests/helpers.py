@@ -78,3 +78,16 @@ def scan_reference(op: Callable[[Any, Any], Any], xs: list, identity: Any, *, ex
         if not exclusive:
             out[i] = acc
     return out
+
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples"
+
+
+def load_example(name: str):
+    """An example program from examples/ as a module (the examples are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

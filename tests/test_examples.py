@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_close, run_checked
+from helpers import assert_close, load_example, run_checked
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_demo_main_runs_and_its_numbers_agree(capsys: pytest.CaptureFixture) -> None:
-    demo = _load("demo")
+    demo = load_example("demo")
     demo.main(big=2000)  # the comparison sections at a small size, to keep the suite fast
     out = capsys.readouterr().out
     fold_value = float(re.search(r"fold\.run\s*=\s*([-\d.e]+)", out).group(1))
@@ -36,7 +26,7 @@ def test_demo_main_runs_and_its_numbers_agree(capsys: pytest.CaptureFixture) -> 
 
 
 def test_demo_functions_against_numpy() -> None:
-    demo = _load("demo")
+    demo = load_example("demo")
     rng = np.random.default_rng(1)
     xs, w = rng.uniform(0.5, 1.5, (9, 4)), rng.uniform(0.5, 1.5, 4)
     assert_close(run_checked(demo.weighted_product, xs, w), np.prod(xs @ w))

@@ -5,32 +5,23 @@ matrix-product lowering of column fields, and its errors."""
 from __future__ import annotations
 
 import gc
-import importlib.util
 import tracemalloc
 import uuid
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ad
 import fold
+from helpers import load_example
 from fold.ir import Program, Var
 from fold.primitives import GemmMapReduce, GemmMapReduceVJP, Map
 from fold.testing import check_grads, check_vjp
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-L = _load("gemm_layers")
+L = load_example("gemm_layers")
 TOL = {np.dtype("float64"): 1e-10, np.dtype("float32"): 1e-4}
 
 

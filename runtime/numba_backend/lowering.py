@@ -58,21 +58,28 @@ def _kernels():
     return kernels.cpu
 
 
-@numba_impls.register(Reduce)
-def _reduce(prim: Reduce, args: list, depth: int):
-    if recognize_binary_op(prim.body, prim.num_consts) is not None:
-        return None  # NumPy's own reduction is the fast path
+def _operator_and_identity(prim, args: list):
+    """(compiled operator, identity scalars), or None after declining (with a warning if a kernel was the plan)."""
     combine, why = _scalar_operator(prim)
     if combine is None:
         return decline(prim, why)
-    k = prim.num_leaves
-    identity, xs = args[prim.num_consts: prim.num_consts + k], args[prim.num_consts + k:]
-    ident = _identity(identity)
-    if ident is None or depth > 1:
+    ident = _identity(args[prim.num_consts: prim.num_consts + prim.num_leaves])
+    return None if ident is None else (combine, ident)
+
+
+@numba_impls.register(Reduce)
+def _reduce(prim: Reduce, args: list, depth: int):
+    if recognize_binary_op(prim.body, prim.num_consts) is not None or depth > 1:
+        return None  # NumPy's own reduction is the fast path
+    setup = _operator_and_identity(prim, args)
+    if setup is None:
         return None
+    combine, ident = setup
+    k = prim.num_leaves
+    xs = args[prim.num_consts + k:]
     if depth == 0:
         return [np.asarray(v) for v in _kernels().reduce(combine, k, ident, _contiguous(xs))]
-    rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]
+    rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
     full = _contiguous(np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs)
     return list(_kernels().segmented_reduce(None, combine, k, ident, full))
 
@@ -81,24 +88,21 @@ def _reduce(prim: Reduce, args: list, depth: int):
 def _scan(prim: Scan, args: list, depth: int):
     if recognize_binary_op(prim.body, prim.num_consts) == "add" or depth:
         return None
-    combine, why = _scalar_operator(prim)
-    if combine is None:
-        return decline(prim, why)
-    k = prim.num_leaves
-    ident = _identity(args[prim.num_consts: prim.num_consts + k])
-    xs = args[prim.num_consts + k:]
-    return list(_kernels().scan(combine, k, ident, _contiguous(xs), exclusive=prim.exclusive, reverse=prim.reverse))
+    setup = _operator_and_identity(prim, args)
+    if setup is None:
+        return None
+    combine, ident = setup
+    xs = args[prim.num_consts + prim.num_leaves:]
+    return list(_kernels().scan(combine, prim.num_leaves, ident, _contiguous(xs), exclusive=prim.exclusive, reverse=prim.reverse))
 
 
 @numba_impls.register(ReduceByIndex)
 def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
-    if depth:
+    setup = None if depth else _operator_and_identity(prim, args)
+    if setup is None:
         return None
-    combine, why = _scalar_operator(prim)
-    if combine is None:
-        return decline(prim, why)
+    combine, ident = setup
     k = prim.num_leaves
-    ident = _identity(args[prim.num_consts: prim.num_consts + k])
     indices = np.ascontiguousarray(args[prim.num_consts + k], dtype=np.int64)
     values = args[prim.num_consts + k + 1:]
     return list(_kernels().histogram(combine, k, ident, prim.n, indices, _contiguous(values)))

@@ -101,11 +101,14 @@ def scan_leaves(xs: Leaves, identity: Leaves, axis: int, combine: Combine, exclu
         flipped: Combine = lambda a, b: combine(b, a)  # noqa: E731
         return _flip(scan_leaves(_flip(xs, axis), identity, axis, flipped, exclusive, False), axis)
     out = inclusive_scan(xs, axis, combine)
-    if exclusive:
-        n = xs[0].shape[axis]
-        out = [concat_broadcast([np.expand_dims(e, axis), take_axis(o, axis, slice(0, n - 1))], axis)
-               for e, o in zip(identity, out, strict=True)]
-    return out
+    return shift_exclusive(out, identity, axis) if exclusive else out
+
+
+def shift_exclusive(inclusive: Leaves, identity: Leaves, axis: int) -> Leaves:
+    """[e, y_0, ..., y_{n-2}]: the exclusive scan from the inclusive one."""
+    n = inclusive[0].shape[axis]
+    return [concat_broadcast([np.expand_dims(e, axis), take_axis(o, axis, slice(0, n - 1))], axis)
+            for e, o in zip(identity, inclusive, strict=True)]
 
 
 @numpy_impls.register(Reduce)
@@ -172,11 +175,7 @@ def _scan_with(inclusive, xs, identity, axis, combine, exclusive, reverse):
     if reverse:
         return _flip(_scan_with(inclusive, _flip(xs, axis), identity, axis, combine, exclusive, False), axis)
     out = inclusive(xs)
-    if exclusive:
-        n = xs[0].shape[axis]
-        out = [concat_broadcast([np.expand_dims(e, axis), take_axis(o, axis, slice(0, n - 1))], axis)
-               for e, o in zip(identity, out, strict=True)]
-    return out
+    return shift_exclusive(out, identity, axis) if exclusive else out
 
 
 @numpy_impls.register(ReduceByIndex)
