@@ -106,17 +106,23 @@ def _backward_stretch(prim, consts, start: int, length, first_state, ct_state, c
     nc = prim.num_consts
     k = len(first_state)
     if length == 1:
-        states = [ops.reshape(s, (1,) + aval_of(s).shape) for s in first_state]
+        finals, stacks = list(first_state), None
     else:  # the states before iterations 0 .. length-2 are saved; the last one is the loop's final state
         saving = LoopSaving(_offset_body(prim), nc + 1, length - 1, 1)
         outs = bind(saving, *consts, ops.convert(start, "int64"), *first_state)
-        states = [ops.concatenate([stack, ops.reshape(final, (1,) + aval_of(final).shape)], axis=0)
-                  for final, stack in zip(outs[:k], outs[k:], strict=True)]
+        finals, stacks = outs[:k], outs[k:]
+
+    def state_before(i_local):
+        """The state before local iteration i_local: the last one is `finals` (not copied onto the stack)."""
+        if stacks is None:
+            return finals
+        row = ops.minimum(i_local, length - 2)
+        return [ops.where(i_local == length - 1, final, stack[row]) for final, stack in zip(finals, stacks, strict=True)]
 
     def back(j, carry):
         ct_s, ct_c = carry
         i_local = length - 1 - j
-        state_i = [s[i_local] for s in states]
+        state_i = state_before(i_local)
         new_s, new_c = _step_vjp(prim, consts, start + i_local, state_i, list(ct_s), list(ct_c))
         return _add_saved_cts(new_s, saved_cts, start + i_local), new_c
 
