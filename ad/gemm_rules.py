@@ -31,7 +31,7 @@ from fold.tracing import bind, trace_body
 from .fn_vjp import vjp_of_function
 from .jvp import jvp_inline, jvp_rules
 from .vjp import vjp_inline, vjp_rules
-from .zeros import Zero, aval_of, differentiable, instantiate, is_zero
+from .zeros import Zero, aval_of, differentiable, instantiate
 
 _warned: set[str] = set()
 

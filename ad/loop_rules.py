@@ -156,7 +156,7 @@ def _add_saved_cts(ct_state, saved_cts, i):
 @vjp_rules.register(Loop)
 def _loop_vjp(prim: Loop, args, outs, saved, cts, saved_cts=None):
     nc = prim.num_consts
-    consts, init = args[:nc], args[nc:]
+    consts = args[:nc]
     ct_state = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     diff_consts = [i for i, c in enumerate(consts) if hasattr(c, "aval") and differentiable(c.aval)]
     ct_consts = [ops.broadcast_to(np.zeros((), aval_of(consts[i]).dtype), aval_of(consts[i]).shape) for i in diff_consts]

@@ -30,7 +30,6 @@ Writes benchmarks/results/ad_numpy.json and .png (ad_numpy_quick.* with --quick)
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import collections
 import gc
@@ -48,7 +47,7 @@ import fold
 import runtime.interpreter as interpreter
 
 from .bench_language import ufunc_fast_paths
-from .common import RESULTS_DIR, machine, machine_line, time_pair, write_json
+from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, time_pair, write_json
 
 BACKEND = "numpy"
 TARGET = 4.0
@@ -407,26 +406,18 @@ def plot(path, records: list[dict[str, Any]], title: str, subtitle: str):
     for a in (ax, bx):
         a.set_xticks(xs)
         a.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
-    fig.suptitle(title + "\n" + subtitle, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title + "\n" + subtitle, dpi=120)
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_ad", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="100x smaller sizes (a smoke test)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per function at least (median reported); fast cases get more, up "
-                             f"to {MAX_REPEATS}, to fill about 2 s")
+    parser = benchmark_parser("bench_ad", __doc__, "100x smaller sizes (a smoke test)", 7,
+                              f"timed repeats per function at least (median reported); fast cases get more, up to {MAX_REPEATS}, to fill about 2 s")
     parser.add_argument("--profile", action="store_true",
                         help="print a cProfile and a per-statement profile of one call of every gradient")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be positive")
+    args = parse_benchmark_args(parser, argv)
     scale = 100 if args.quick else 1
     info = machine()
     line = machine_line(info)

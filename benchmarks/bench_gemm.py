@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import RESULTS_DIR, machine, machine_line, write_json
+from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, write_json
 
 BACKEND = "numpy"
 DTYPE = np.float32
@@ -511,17 +511,11 @@ def plot(path, cases: list[dict], title: str) -> Any:
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", linewidth=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_gemm", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per function (median reported)")
+    parser = benchmark_parser("bench_gemm", __doc__, "small sizes (a smoke test)", 3, "timed repeats per function (median reported)")
     parser.add_argument("--time-budget", type=float, default=150.0,
                         help="seconds of timed calls per function in a worker before it stops repeating (at least one)")
     parser.add_argument("--worker-timeout", type=float, default=1800.0, help="seconds before a worker is stopped")
@@ -530,13 +524,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="BLAS threads in the workers (sets OPENBLAS/OMP/MKL_NUM_THREADS; default: the library's "
                              "own choice). 1 gives steadier ratios on a machine shared with other work")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parse_benchmark_args(parser, argv)
     if args.worker is not None:
         record = worker(json.loads(args.worker))
         print(MARK + json.dumps(record), flush=True)
         return record
-    if args.repeats < 1:
-        parser.error("--repeats must be positive")
     info = machine()
     line = machine_line(info)
     info["mem_total_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

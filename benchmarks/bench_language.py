@@ -21,7 +21,6 @@ Writes benchmarks/results/language_numpy.json and .png (language_numpy_quick.* w
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from typing import Any, Callable, Iterator
@@ -31,7 +30,7 @@ import numpy as np
 import fold
 import runtime.numpy_impl.folds as folds
 
-from .common import RESULTS_DIR, machine, machine_line, plot_ratios, time_pair, write_json
+from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, plot_ratios, time_pair, write_json
 
 BACKEND = "numpy"
 
@@ -195,12 +194,9 @@ def bench_recurrence(n: int, repeats: int, rng: np.random.Generator) -> list[dic
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_language", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="100x smaller sizes (a smoke test)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per function (median reported; >= 5)")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be positive")
+    parser = benchmark_parser("bench_language", __doc__, "100x smaller sizes (a smoke test)", 7,
+                              "timed repeats per function (median reported; >= 5)")
+    args = parse_benchmark_args(parser, argv)
     scale = 100 if args.quick else 1
     n_map, n_fold = 10**7 // scale, 10**6 // scale
     info = machine()

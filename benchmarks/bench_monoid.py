@@ -23,7 +23,6 @@ Writes benchmarks/results/monoid_numpy.json and .png (monoid_numpy_quick.* with 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import time
@@ -35,7 +34,7 @@ import numpy as np
 import fold
 from fold.pytree import tree_flatten
 
-from .common import RESULTS_DIR, machine, machine_line, time_pair, write_json
+from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, time_pair, write_json
 
 BACKEND = "numpy"
 ROWS = 256
@@ -231,22 +230,14 @@ def plot(path, records: list[dict[str, Any]], title: str) -> Any:
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", linewidth=0.3)
         axes[0][col].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title)
 
 
 # ------------------------------------------------------------------------------------------ main
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_monoid", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="n = 10^3, 10^4 (a smoke test)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per rule (median reported)")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be positive")
+    parser = benchmark_parser("bench_monoid", __doc__, "n = 10^3, 10^4 (a smoke test)", 7, "timed repeats per rule (median reported)")
+    args = parse_benchmark_args(parser, argv)
     sizes = (10**3, 10**4) if args.quick else (10**4, 10**5, 10**6)
     info = machine()
     line = machine_line(info)

@@ -158,3 +158,31 @@ def plot_ratios(path: Path | str, records: list[dict[str, Any]], title: str, sub
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def save_figure(fig: Any, path: Path | str, title: str, dpi: int = 110) -> Path:
+    """Title, lay out, write and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
+def benchmark_parser(module: str, doc: str, quick_help: str, repeats: int, repeats_help: str):
+    """The command line every benchmark shares: --quick and --repeats (checked positive after parsing)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}", description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    return parser
+
+
+def parse_benchmark_args(parser: Any, argv: list[str] | None) -> Any:
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be positive")
+    return args

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .ir import Atom, Let, Lit, Program, Var
+from .ir import Atom, Let, Program, Var
 from .rules import RuleTable
 
 print_rules = RuleTable("print")

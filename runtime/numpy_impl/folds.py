@@ -18,7 +18,6 @@ from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
 from .batching import concat_broadcast, expand_for_body, fit_axis, take_axis
-from .structural import check_indices
 
 Leaves = list[np.ndarray]
 Combine = Callable[[Leaves, Leaves], Leaves]
