@@ -231,7 +231,7 @@ def test_the_generator_reaches_three_nested_maps_and_every_operator() -> None:
 
     from hypothesis import settings
 
-    settings(max_examples=300, database=None)(collect)()
+    settings(max_examples=300, database=None, derandomize=True)(collect)()  # a fixed draw: this test must not be flaky
     assert MAX_MAP_DEPTH in depths, depths
     assert seen_ops == set(FOLD_OPS), set(FOLD_OPS) - seen_ops
 
