@@ -12,7 +12,7 @@ from helpers import assert_close, load_example, run_checked
 
 def test_demo_main_runs_and_its_numbers_agree(capsys: pytest.CaptureFixture) -> None:
     demo = load_example("demo")
-    demo.main(big=2000)  # the comparison sections at a small size, to keep the suite fast
+    demo.main(big=2000, m=64)  # the comparison sections at a small size, to keep the suite fast
     out = capsys.readouterr().out
     fold_value = float(re.search(r"fold\.run\s*=\s*([-\d.e]+)", out).group(1))
     numpy_value = float(re.search(r"np\.prod\(xs @ w\)\s*=\s*([-\d.e]+)", out).group(1))
