@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fold.api import captured_consts, signature_of, trace_signature
+from fold.dce import dce
 from fold.errors import FoldTypeError
 from fold.inline import inline_program
 from fold.ir import Program
@@ -54,7 +55,7 @@ class Jitted:
         if entry is None:
             start = time.perf_counter()
             program = trace_signature(self.f, signature)
-            entry = (program, backend.compile(program))
+            entry = (program, backend.compile(dce(program)))  # what the outputs do not need is never run
             self.compile_seconds += time.perf_counter() - start
             self.trace_count += 1
             self._compiled[key] = entry
