@@ -1,0 +1,22 @@
+"""The dependency rules of the layout: `import fold` needs no backend, and kernels/ imports nothing of ours."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"],
+                         capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_import_fold_imports_no_runtime_backend_or_gpu_library():
+    loaded = _modules_after("import fold")
+    assert not loaded & {"runtime", "ad", "kernels", "numba", "cupy", "hypothesis", "matplotlib"}, loaded
+
+
+def test_the_numpy_backend_needs_no_numba():
+    loaded = _modules_after("import numpy as np, fold\nfold.run(lambda x: fold.reduce(fold.monoids.sum, x), np.ones(3))")
+    assert "runtime" in loaded and not loaded & {"numba", "kernels", "cupy"}, loaded
