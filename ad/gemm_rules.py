@@ -124,43 +124,84 @@ def _nested_vjp(prim, args, cts):
     return [arg_cts[i] if i in diff else Zero(aval_of(a)) for i, a in enumerate(args)]
 
 
+def _paired(program, in_groups: list[int], out_groups: list[int], label: str):
+    """The jvp of `program` with each group of inputs, and of outputs, followed by its tangents (dense)."""
+    avals = [v.aval for v in program.inputs]
+
+    def fn(*flat):
+        primals, tangents, pos = [], [], 0
+        for g in in_groups:
+            primals += list(flat[pos: pos + g])
+            tangents += list(flat[pos + g: pos + 2 * g])
+            pos += 2 * g
+        outs, touts = jvp_inline(program, primals, _z(tangents, primals))
+        result, pos = [], 0
+        for g in out_groups:
+            result += list(outs[pos: pos + g]) + [instantiate(t, aval_of(o)) for t, o in zip(touts[pos: pos + g], outs[pos: pos + g], strict=True)]
+            pos += g
+        return result
+
+    layout, pos = [], 0
+    for g in in_groups:
+        layout += avals[pos: pos + g] * 2
+        pos += g
+    return trace_body(fn, layout, label).program
+
+
+def _lifted_op(prim: GemmMapReduce):
+    """The monoid's operator on (value, tangent) pairs: (a, ta) . (b, tb)."""
+    k = prim.num_leaves
+    return _paired(prim.op, [k, k], [k], "lifted monoid operator")
+
+
+def _dense_tangents(ts, xs):
+    return [instantiate(t, aval_of(x)) if differentiable(aval_of(x)) else np.zeros(aval_of(x).shape, aval_of(x).dtype)
+            for t, x in zip(ts, xs, strict=True)]
+
+
+def _lifted_forward(prim: GemmMapReduce, blocks: tuple) -> GemmMapReduce:
+    """The primitive over (value, tangent) pairs: every operand group doubled, the operator lifted."""
+    return GemmMapReduce(prim.fn, blocks, _lifted_op(prim), None, 2 * prim.num_consts, 2 * prim.num_row_args,
+                         2 * prim.num_col_args, prim.block)
+
+
 @jvp_rules.register(GemmMapReduce)
 def _gemm_jvp(prim: GemmMapReduce, primals, tangents):
     consts, identity, rows, cols = split_gemm_args(prim, list(primals))
-    t_consts, _, t_rows, t_cols = split_gemm_args(prim, list(tangents))
-    dense = lambda ts, xs: [instantiate(t, aval_of(x)) if differentiable(aval_of(x)) else np.zeros(aval_of(x).shape, aval_of(x).dtype)  # noqa: E731
-                            for t, x in zip(ts, xs, strict=True)]
-    t_consts, t_rows, t_cols = dense(t_consts, consts), dense(t_rows, rows), dense(t_cols, cols)
-    nc, nr, ncol = len(consts), len(rows), len(cols)
+    t_consts, _, t_rows, t_cols = (_dense_tangents(t, x) if i != 1 else t for i, (t, x) in
+                                   enumerate(zip(split_gemm_args(prim, list(tangents)), (consts, identity, rows, cols), strict=True)))
+    groups = [len(consts), len(rows), len(cols)]
     k = prim.num_leaves
-    elem_avals = list(prim.op.out_avals)
-
-    def lifted_block(program):
-        def fn(*flat):
-            c, tc = list(flat[:nc]), list(flat[nc: 2 * nc])
-            r, tr = list(flat[2 * nc: 2 * nc + nr]), list(flat[2 * nc + nr: 2 * nc + 2 * nr])
-            rest = flat[2 * nc + 2 * nr:]
-            col, tcol = list(rest[:ncol]), list(rest[ncol:])
-            outs, touts = jvp_inline(program, c + r + col, _z(tc, c) + _z(tr, r) + _z(tcol, col))
-            return list(outs) + [instantiate(t, aval_of(o)) for t, o in zip(touts, outs, strict=True)]
-
-        avals = [v.aval for v in program.inputs]
-        layout = (avals[:nc] * 2 + avals[nc: nc + nr] * 2 + avals[nc + nr:] * 2)
-        return trace_body(fn, layout, "gemm block jvp").program
-
-    def lifted_op():
-        def fn(*flat):
-            a, ta, b, tb = flat[:k], flat[k: 2 * k], flat[2 * k: 3 * k], flat[3 * k:]
-            outs, touts = jvp_inline(prim.op, list(a) + list(b), list(ta) + list(tb))
-            return list(outs) + [instantiate(t, av) for t, av in zip(touts, elem_avals, strict=True)]
-
-        return trace_body(fn, elem_avals * 4, "lifted monoid operator").program
-
-    lifted = GemmMapReduce(prim.fn, tuple((s, lifted_block(p)) for s, p in prim.blocks), lifted_op(), None,
-                           2 * nc, 2 * nr, 2 * ncol, prim.block)
+    lifted = _lifted_forward(prim, tuple((s, _paired(p, groups, [k], "gemm block jvp")) for s, p in prim.blocks))
     zeros = [np.zeros(aval_of(e).shape, aval_of(e).dtype) for e in identity]
     outs = bind(lifted, *consts, *t_consts, *identity, *zeros, *rows, *t_rows, *cols, *t_cols)
     return outs[:k], outs[k:]
+
+
+@jvp_rules.register(GemmMapReduceVJP)
+def _gemm_backward_jvp(prim: GemmMapReduceVJP, primals, tangents):
+    """Forward over reverse through gemm_map_reduce: the backward's blocks replaced by their jvp, the
+    accumulation unchanged (it is linear). Hessian-vector products of gemm layers go through here."""
+    fwd = prim.forward
+    k = fwd.num_leaves
+    n_in = fwd.num_consts + k + fwd.num_row_args + fwd.num_col_args
+    consts, identity, rows, cols = split_gemm_args(fwd, list(primals[:n_in]))
+    t_consts, _, t_rows, t_cols = split_gemm_args(fwd, list(tangents[:n_in]))
+    totals, total_cts = list(primals[n_in: n_in + k]), list(primals[n_in + k:])
+    t_totals, t_total_cts = list(tangents[n_in: n_in + k]), list(tangents[n_in + k:])
+    groups = [len(consts), len(rows), len(cols)]
+    blocks = tuple((s, _paired(p, groups + [k, k], groups, "gemm block backward jvp")) for s, p in prim.block_vjps)
+    lifted = GemmMapReduceVJP(_lifted_forward(fwd, fwd.blocks), blocks, prim.d)
+    zeros = [np.zeros(aval_of(e).shape, aval_of(e).dtype) for e in identity]
+    results = bind(lifted, *consts, *_dense_tangents(t_consts, consts), *identity, *zeros, *rows, *_dense_tangents(t_rows, rows),
+                   *cols, *_dense_tangents(t_cols, cols), *totals, *_dense_tangents(t_totals, totals),
+                   *total_cts, *_dense_tangents(t_total_cts, total_cts))
+    outs, touts, pos = [], [], 0
+    for g in groups:
+        outs += results[pos: pos + g]
+        touts += results[pos + g: pos + 2 * g]
+        pos += 2 * g
+    return outs, touts
 
 
 def _z(ts, xs):
