@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Sequence
 
 from fold.dce import dce
-from fold.ir import Lit, Program
+from fold.ir import Lit, Program, flat_program
 from fold.rules import RuleTable
 from fold.tracing import bind, trace_body
 
@@ -73,17 +73,10 @@ def jvp_program(program: Program, tangent_mask: Sequence[bool] | None = None) ->
     avals = [v.aval for v in program.inputs] + [v.aval for m, v in zip(tangent_mask, program.inputs, strict=True) if m]
     traced = trace_body(fn, avals, "jvp")
     assert not traced.consts
-    result = (dce(_flat(traced.program)), out_mask)
+    result = (dce(flat_program(traced.program)), out_mask)
     per_program[tangent_mask] = result
     return result
 
-
-def _flat(program: Program) -> Program:
-    from fold.pytree import LEAF, TreeDef
-
-    flat_in = TreeDef("tuple", None, (LEAF,) * len(program.inputs))
-    flat_out = TreeDef("list", None, (LEAF,) * len(program.outputs))
-    return Program(program.inputs, program.stmts, program.outputs, flat_in, flat_out, program.meta)
 
 
 def jvp_of(prim, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:

@@ -18,6 +18,7 @@ from fold.tracing import bind, trace_body
 
 from .fn_vjp import vjp_of_function
 from .jvp import jvp_inline, jvp_rules
+from .map_rules import split_by_mask
 from .vjp import vjp_forward_rules, vjp_rules
 from .zeros import Zero, aval_of, differentiable, instantiate, is_zero
 
@@ -64,16 +65,11 @@ def _loop_like_jvp(prim, primals, tangents):
     if isinstance(prim, LoopSaving):  # then the saved stacks: states, then tangents
         rest = outs[n_state + n_t:]
         groups += [rest[:n_state], rest[n_state:]]
-    primal_out, tangent_out = list(groups[0]), _spread(groups[1], floats, groups[0])
+    primal_out, tangent_out = list(groups[0]), split_by_mask(groups[1], floats, [aval_of(x) for x in groups[0]])
     if isinstance(prim, LoopSaving):
         primal_out += list(groups[2])
-        tangent_out += _spread(groups[3], floats, groups[2])
+        tangent_out += split_by_mask(groups[3], floats, [aval_of(x) for x in groups[2]])
     return primal_out, tangent_out
-
-
-def _spread(tangents, floats, like):
-    it = iter(tangents)
-    return [next(it) if f else Zero(aval_of(x)) for f, x in zip(floats, like, strict=True)]
 
 
 jvp_rules.register(Loop, LoopSaving)(_loop_like_jvp)

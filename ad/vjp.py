@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from fold.dce import dce
 from fold.errors import FoldTypeError
-from fold.ir import Lit, Program, Var
+from fold.ir import Lit, Program, Var, flat_program
 from fold.rules import RuleTable
 from fold.tracing import bind, trace_body
 
@@ -128,8 +128,6 @@ def vjp_program(
     avals = [v.aval for v in program.inputs] + [a.aval for m, a in zip(ct_mask, program.outputs, strict=True) if m]
     traced = trace_body(fn, avals, "vjp")
     assert not traced.consts
-    from .jvp import _flat
-
-    result = (dce(_flat(traced.program)), in_mask)
+    result = (dce(flat_program(traced.program)), in_mask)
     per_program[key] = result
     return result

@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import cProfile
 import collections
-import gc
 import io
 import pstats
 import sys
 import time
-import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -47,7 +45,7 @@ import fold
 import runtime.interpreter as interpreter
 
 from .bench_language import ufunc_fast_paths
-from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, time_pair, write_json
+from .common import RESULTS_DIR, benchmark_parser, traced_peak, machine, machine_line, parse_benchmark_args, save_figure, time_pair, write_json
 
 BACKEND = "numpy"
 TARGET = 4.0
@@ -216,19 +214,6 @@ def max_err(got, want) -> float:
     return max(errs)
 
 
-def measured_peak(fn: Callable[[], Any]) -> int:
-    """Bytes allocated at the peak of one call of `fn` beyond what was allocated before it (tracemalloc)."""
-    gc.collect()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        out = fn()
-        peak = tracemalloc.get_traced_memory()[1]
-        del out
-    finally:
-        tracemalloc.stop()
-    return peak - base
 
 
 def statement_profile(fn: Callable[[], Any], top: int = 10) -> list[dict[str, Any]]:
@@ -311,8 +296,8 @@ def run_case(case: Case, rng: np.random.Generator, scale: int, repeats: int, pro
         t = time_pair(lambda: gradient(*args), lambda: primal(*args), repeats=repeats)
         est_primal, est_vjp = fold.memory(case.f, *args), fold.memory(vjp_fn, *args)
         in_bytes = sum(a.nbytes for a in args)
-        meas_primal = measured_peak(lambda: primal(*args)) + in_bytes
-        meas_vjp = measured_peak(lambda: gradient(*args)) + in_bytes
+        meas_primal = traced_peak(lambda: primal(*args)) + in_bytes
+        meas_vjp = traced_peak(lambda: gradient(*args)) + in_bytes
         ratio = t["fold_seconds"] / t["reference_seconds"]
         floor = None
         if case.floor is not None:

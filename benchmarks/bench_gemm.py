@@ -46,13 +46,12 @@ import statistics
 import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, write_json
+from .common import RESULTS_DIR, benchmark_parser, traced_peak, machine, machine_line, parse_benchmark_args, save_figure, write_json
 
 BACKEND = "numpy"
 DTYPE = np.float32
@@ -236,17 +235,6 @@ def _current_rss_bytes() -> int:
     return _maxrss_bytes()
 
 
-def _traced_peak(fn: Callable[[], Any]) -> int:
-    gc.collect()
-    tracemalloc.start()
-    try:
-        result = fn()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    del result
-    gc.collect()
-    return int(peak)
 
 
 def _leaves(tree: Any) -> list[np.ndarray]:
@@ -322,8 +310,8 @@ def worker(spec: dict) -> dict:
         "ru_maxrss_after_forward_bytes": maxrss_forward, "ru_maxrss_after_forward_backward_bytes": maxrss_both,
         "rss_peak_forward_bytes": rss_forward, "rss_peak_forward_backward_bytes": rss_both,
         "rss_net_forward_bytes": rss_forward - baseline, "rss_net_forward_backward_bytes": rss_both - baseline,
-        "tracemalloc_forward_bytes": _traced_peak(forward),
-        "tracemalloc_forward_backward_bytes": _traced_peak(both),
+        "tracemalloc_forward_bytes": traced_peak(forward),
+        "tracemalloc_forward_backward_bytes": traced_peak(both),
         "summary_norms": summary,
     }
     if info_fn is not None:
@@ -392,7 +380,7 @@ def run_worker(spec: dict, timeout: float, threads: int | None = None) -> dict:
             return record
     tail = (proc.stderr or proc.stdout)[-2000:]
     killed = proc.returncode in (-9, 137)
-    return {"skipped" if killed else "failed": (f"worker killed (signal 9: out of memory?)" if killed else
+    return {"skipped" if killed else "failed": ("worker killed (signal 9: out of memory?)" if killed else
                                                f"worker exited with status {proc.returncode}"), "stderr_tail": tail}
 
 

@@ -23,10 +23,8 @@ Writes benchmarks/results/monoid_numpy.json and .png (monoid_numpy_quick.* with 
 
 from __future__ import annotations
 
-import gc
 import sys
 import time
-import tracemalloc
 from typing import Any, Callable
 
 import numpy as np
@@ -34,7 +32,7 @@ import numpy as np
 import fold
 from fold.pytree import tree_flatten
 
-from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, time_pair, write_json
+from .common import RESULTS_DIR, benchmark_parser, traced_peak, machine, machine_line, parse_benchmark_args, save_figure, time_pair, write_json
 
 BACKEND = "numpy"
 ROWS = 256
@@ -95,17 +93,6 @@ def _nbytes(tree: Any) -> int:
     return int(sum(np.asarray(x).nbytes for x in tree_flatten(tree)[0]))
 
 
-def traced_peak(fn: Callable[[], Any]) -> int:
-    """The tracemalloc peak of one call of `fn` (what it allocates; what existed before is not counted)."""
-    gc.collect()
-    tracemalloc.start()
-    try:
-        result = fn()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    del result
-    return int(peak)
 
 
 def max_rel_diff(a: Any, b: Any) -> float:

@@ -186,3 +186,23 @@ def parse_benchmark_args(parser: Any, argv: list[str] | None) -> Any:
     if args.repeats < 1:
         parser.error("--repeats must be positive")
     return args
+
+
+def traced_peak(fn: Callable[[], Any]) -> int:
+    """Bytes allocated at the peak of one call of `fn` beyond what was allocated before it (tracemalloc;
+    NumPy reports its buffers to it). The result is dropped before returning."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        out = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        del out
+    finally:
+        tracemalloc.stop()
+    gc.collect()
+    return int(peak - base)

@@ -115,3 +115,11 @@ def count_statements(program: Program) -> int:
     for stmt in program.stmts:
         total += 1 + sum(count_statements(body) for body in stmt.prim.bodies())
     return total
+
+
+def flat_program(program: Program) -> Program:
+    """The same Program with flat input and output structures (a tuple in, a list out): for the programs that
+    transformations make, whose arguments are lists of leaves."""
+    flat_in = TreeDef("tuple", None, (LEAF,) * len(program.inputs))
+    flat_out = TreeDef("list", None, (LEAF,) * len(program.outputs))
+    return Program(program.inputs, program.stmts, program.outputs, flat_in, flat_out, dict(program.meta))

@@ -340,3 +340,15 @@ def test_every_primitive_is_exercised_by_a_gradient_test() -> None:
         walk(ad.vjp_program(program)[0])
     missing = [p.__name__ for p in all_primitive_types() if p not in seen and p.__name__ not in MISSING]
     assert not missing, missing
+
+
+# ------------------------------------------------------------------------------------------ stop_gradient
+
+def test_stop_gradient_is_the_identity_with_zero_derivative():
+    x = np.array([1.0, -2.0, 3.0])
+    f = lambda x: fold.reduce(fold.monoids.sum, x * fold.stop_gradient(x))  # noqa: E731
+    assert float(fold.run(f, x)) == pytest.approx(14.0)
+    np.testing.assert_allclose(fold.grad(f)(x), x)  # d/dx of x * c is c, not 2x
+    np.testing.assert_allclose(fold.jvp(f, (x,), (np.ones(3),)), x.sum())
+    np.testing.assert_array_equal(fold.stop_gradient(x), x)  # eagerly, outside a trace
+    assert "stop_gradient" in str(fold.trace(f, x))

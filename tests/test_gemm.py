@@ -551,3 +551,22 @@ def test_printed_program_and_gradient_program():
     assert "gemm_map_reduce[logwsum" in text, text
     grad_program, _ = ad.vjp_program(program)
     assert "gemm_map_reduce_vjp" in str(grad_program), str(grad_program)
+
+
+def test_block_size_follows_the_memory_budget():
+    """A smaller budget gives smaller blocks (and the same result); `block=` overrides the budget."""
+    rng = np.random.default_rng(13)
+    Q, K, V = rng.normal(size=(512, 8)), rng.normal(size=(512, 8)), rng.normal(size=(512, 4))
+
+    def blocks(**kw):
+        program = fold.trace(lambda Q, K, V: fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, v: {"z": s, "v": v},
+                                                                  Q, K, cols=(V,), **kw)["v"], Q, K, V)
+        (stmt,) = [s for s in program.stmts if isinstance(s.prim, GemmMapReduce)]
+        return stmt.prim.block
+
+    small, large = blocks(budget=2**16), blocks(budget=2**26)
+    assert small[0] * small[1] < large[0] * large[1]
+    assert blocks(budget=2**16, block=(7, 9)) == (7, 9)
+    run = lambda budget: fold.run(lambda Q, K, V: fold.gemm_map_reduce(  # noqa: E731
+        fold.monoids.logwsum, lambda s, v: {"z": s, "v": v}, Q, K, cols=(V,), budget=budget)["v"], Q, K, V)
+    np.testing.assert_allclose(run(2**16), run(2**26), rtol=1e-12, atol=1e-13)  # blocks reassociate the fold
