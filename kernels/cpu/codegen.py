@@ -5,9 +5,11 @@ named `kernel`. The source names the caller's compiled scalar functions as globa
 Numba freezes a global dispatcher into the kernel at compile time, so every distinct function object gets
 its own kernel, and the in-memory cache below is keyed by those objects.
 
-No disk cache: Numba's `cache=True` keys its index on the kernel's source file and bytecode only, not on
-the globals it calls, so an on-disk kernel specialised on a caller-supplied `combine` could be reloaded
-for a different `combine` after a restart. Kernels are therefore compiled once per process.
+On disk: where every function in a kernel's environment comes from a content-addressed module (see
+kernels.cpu.modules: the functions fold's backend generates), the kernel is written as one such module that
+imports them, and Numba's cache keeps the compiled kernel between processes. A caller's own njit function
+(defined in an ordinary, editable file) gets a kernel compiled in memory, once per process: Numba's cache
+does not notice when a function a cached kernel calls has changed.
 
 Helpers for writing templates, with `k` leaves:
 
@@ -29,6 +31,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.core.errors import TypingError
 from numba.extending import overload
+
+from . import modules
 
 _KERNELS: dict[Hashable, Any] = {}
 _LOCK = threading.RLock()
@@ -72,19 +76,27 @@ def call(targets: str, fn: str, args: str, count: int) -> str:
 def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any], *, parallel: bool) -> Any:
     """The njit-compiled `kernel` for `key`, building its source with `build()` on first use.
 
-    `env` holds the globals the source refers to (the caller's compiled functions); `np`, `prange` and
-    `as_scalar` are always available. The source is registered with linecache so that Numba's error
-    messages and tracebacks can show it.
+    `env` holds the globals the source refers to (the caller's compiled functions; None entries are
+    unused); `np`, `prange` and `as_scalar` are always available. Generated source is registered with
+    linecache (or written to a file) so that Numba's error messages and tracebacks can show it.
     """
     with _LOCK:
         kernel = _KERNELS.get(key)
         if kernel is None:
-            source = build()
-            filename = f"<kernels.cpu generated #{next(_SERIAL)}: {key[0]}>"
-            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-            namespace = {"np": np, "prange": prange, "as_scalar": as_scalar, **env}
-            exec(compile(source, filename, "exec"), namespace)
-            kernel = njit(parallel=parallel, error_model="numpy")(namespace["kernel"])
+            env = {k: v for k, v in env.items() if v is not None}
+            options = {"parallel": parallel, "error_model": "numpy"}
+            if modules.cache_dir() is not None and all(modules.is_content_addressed(f) for f in env.values()):
+                preamble = "\n".join(["import numpy as np", "from numba import prange",
+                                      "from kernels.cpu.codegen import as_scalar"]
+                                     + [modules.import_line(f, alias) for alias, f in sorted(env.items())])
+                kernel = modules.load_module(preamble + "\n\n" + build(), {"kernel": options}).kernel
+            else:
+                source = build()
+                filename = f"<kernels.cpu generated #{next(_SERIAL)}: {key[0]}>"
+                linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+                namespace = {"np": np, "prange": prange, "as_scalar": as_scalar, **env}
+                exec(compile(source, filename, "exec"), namespace)
+                kernel = njit(**options)(namespace["kernel"])
             _KERNELS[key] = kernel
         return kernel
 

@@ -62,13 +62,13 @@ def kernel(T, idx, {names("x", k)}, {names("id", k)}, {names("priv", k)}, {names
 """
 
 
-def histogram_kernel(combine: Any, k: int) -> Any:
+def histogram_kernel(combine: Any, k: int, parallel: bool = True) -> Any:
     """The compiled kernel(T, indices, x_0.., id_0.., priv_0.., out_0..), filling out_j in place.
 
     priv_j are (T, n_bins) scratch arrays (unused when T == 1); out_j have n_bins elements.
     """
-    return compile_kernel(("histogram", combine, k), lambda: _histogram_source(k), {"combine": combine},
-                          parallel=True)
+    return compile_kernel(("histogram", combine, k, parallel), lambda: _histogram_source(k), {"combine": combine},
+                          parallel=parallel)
 
 
 def histogram_threads(n: int, n_bins: int) -> int:
@@ -103,5 +103,5 @@ def histogram(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indice
     outs = tuple(np.empty(n_bins, d) for d in dtypes)
     T = histogram_threads(n, n_bins) if chunks is None else host.num_chunks(n, chunks)
     privates = [np.empty((T, n_bins) if T > 1 else (0, 0), d) for d in dtypes]
-    histogram_kernel(combine, k)(T, indices, *leaves, *ident, *privates, *outs)
+    histogram_kernel(combine, k, T > 1)(T, indices, *leaves, *ident, *privates, *outs)
     return outs

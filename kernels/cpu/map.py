@@ -28,9 +28,9 @@ def kernel(T, {names("x", m)}, {names("out", k)}):
 """
 
 
-def map_kernel(mapper: Any, k: int, m: int) -> Any:
+def map_kernel(mapper: Any, k: int, m: int, parallel: bool = True) -> Any:
     """The compiled kernel(T, x_0..x_{m-1}, out_0..out_{k-1}), filling the out_j in place (T == 1: serially)."""
-    return compile_kernel(("map", mapper, k, m), lambda: _map_source(k, m), {"mapper": mapper}, parallel=True)
+    return compile_kernel(("map", mapper, k, m, parallel), lambda: _map_source(k, m), {"mapper": mapper}, parallel=parallel)
 
 
 def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A001 (the combinator's name)
@@ -48,5 +48,5 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     outs = tuple(np.empty(n, d) for d in dtypes)
     if n > 0:
         T = host.num_chunks(n, None) if parallel is None else 1 + bool(parallel)
-        map_kernel(mapper, k, m)(T, *inputs, *outs)
+        map_kernel(mapper, k, m, T > 1)(T, *inputs, *outs)
     return outs

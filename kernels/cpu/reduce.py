@@ -11,7 +11,7 @@ map_reduce the mapped elements are never stored.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -50,15 +50,15 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
 """
 
 
-def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None) -> Any:
+def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, parallel: bool = True) -> Any:
     """The compiled kernel(T, x_0..x_{m-1}, id_0..id_{k-1}, p_0..p_{k-1}) -> k-tuple (m = k without mapper).
 
     The p_j are T-element scratch arrays for the chunk partials, allocated by the driver.
     """
     m = k if mapper is None else m
-    key = ("fold", combine, mapper, k, m)
+    key = ("fold", combine, mapper, k, m, parallel)
     return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None),
-                          {"combine": combine, "mapper": mapper}, parallel=True)
+                          {"combine": combine, "mapper": mapper}, parallel=parallel)
 
 
 def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], *,
@@ -73,7 +73,7 @@ def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.nd
     leaves = host.check_arrays(leaves, k, 1, "leaves")
     dtypes = [a.dtype for a in leaves]
     ident = host.cast_identity(identity, dtypes)
-    return _run(fold_kernel(combine, k), combine, ident, dtypes, leaves, chunks)
+    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel), combine, ident, dtypes, leaves, chunks)
 
 
 def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
@@ -89,10 +89,10 @@ def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any
     inputs = host.check_arrays(inputs, m, 1, "inputs")
     dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
     ident = host.cast_identity(identity, dtypes)
-    return _run(fold_kernel(combine, k, mapper, m), combine, ident, dtypes, inputs, chunks)
+    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel), combine, ident, dtypes, inputs, chunks)
 
 
-def _run(kernel: Any, combine: Any, ident: tuple, dtypes: list[np.dtype], xs: list[np.ndarray],
+def _run(kernel_for: Callable[[bool], Any], combine: Any, ident: tuple, dtypes: list[np.dtype], xs: list[np.ndarray],
          chunks: int | None) -> tuple:
     host.check_combine(combine, dtypes)
     n = xs[0].shape[0]
@@ -100,5 +100,5 @@ def _run(kernel: Any, combine: Any, ident: tuple, dtypes: list[np.dtype], xs: li
         return ident
     T = host.num_chunks(n, chunks)
     partials = [np.empty(T, d) for d in dtypes]
-    out = kernel(T, *xs, *ident, *partials)
+    out = kernel_for(T > 1)(T, *xs, *ident, *partials)
     return tuple(d.type(v) for d, v in zip(dtypes, out, strict=True))

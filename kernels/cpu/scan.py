@@ -95,12 +95,12 @@ def kernel(T, exclusive, reverse, {names("x", k)}, {names("id", k)}, {names("tot
 """
 
 
-def scan_kernel(combine: Any, k: int) -> Any:
+def scan_kernel(combine: Any, k: int, parallel: bool = True) -> Any:
     """The compiled kernel(T, exclusive, reverse, x_0.., id_0.., tot_0.., out_0..), filling out_j in place.
 
     tot_j are T-element scratch arrays; out_j are the n-element outputs. All allocated by the driver.
     """
-    return compile_kernel(("scan", combine, k), lambda: _scan_source(k), {"combine": combine}, parallel=True)
+    return compile_kernel(("scan", combine, k, parallel), lambda: _scan_source(k), {"combine": combine}, parallel=parallel)
 
 
 def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray],
@@ -122,5 +122,5 @@ def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndar
         return outs
     T = host.num_chunks(n, chunks)
     totals = [np.empty(T, d) for d in dtypes]
-    scan_kernel(combine, k)(T, bool(exclusive), bool(reverse), *leaves, *ident, *totals, *outs)
+    scan_kernel(combine, k, T > 1)(T, bool(exclusive), bool(reverse), *leaves, *ident, *totals, *outs)
     return outs

@@ -40,11 +40,11 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("out", k)}):
 """
 
 
-def segmented_kernel(mapper: Any, combine: Any, k: int, m: int) -> Any:
+def segmented_kernel(mapper: Any, combine: Any, k: int, m: int, parallel: bool = True) -> Any:
     """The compiled kernel(T, x_0..x_{m-1}, id_0.., out_0..), filling the rows-element out_j (T == 1: serially)."""
-    key = ("segmented", combine, mapper, k, m)
+    key = ("segmented", combine, mapper, k, m, parallel)
     return compile_kernel(key, lambda: _segmented_source(k, m, mapper is not None),
-                          {"combine": combine, "mapper": mapper}, parallel=True)
+                          {"combine": combine, "mapper": mapper}, parallel=parallel)
 
 
 def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequence[Any],
@@ -76,5 +76,5 @@ def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequenc
     if rows > 0:
         auto = 1 if rows == 1 else host.num_chunks(rows * n, None)
         T = auto if parallel is None else 1 + bool(parallel)
-        segmented_kernel(mapper, combine, k, len(inputs))(T, *inputs, *ident, *outs)
+        segmented_kernel(mapper, combine, k, len(inputs), T > 1)(T, *inputs, *ident, *outs)
     return outs

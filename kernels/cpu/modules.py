@@ -1,0 +1,93 @@
+"""Generated source as modules named by a hash of their text, kept on disk so that Numba's cache can keep
+what it compiled from them between processes.
+
+Numba's `cache=True` keys a compiled function on its source file and bytecode, not on the functions it
+calls. A module here is named `fold_gen_<hash of its text>` and calls only what it defines, what libraries
+provide, and what it imports from other such modules, so its text fixes its behaviour: a cached compilation
+found for it can belong to no other code. `load_module` writes the file once (atomically), imports it, and
+njit-compiles the functions named in `jit` with `cache=True`.
+
+Where the files go: `$FOLD_CACHE_DIR/kernels`, by default `~/.cache/fold/kernels` (under $XDG_CACHE_HOME
+if set); Numba writes its cache beside them (or under $NUMBA_CACHE_DIR). `FOLD_CACHE_DIR=""` turns the
+disk cache off: modules are then made in memory and compiled in every process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import linecache
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from numba import njit
+
+PREFIX = "fold_gen_"
+_LOCK = threading.RLock()
+
+
+def cache_dir() -> Path | None:
+    """The folder for generated modules, or None when the disk cache is off."""
+    root = os.environ.get("FOLD_CACHE_DIR")
+    if root is None:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fold")
+    return Path(root) / "kernels" if root else None
+
+
+def is_content_addressed(fn: Any) -> bool:
+    """Whether `fn` (a Numba dispatcher or a function) is defined in a module made by `load_module`."""
+    module = sys.modules.get(getattr(getattr(fn, "py_func", fn), "__module__", None) or "")
+    return bool(getattr(module, "__fold_content_addressed__", False))
+
+
+def import_line(fn: Any, alias: str) -> str:
+    """`from <module> import <name> as alias` for a content-addressed function."""
+    py_func = getattr(fn, "py_func", fn)
+    return f"from {py_func.__module__} import {py_func.__name__} as {alias}"
+
+
+def load_module(source: str, jit: dict[str, dict[str, Any]]) -> ModuleType:
+    """The module with this text (made once per process), its functions named in `jit` compiled by
+    numba.njit with those options (and `cache=True` when the module has a file)."""
+    name = PREFIX + hashlib.sha256(source.encode()).hexdigest()[:24]
+    with _LOCK:
+        module = sys.modules.get(name)
+        if module is not None:
+            return module
+        folder = cache_dir()
+        path = _write_once(folder, name, source) if folder is not None else None
+        if path is None:
+            module = ModuleType(name)
+            filename = f"<{name}>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            sys.modules[name] = module  # before running it: it may import others of its kind
+            exec(compile(source, filename, "exec"), module.__dict__)
+        else:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        for fn_name, options in jit.items():
+            setattr(module, fn_name, njit(cache=path is not None, **options)(getattr(module, fn_name)))
+        module.__fold_content_addressed__ = True
+        return module
+
+
+def _write_once(folder: Path, name: str, source: str) -> Path | None:
+    """The module's file, written if absent; None if the folder cannot be written (then: no disk cache)."""
+    path = folder / f"{name}.py"
+    try:
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
+        return path
+    except OSError:
+        return None
