@@ -3,7 +3,9 @@
 vjp, for a commutative monoid with d (Corollaries 2.1.1 and 2.1.3): the backward primitive walks the same
 blocks, recomputes each block's totals T, takes their cotangent D(A, T, Abar) — the block is a part of the
 fold — and runs the vjp of the block program (made here by ad/, matrix products included), accumulating
-the cotangents of row and column operands block by block. Memory stays O(M * |T| + block).
+the cotangents of row and column operands block by block. Memory stays O(M * |T| + block). That backward
+is a GemmBlockSum, a linear sum of block programs, whose jvp and vjp are again block sums (of the blocks'
+jvp and vjp programs): Hessian-vector products and reverse over reverse come with no further rule.
 
 For a monoid without d the nested map/reduce the primitive abbreviates is differentiated instead, with the
 generic rule, after one warning: that materialises M x N values.
@@ -23,7 +25,7 @@ from fold.combinators import map as fold_map
 from fold.combinators import reduce as fold_reduce
 from fold.dce import dce
 from fold.inline import inline_program
-from fold.primitives import GemmMapReduce, GemmMapReduceVJP
+from fold.primitives import GemmBlockSum, GemmMapReduce
 from fold.primitives.gemm import split_gemm_args
 from fold.pytree import tree_flatten
 from fold.tracing import bind, trace_body
@@ -55,8 +57,10 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
     if not _qualifies(prim):
         return _nested_vjp(prim, args, dense)
     d = _d_program(prim)
-    backward = GemmMapReduceVJP(prim, tuple((shape, _block_backward(prim, program, d)) for shape, program in prim.blocks), d)
-    results = bind(backward, *args, *outs, *dense)
+    in_roles = ("whole",) * len(consts) + ("row",) * len(rows) + ("col",) * len(cols)
+    backward = GemmBlockSum(tuple((shape, _block_backward(prim, program, d)) for shape, program in prim.blocks), prim.block,
+                            in_roles + ("row",) * (2 * prim.num_leaves), in_roles, f"gemm_map_reduce_vjp[{prim.monoid.name}]")
+    results = bind(backward, *consts, *rows, *cols, *outs, *dense)
     nc = len(consts)
     arg_cts = results[:nc] + [Zero(aval_of(i)) for i in identity] + results[nc:]
     return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, arg_cts, strict=True)]
@@ -178,30 +182,42 @@ def _gemm_jvp(prim: GemmMapReduce, primals, tangents):
     return outs[:k], outs[k:]
 
 
-@jvp_rules.register(GemmMapReduceVJP)
-def _gemm_backward_jvp(prim: GemmMapReduceVJP, primals, tangents):
-    """Forward over reverse through gemm_map_reduce: the backward's blocks replaced by their jvp, the
-    accumulation unchanged (it is linear). Hessian-vector products of gemm layers go through here."""
-    fwd = prim.forward
-    k = fwd.num_leaves
-    n_in = fwd.num_consts + k + fwd.num_row_args + fwd.num_col_args
-    consts, identity, rows, cols = split_gemm_args(fwd, list(primals[:n_in]))
-    t_consts, _, t_rows, t_cols = split_gemm_args(fwd, list(tangents[:n_in]))
-    totals, total_cts = list(primals[n_in: n_in + k]), list(primals[n_in + k:])
-    t_totals, t_total_cts = list(tangents[n_in: n_in + k]), list(tangents[n_in + k:])
-    groups = [len(consts), len(rows), len(cols)]
-    blocks = tuple((s, _paired(p, groups + [k, k], groups, "gemm block backward jvp")) for s, p in prim.block_vjps)
-    lifted = GemmMapReduceVJP(_lifted_forward(fwd, fwd.blocks), blocks, prim.d)
-    zeros = [np.zeros(aval_of(e).shape, aval_of(e).dtype) for e in identity]
-    results = bind(lifted, *consts, *_dense_tangents(t_consts, consts), *identity, *zeros, *rows, *_dense_tangents(t_rows, rows),
-                   *cols, *_dense_tangents(t_cols, cols), *totals, *_dense_tangents(t_totals, totals),
-                   *total_cts, *_dense_tangents(t_total_cts, total_cts))
-    outs, touts, pos = [], [], 0
-    for g in groups:
-        outs += results[pos: pos + g]
-        touts += results[pos + g: pos + 2 * g]
-        pos += 2 * g
-    return outs, touts
+def _doubled(roles: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(r for r in roles for _ in range(2))
+
+
+@jvp_rules.register(GemmBlockSum)
+def _block_sum_jvp(prim: GemmBlockSum, primals, tangents):
+    """A block sum over (value, tangent) pairs: each block program replaced by its jvp (the sum is linear).
+    Hessian-vector products of gemm layers (forward over reverse) go through here."""
+    n_in, n_out = len(prim.in_roles), len(prim.out_roles)
+    blocks = tuple((s, _paired(p, [1] * n_in, [1] * n_out, "gemm block sum jvp")) for s, p in prim.blocks)
+    lifted = GemmBlockSum(blocks, prim.block, _doubled(prim.in_roles), _doubled(prim.out_roles), f"jvp({prim.label})")
+    pairs = [x for pair in zip(primals, _dense_tangents(tangents, primals), strict=True) for x in pair]
+    results = bind(lifted, *pairs)
+    return results[0::2], results[1::2]
+
+
+def _block_transpose(program, label: str):
+    """(block inputs, cotangents of the block's outputs) -> cotangents of the block inputs (dense)."""
+    n_in = len(program.inputs)
+
+    def fn(*flat):
+        _, in_cts = vjp_inline(program, list(flat[:n_in]), list(flat[n_in:]))
+        return [instantiate(c, v.aval) for c, v in zip(in_cts, program.inputs, strict=True)]
+
+    return dce(trace_body(fn, [v.aval for v in program.inputs] + list(program.out_avals), label).program)
+
+
+@vjp_rules.register(GemmBlockSum)
+def _block_sum_vjp(prim: GemmBlockSum, args, outs, residual, cts):
+    """A block sum of the blocks' vjps: each block's output cotangents are sliced like its outputs, and its
+    inputs' cotangents are summed like inputs. Reverse over reverse through gemm layers goes through here."""
+    dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
+    blocks = tuple((s, _block_transpose(p, "gemm block sum vjp")) for s, p in prim.blocks)
+    transposed = GemmBlockSum(blocks, prim.block, prim.in_roles + prim.out_roles, prim.in_roles, f"vjp({prim.label})")
+    results = bind(transposed, *args, *dense)
+    return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, results, strict=True)]
 
 
 def _z(ts, xs):

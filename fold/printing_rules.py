@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .ir import Let
-from .primitives import Elementwise, GemmMapReduce, GemmMapReduceVJP, Loop, Map, Reduce, ReduceByIndex, Scan
+from .primitives import Elementwise, GemmBlockSum, GemmMapReduce, Loop, Map, Reduce, ReduceByIndex, Scan
 from .printer import default_print, print_rules
 
 
@@ -68,7 +68,9 @@ def _print_gemm(stmt: Let, args: list[str]) -> str:
             f"rows: {' '.join(row)} | cols: {' '.join(col)}{captures}")
 
 
-@print_rules.register(GemmMapReduceVJP)
-def _print_gemm_vjp(stmt: Let, args: list[str]) -> str:
-    prim = stmt.prim.forward
-    return f"gemm_map_reduce_vjp[{prim.monoid.name}, block={prim.block}] {' '.join(args)}"
+@print_rules.register(GemmBlockSum)
+def _print_gemm_block_sum(stmt: Let, args: list[str]) -> str:
+    prim = stmt.prim
+    by_role = {role: [a for a, r in zip(args, prim.in_roles, strict=True) if r == role] for role in ("whole", "row", "col")}
+    return (f"{prim.label}[block={prim.block}] whole: {' '.join(by_role['whole']) or '-'} "
+            f"| rows: {' '.join(by_role['row'])} | cols: {' '.join(by_role['col'])}")

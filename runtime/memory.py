@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from fold.api import signature_of, trace_signature
 from fold.ir import Program, Var
-from fold.primitives import GemmMapReduce, GemmMapReduceVJP, Loop, Map, Reduce, ReduceByIndex, Scan
+from fold.primitives import GemmBlockSum, GemmMapReduce, Loop, Map, Reduce, ReduceByIndex, Scan
 from fold.rules import RuleTable
 
 from .interpreter import last_use
@@ -82,10 +82,7 @@ def _gemm_extra(stmt, mult: int) -> int:
     return block_peak
 
 
-@body_extra_rules.register(GemmMapReduceVJP)
-def _gemm_vjp_extra(stmt, mult: int) -> int:
-    """A block's recomputation and its vjp, one block at a time."""
-    forward = stmt.prim.forward
-    peaks = [program_peak(p, mult, count_inputs=False) for _, p in forward.blocks]
-    peaks += [program_peak(p, mult, count_inputs=False) for _, p in stmt.prim.block_vjps]
-    return max(peaks, default=0)
+@body_extra_rules.register(GemmBlockSum)
+def _gemm_block_sum_extra(stmt, mult: int) -> int:
+    """One block program's intermediates at a time (the accumulated outputs are counted as outputs)."""
+    return max((program_peak(p, mult, count_inputs=False) for _, p in stmt.prim.blocks), default=0)

@@ -385,8 +385,6 @@ def test_gemm_map_reduce_with_a_monoid_without_d_falls_back_with_a_warning() -> 
         check_grads(f, (rng.normal(size=(5, 3)), rng.normal(size=(7, 3))))
 
 
-@pytest.mark.xfail(strict=True, raises=fold.MissingRuleError,
-                   reason="GemmMapReduceVJP (gemm_map_reduce's backward primitive) has no vjp rule: no reverse-over-reverse yet")
 def test_gemm_map_reduce_second_derivatives() -> None:
     rng = np.random.default_rng(0)
     check_grads(lambda q, k: fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, q, k, block=(2, 3)),

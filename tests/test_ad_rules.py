@@ -299,10 +299,7 @@ def test_integer_state_in_loops_and_records() -> None:
 # primitives with no entry in a table, each with its reason (none is truly not applicable at the moment)
 EXEMPT: dict[str, dict[type, str]] = {"jvp": {}, "vjp": {}}
 # entries that are missing and should not be: a strict xfail each, so adding the rule turns it into a failure
-MISSING = {
-    ("vjp", "GemmMapReduceVJP"): "gemm_map_reduce's backward primitive has no vjp rule: reverse-over-reverse through "
-                                 "gemm_map_reduce raises MissingRuleError (forward-over-reverse works)",
-}
+MISSING: dict[tuple[str, str], str] = {}
 
 
 def _coverage_params():

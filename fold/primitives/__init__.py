@@ -3,7 +3,7 @@
 from .ad_support import IndexTranspose, LoopSaving, StopGradient
 from .combinators import Loop, Map, Reduce, ReduceByIndex, Scan
 from .elementwise import SCALAR_OPS, Elementwise, ScalarOp
-from .gemm import GemmMapReduce, GemmMapReduceVJP
+from .gemm import GemmBlockSum, GemmMapReduce
 from .structural import (
     BroadcastTo,
     Concatenate,
@@ -18,6 +18,6 @@ from .structural import (
 )
 
 __all__ = [
-    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "StopGradient", "Concatenate", "Convert", "Elementwise", "Gather", "GemmMapReduce", "GemmMapReduceVJP", "Iota", "Loop", "Map",
+    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "StopGradient", "Concatenate", "Convert", "Elementwise", "Gather", "GemmBlockSum", "GemmMapReduce", "Iota", "Loop", "Map",
     "MatMul", "Reduce", "ReduceByIndex", "Reshape", "ScalarOp", "Scan", "StaticIndex", "SumAxes", "Transpose",
 ]

@@ -50,25 +50,49 @@ class GemmMapReduce(Primitive):
         return len(self.op.outputs)
 
 
-@dataclass(frozen=True)
-class GemmMapReduceVJP(Primitive):
-    """Per block: recompute the block's totals T, take T's cotangent from D(A, T, Abar) (Corollary 2.1.1), and
-    run the block program's return sweep; cotangents of row (column) operands are accumulated per row (column)
-    block. Each block's backward program maps (block operands, A rows, Abar rows) to the operands' cotangents."""
+ROLES = ("whole", "row", "col")
 
-    forward: GemmMapReduce
-    block_vjps: tuple  # ((bi, bj), backward program of that block)
-    d: Program  # the monoid's d(c, a, g), element level
-    name = "gemm_map_reduce_vjp"
+
+@dataclass(frozen=True)
+class GemmBlockSum(Primitive):
+    """The sum, over the blocks (i, j) of an M x N grid, of a block program's outputs, each added whole, into
+    row block i, or into column block j.
+
+    gemm_map_reduce's vjp is one (each block: recompute the block's totals T, take their cotangent from
+    D(A, T, Abar) by Corollary 2.1.1, run the block program's return sweep). Because the sum is linear, the
+    jvp and vjp of a block sum are block sums of its block programs' jvp and vjp: the construct is closed
+    under differentiation, to any order, without materialising the M x N grid.
+
+    Inputs and outputs each have a role: "whole" (every block sees, or adds to, all of it), "row" (sliced
+    by row block along its leading axis of length M) or "col" (by column block, length N). `label` names
+    it in printed programs.
+    """
+
+    blocks: tuple  # ((bi, bj), block program) per block shape
+    block: tuple[int, int]
+    in_roles: tuple[str, ...]
+    out_roles: tuple[str, ...]
+    label: str = "gemm_block_sum"
+    name = "gemm_block_sum"
+
+    def __post_init__(self) -> None:
+        for program in (p for _, p in self.blocks):
+            if len(program.inputs) != len(self.in_roles) or len(program.outputs) != len(self.out_roles):
+                raise ShapeError(f"gemm_block_sum: a block program of {len(program.inputs)} inputs and "
+                                 f"{len(program.outputs)} outputs for {len(self.in_roles)} input roles and "
+                                 f"{len(self.out_roles)} output roles")
+        unknown = (set(self.in_roles) | set(self.out_roles)) - set(ROLES)
+        if unknown:
+            raise ShapeError(f"gemm_block_sum: unknown roles {sorted(unknown)}; expected {ROLES}")
 
     def bodies(self) -> list[Program]:
-        return [self.d] + [p for _, p in self.block_vjps]
+        return [p for _, p in self.blocks]
 
     def printed_bodies(self) -> list[Program]:
         return []
 
-    def block_vjp(self, shape: tuple[int, int]) -> Program:
-        return _lookup(self.block_vjps, shape)
+    def block_program(self, shape: tuple[int, int]) -> Program:
+        return _lookup(self.blocks, shape)
 
 
 def split_gemm_args(prim, args: list) -> tuple[list, list, list, list]:
@@ -94,9 +118,15 @@ def _gemm_shape(prim: GemmMapReduce, *avals: ShapedArray) -> list[ShapedArray]:
     return [a.update(shape=(size,) + a.shape) for a in identity]
 
 
-@shape_rules.register(GemmMapReduceVJP)
-def _gemm_vjp_shape(prim: GemmMapReduceVJP, *avals: ShapedArray) -> list[ShapedArray]:
-    forward = prim.forward
-    n_in = forward.num_consts + forward.num_leaves + forward.num_row_args + forward.num_col_args
-    consts, _, rows, cols = split_gemm_args(forward, list(avals[:n_in]))
-    return list(consts) + list(rows) + list(cols)
+@shape_rules.register(GemmBlockSum)
+def _block_sum_shape(prim: GemmBlockSum, *avals: ShapedArray) -> list[ShapedArray]:
+    extent = {}
+    for role in ("row", "col"):
+        sizes = {a.shape[0] for a, r in zip(avals, prim.in_roles, strict=True) if r == role}
+        if len(sizes) != 1:
+            raise ShapeError(f"gemm_block_sum: the {role} operands must agree on one length, got "
+                             f"{[a.shape for a, r in zip(avals, prim.in_roles, strict=True) if r == role]}")
+        extent[role] = sizes.pop()
+    out_avals = prim.blocks[0][1].out_avals
+    return [a if role == "whole" else a.update(shape=(extent[role],) + a.shape[1:])
+            for a, role in zip(out_avals, prim.out_roles, strict=True)]

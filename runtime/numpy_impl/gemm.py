@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fold.errors import MissingRuleError
-from fold.primitives import GemmMapReduce, GemmMapReduceVJP
+from fold.primitives import GemmBlockSum, GemmMapReduce
 from fold.primitives.gemm import split_gemm_args
 
 from ..interpreter import eval_program, numpy_impls
@@ -44,29 +44,27 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int) -> list:
     return totals
 
 
-@numpy_impls.register(GemmMapReduceVJP)
-def _gemm_vjp(prim: GemmMapReduceVJP, args: list, depth: int) -> list:
+def _extents(prim: GemmBlockSum, args: list) -> tuple[int, int]:
+    return tuple(next(a.shape[0] for a, r in zip(args, prim.in_roles, strict=True) if r == role) for role in ("row", "col"))
+
+
+def _slice(value: np.ndarray, role: str, rows: slice, cols: slice) -> np.ndarray:
+    return value if role == "whole" else value[rows if role == "row" else cols]
+
+
+@numpy_impls.register(GemmBlockSum)
+def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int) -> list:
     _at_top_level(prim, depth)
-    forward = prim.forward
-    n_in = forward.num_consts + forward.num_leaves + forward.num_row_args + forward.num_col_args
-    consts, _, rows, cols = split_gemm_args(forward, args[:n_in])
-    k = forward.num_leaves
-    totals, total_cts = args[n_in: n_in + k], args[n_in + k: n_in + 2 * k]
-    m, n = rows[0].shape[0], cols[0].shape[0]
-    nc, nr = len(consts), len(rows)
-    const_cts = [np.zeros(c.shape, c.dtype) for c in consts]
-    row_cts = [np.zeros(r.shape, r.dtype) for r in rows]
-    col_cts = [np.zeros(c.shape, c.dtype) for c in cols]
-    for i0, i1, col_blocks in _blocks(m, n, forward.block):
-        row_blk = [r[i0:i1] for r in rows]
-        a_blk, g_blk = [t[i0:i1] for t in totals], [g[i0:i1] for g in total_cts]
+    m, n = _extents(prim, args)
+    extent = {"row": m, "col": n}
+    sums = [np.zeros(a.shape if r == "whole" else (extent[r],) + a.shape[1:], a.dtype)
+            for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
+    for i0, i1, col_blocks in _blocks(m, n, prim.block):
+        rows = slice(i0, i1)
         for j0, j1 in col_blocks:
-            inputs = consts + row_blk + [c[j0:j1] for c in cols]
-            cts = eval_program(prim.block_vjp((i1 - i0, j1 - j0)), inputs + a_blk + g_blk)
-            for acc, ct in zip(const_cts, cts[:nc], strict=True):
-                acc += ct
-            for acc, ct in zip(row_cts, cts[nc: nc + nr], strict=True):
-                acc[i0:i1] += ct
-            for acc, ct in zip(col_cts, cts[nc + nr:], strict=True):
-                acc[j0:j1] += ct
-    return const_cts + row_cts + col_cts
+            cols = slice(j0, j1)
+            inputs = [_slice(a, r, rows, cols) for a, r in zip(args, prim.in_roles, strict=True)]
+            parts = eval_program(prim.block_program((i1 - i0, j1 - j0)), inputs)
+            for total, part, role in zip(sums, parts, prim.out_roles, strict=True):
+                _slice(total, role, rows, cols)[...] += part
+    return sums
