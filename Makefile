@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# compiled kernels are cached on disk inside the checkout (git-ignored), not in the home directory
+export FOLD_CACHE_DIR ?= $(CURDIR)/.fold_cache
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
+PYTEST := $(PY) -m pytest tests -p no:cacheprovider
 
 .PHONY: demo test bench clean
 
@@ -15,11 +19,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# the whole suite on each backend: numba (the default), then numpy (the reference); the kernels' own tests
+# and the tests comparing the two backends directly do not depend on the choice and run once
 test: $(STAMP)
-	NUMBA_CACHE_DIR=$(CURDIR)/.numba_cache $(PY) -m pytest tests -p no:cacheprovider
+	FOLD_BACKEND=numba $(PYTEST)
+	FOLD_BACKEND=numpy $(PYTEST) --ignore=tests/test_kernels.py --ignore=tests/test_numba_backend.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .numba_cache .hypothesis
+	rm -rf $(VENV) .numba_cache .fold_cache .hypothesis

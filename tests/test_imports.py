@@ -18,5 +18,5 @@ def test_import_fold_imports_no_runtime_backend_or_gpu_library():
 
 
 def test_the_numpy_backend_needs_no_numba():
-    loaded = _modules_after("import numpy as np, fold\nfold.run(lambda x: fold.reduce(fold.monoids.sum, x), np.ones(3))")
+    loaded = _modules_after("import numpy as np, fold\nfold.run(lambda x: fold.reduce(fold.monoids.sum, x), np.ones(3), backend='numpy')")
     assert "runtime" in loaded and not loaded & {"numba", "kernels", "cupy"}, loaded

@@ -79,15 +79,111 @@ def test_gradient_programs_run_unchanged():
     assert_same(*both(sq, a))
 
 
-def test_vector_elements_fall_back_with_one_warning():
-    z, v = rng.normal(size=64), rng.normal(size=(64, 3))
-    f = lambda z, v: fold.reduce(lambda p, q: {"z": fold.maximum(p["z"], q["z"]), "v": p["v"] + q["v"]}, {"z": z, "v": v},  # noqa: E731
-                                 identity={"z": -np.inf, "v": 0.0})
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the kernels.cpu drivers the backend calls, so a test can tell a kernel ran (not a silent decline)."""
+    import kernels.cpu
+
+    calls: dict[str, int] = {}
+    for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce"):
+        original = getattr(kernels.cpu, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(kernels.cpu, name, counted)
+    return calls
+
+
+def matrix_product(a, b):
+    return a @ b
+
+
+@pytest.mark.parametrize("n", [1, 5, 40_000])
+def test_matrix_elements_compile_as_scalar_components(n, kernel_calls):
+    """A 2 x 2 matrix element (non-commutative, vector fields) runs in the kernels, in order, all four scans."""
+    xs = np.eye(2) + 0.3 * rng.normal(size=(n, 2, 2)) / np.sqrt(n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda x: fold.reduce(matrix_product, x, identity=np.eye(2)), xs), rtol=1e-10)
+        for exclusive in (False, True):
+            for reverse in (False, True):
+                f = lambda x, e=exclusive, r=reverse: fold.scan(matrix_product, x, identity=np.eye(2), exclusive=e, reverse=r)  # noqa: E731
+                assert_same(*both(f, xs), rtol=1e-10)
+    assert kernel_calls == {"reduce": 1, "scan": 4}
+
+
+def test_records_with_vector_fields_in_reduce_histogram_and_rows(kernel_calls):
+    z, v = rng.normal(size=300), rng.normal(size=(300, 3))
+    op = lambda p, q: {"z": fold.maximum(p["z"], q["z"]), "v": p["v"] + 2.0 * q["v"] - q["v"]}  # noqa: E731
+    ident = {"z": -np.inf, "v": np.zeros(3)}
+    idx = rng.integers(0, 7, 300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda z, v: fold.reduce(op, {"z": z, "v": v}, identity=ident), z, v))
+        assert_same(*both(lambda z, v, i: fold.reduce_by_index(op, 7, i, {"z": z, "v": v}, identity=ident), z, v, idx))
+        rows = lambda z, v: fold.map(lambda zr, vr: fold.reduce(op, {"z": zr, "v": vr}, identity=ident), z, v)  # noqa: E731
+        assert_same(*both(rows, z.reshape(30, 10), v.reshape(30, 10, 3)))
+    assert kernel_calls == {"reduce": 1, "histogram": 1, "segmented_reduce": 1}
+
+
+def test_too_large_elements_fall_back_with_one_warning(monkeypatch):
+    from runtime.numba_backend import lowering
+
+    monkeypatch.setattr(lowering, "_warned", set())
+    v = rng.normal(size=(16, lowering.MAX_COMPONENTS + 1))
+    f = lambda v: fold.reduce(lambda p, q: p + 2.0 * q - q, v, identity=np.zeros(v.shape[1]))  # noqa: E731
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        numba_result = fold.jit(f, backend="numba")(z, v)
-    assert any("runs on the numpy backend" in str(w.message) and "reduce" in str(w.message) for w in caught)
-    assert_same(fold.jit(f, backend="numpy")(z, v), numba_result)
+        numba_result = fold.jit(f, backend="numba")(v)
+        fold.jit(f, backend="numba")(v[:8])
+    messages = [str(w.message) for w in caught if "runs on the numpy backend" in str(w.message)]
+    assert len(messages) == 1 and "reduce" in messages[0] and str(lowering.MAX_COMPONENTS) in messages[0], messages
+    assert_same(fold.jit(f, backend="numpy")(v), numba_result)
+
+
+def test_compile_time_is_reported_apart_from_run_time():
+    f = fold.jit(lambda x: fold.scan(lambda a, b: a * b + 0.25 * a * b, x, identity=1.0), backend="numba")
+    x = rng.normal(size=50)
+    f(x)
+    first = f.compile_seconds
+    assert first > 0.0
+    f(x)
+    assert f.compile_seconds == first  # a second call compiles nothing
+
+
+_CACHE_SCRIPT = """
+import sys, numpy as np, fold
+from kernels.cpu import codegen
+op = {op}
+f = fold.jit(lambda x: fold.scan(op, x, identity=1.0), backend="numba")
+x = np.linspace(0.5, 1.5, 64)
+np.testing.assert_allclose(f(x), np.cumprod(x), rtol=1e-12)
+print(sum(k.stats.cache_hits[s] for k in codegen._KERNELS.values() for s in k.stats.cache_hits),
+      sum(k.stats.cache_misses[s] for k in codegen._KERNELS.values() for s in k.stats.cache_misses))
+"""
+
+
+def _run_cached(tmp_path, op_text: str) -> tuple[int, int]:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FOLD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    script = _CACHE_SCRIPT.format(op=op_text)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    hits, misses = map(int, out.stdout.split())
+    return hits, misses
+
+
+def test_kernels_are_cached_on_disk_between_processes(tmp_path):
+    """The second process loads the kernel Numba compiled in the first; an operator with other text gets a
+    kernel of its own (a cached kernel is never reused for different code)."""
+    assert _run_cached(tmp_path, "lambda a, b: a * b") == (0, 1)
+    assert _run_cached(tmp_path, "lambda a, b: a * b") == (1, 0)
+    assert _run_cached(tmp_path, "lambda a, b: a * b * 1.0") == (0, 1)
+    assert any(p.name.startswith("fold_gen_") for p in (tmp_path / "cache" / "kernels").iterdir())
 
 
 def test_backend_is_chosen_by_name_context_and_environment(monkeypatch):

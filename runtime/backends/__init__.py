@@ -33,7 +33,7 @@ _REGISTRY: dict[str, str] = {
 }
 _instances: dict[str, Backend] = {}
 _local = threading.local()
-DEFAULT_ORDER = ("numpy",)
+DEFAULT_ORDER = ("numba",)
 
 
 def available_backends() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numba.core import event
 
 from fold.ir import Program
 
@@ -14,14 +15,25 @@ from .fusion import fuse
 from .lowering import numba_impls
 
 
+class CompiledNumbaProgram:
+    """A fused program run with the numba lowerings. Kernels compile (or load from the disk cache) when a
+    call first needs them, for the dtypes it brings; `compile_seconds` is the time Numba spent on that,
+    which `fold.jit` reports apart from run time."""
+
+    def __init__(self, program: Program):
+        self.program = fuse(program)
+        self.compile_seconds = 0.0
+
+    def _add_compile_time(self, seconds: float) -> None:
+        self.compile_seconds += seconds
+
+    def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+        with event.install_timer("numba:compile", self._add_compile_time), lowering(numba_impls):
+            return eval_program(self.program, list(args))
+
+
 class NumbaBackend:
     name = "numba"
 
-    def compile(self, program: Program):
-        fused = fuse(program)
-
-        def run(args: Sequence[np.ndarray]) -> list[np.ndarray]:
-            with lowering(numba_impls):
-                return eval_program(fused, list(args))
-
-        return run
+    def compile(self, program: Program) -> CompiledNumbaProgram:
+        return CompiledNumbaProgram(program)

@@ -1,21 +1,30 @@
-"""Scalar Programs (lambdas whose inputs and outputs are 0-d) to Numba-compiled functions, via generated source.
+"""Lambdas (map bodies, reduce and scan operators, monoid operators) to Numba-compiled scalar functions,
+via generated source.
 
-A map body, a reduce operator or a monoid's operator on scalar elements is a straight-line program of
-elementwise statements; `compile_scalar_program` writes it as a Python function of scalars and compiles it
-with `numba.njit`. Programs with anything else (vectors, nested combinators) are not scalar programs, and
-`is_scalar_program` says so, so the backend can keep the numpy implementation for them.
+A lambda whose values all have small static shapes is written as a straight-line function of scalars: every
+value of shape s becomes prod(s) scalar variables (row-major), kept during generation in an object array of
+their names, so that broadcasting, reshapes, transposes, static indexing and concatenation are NumPy's own
+operations on those arrays, and elementwise math, matrix products and sums expand into scalar statements.
+An element with vector fields (a 2 x 2 matrix, a vector of D sums) is then so many scalar leaves. Lambdas
+with anything else (nested combinators, gathers, more than MAX_COMPONENTS scalars in one value) are not
+compilable, and `is_compilable` says so, so that the backend keeps the numpy implementation for them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from fold.ir import Lit, Program, Var
-from fold.primitives import Convert, Elementwise
+from fold.primitives import BroadcastTo, Concatenate, Convert, Elementwise, Iota, MatMul, Reshape, StaticIndex, SumAxes, Transpose
+from kernels.cpu.modules import load_module
+
+from . import scalar_helpers
 
 _TEMPLATES = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
@@ -29,123 +38,161 @@ _TEMPLATES = {
 }
 
 
-def _helpers():
-    """Scalar helpers with NumPy's semantics (NaN propagation, -inf for log(0), stable logaddexp/sigmoid)."""
-    import numba
-
-    @numba.njit(inline="always")
-    def _maximum(a, b):
-        return a if (a >= b or a != a) else b
-
-    @numba.njit(inline="always")
-    def _minimum(a, b):
-        return a if (a <= b or a != a) else b
-
-    @numba.njit(inline="always")
-    def _logaddexp(a, b):
-        hi = a if a >= b else b
-        if hi == -math.inf:
-            return hi
-        return hi + math.log1p(math.exp(-abs(a - b)))
-
-    @numba.njit(inline="always")
-    def _sigmoid(x):
-        if x >= 0:
-            return 1.0 / (1.0 + math.exp(-x))
-        e = math.exp(x)
-        return e / (1.0 + e)
-
-    @numba.njit(inline="always")
-    def _log(x):
-        if x > 0:
-            return math.log(x)
-        return -math.inf if x == 0 else math.nan
-
-    @numba.njit(inline="always")
-    def _log1p(x):
-        if x > -1:
-            return math.log1p(x)
-        return -math.inf if x == -1 else math.nan
-
-    @numba.njit(inline="always")
-    def _sqrt(x):
-        return math.sqrt(x) if x >= 0 else math.nan
-
-    @numba.njit(inline="always")
-    def _sign(x):
-        return (x > 0) - (x < 0) if x == x else x
-
-    @numba.njit(inline="always")
-    def _mod(a, b):
-        return a - (a // b) * b
-
-    return {k: v for k, v in locals().items() if k.startswith("_")}
+MAX_COMPONENTS = 64
+_STRUCTURAL = (BroadcastTo, Reshape, Transpose, StaticIndex, Concatenate)
+_SUPPORTED = (Elementwise, Convert, Iota, MatMul, SumAxes) + _STRUCTURAL
+_COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 
 
-_HELPERS: dict | None = None
+def _small(aval) -> bool:
+    return int(np.prod(aval.shape, dtype=np.int64)) <= MAX_COMPONENTS
+
+
+def is_compilable(program: Program) -> bool:
+    """Only small static shapes and statements that expand into scalar code: what `program_source` can write."""
+    values = list(program.inputs) + [v for stmt in program.stmts for v in stmt.outs]
+    return (all(_small(v.aval) for v in values) and all(isinstance(stmt.prim, _SUPPORTED) for stmt in program.stmts)
+            and all(_small(a.aval) for a in program.outputs))
 
 
 def is_scalar_program(program: Program) -> bool:
-    """Only 0-d values, elementwise statements and conversions: what a scalar Numba function can express."""
-    if any(v.aval.shape != () for v in program.inputs) or any(a.aval.shape != () for a in program.outputs):
-        return False
-    for stmt in program.stmts:
-        if not isinstance(stmt.prim, (Elementwise, Convert)):
-            return False
-        if any(a.aval.shape != () for a in stmt.args) or any(v.aval.shape != () for v in stmt.outs):
-            return False
-    return True
+    """Only 0-d values: a function of scalars with no component expansion at all."""
+    return is_compilable(program) and all(v.aval.shape == () for v in program.inputs) and \
+        all(a.aval.shape == () for a in program.outputs) and \
+        all(v.aval.shape == () for stmt in program.stmts for v in stmt.outs)
+
+
+def components(aval) -> int:
+    """How many scalars a value of this aval is written as."""
+    return int(np.prod(aval.shape, dtype=np.int64))
+
+
+def _literal(value) -> str:
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return "math.nan" if math.isnan(value) else ("math.inf" if value > 0 else "-math.inf")
+    return repr(value)
+
+
+def _lit_names(lit: Lit) -> np.ndarray:
+    dtype = lit.value.dtype
+    wrap = (lambda v: f"np.{dtype.name}({_literal(v)})") if dtype.kind in "fiu" else (lambda v: repr(bool(v)))
+    return np.vectorize(wrap, otypes=[object])(lit.value) if lit.value.shape else np.array(wrap(lit.value[()]), dtype=object)
+
+
+class _Writer:
+    """Generates the statements of one function; `emit` names a new scalar and returns its name."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = 0
+
+    def emit(self, expr: str) -> str:
+        name = f"t{self.count}"
+        self.count += 1
+        self.lines.append(f"    {name} = {expr}")
+        return name
+
+    def elementwise(self, fn, arrays: list[np.ndarray], shape: tuple) -> np.ndarray:
+        arrays = [np.broadcast_to(a, shape) for a in arrays]
+        out = np.empty(shape, dtype=object)
+        for index in np.ndindex(*shape):
+            out[index] = self.emit(fn(*(a[index] for a in arrays)))
+        return out
+
+    def total(self, terms: list[str], dtype: np.dtype) -> str:
+        if not terms:
+            return self.emit(f"np.{dtype.name}(0)")
+        acc = terms[0]
+        for term in terms[1:]:
+            acc = self.emit(f"np.{dtype.name}({acc} + {term})")
+        return acc if len(terms) > 1 else self.emit(f"np.{dtype.name}({acc})")
+
+
+def _statement(writer: _Writer, stmt, args: list[np.ndarray]) -> np.ndarray:
+    """The object array of names for the statement's (single) output."""
+    prim, out = stmt.prim, stmt.outs[0].aval
+    dtype = out.dtype
+    if isinstance(prim, Elementwise):
+        template = _TEMPLATES[prim.op]
+        wrap = (lambda e: e) if prim.op in _COMPARISONS else (lambda e: f"np.{dtype.name}({e})")
+        return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape)
+    if isinstance(prim, Convert):
+        return writer.elementwise(lambda x: f"np.{dtype.name}({x})", args, out.shape)
+    if isinstance(prim, Iota):
+        return np.array([f"np.{dtype.name}({i})" for i in range(prim.n)], dtype=object)
+    if isinstance(prim, BroadcastTo):
+        return np.broadcast_to(args[0], prim.shape)
+    if isinstance(prim, Reshape):
+        return args[0].reshape(prim.shape)
+    if isinstance(prim, Transpose):
+        return args[0].transpose(prim.perm)
+    if isinstance(prim, StaticIndex):
+        from runtime.numpy_impl.structural import index_key
+
+        return np.asarray(args[0][index_key(prim.index)], dtype=object)
+    if isinstance(prim, Concatenate):
+        return np.concatenate(args, axis=prim.axis)
+    if isinstance(prim, MatMul):
+        a, b = args
+        out_names = np.empty(out.shape, dtype=object)
+        for i, j in np.ndindex(*out.shape):
+            terms = [writer.emit(f"np.{dtype.name}({a[i, k]} * {b[k, j]})") for k in range(a.shape[1])]
+            out_names[i, j] = writer.total(terms, dtype)
+        return out_names
+    if isinstance(prim, SumAxes):
+        x = args[0]
+        kept = [ax for ax in range(x.ndim) if ax not in prim.axes]
+        moved = x.transpose(kept + list(prim.axes)).reshape(tuple(x.shape[a] for a in kept) + (-1,))
+        out_names = np.empty(out.shape, dtype=object)
+        for index in np.ndindex(*out.shape):
+            out_names[index] = writer.total(list(moved[index]), dtype)
+        return out_names
+    raise NotImplementedError(prim.name)
 
 
 def program_source(program: Program, name: str = "scalar_fn") -> str:
-    names: dict[Var, str] = {}
-
-    def atom(a) -> str:
-        if isinstance(a, Lit):
-            value = a.value.item()
-            if isinstance(value, float) and not math.isfinite(value):
-                return "math.nan" if math.isnan(value) else ("math.inf" if value > 0 else "-math.inf")
-            if a.value.dtype.kind == "f":
-                return f"np.{a.value.dtype.name}({value!r})"
-            if a.value.dtype.kind in "iu":
-                return f"np.{a.value.dtype.name}({value!r})"
-            return repr(value)
-        return names[a]
-
+    """`def name(x0_0, x0_1, ..., x1_0, ...)`: each input's scalars in row-major order, returning every
+    output's scalars (one scalar alone, else a tuple)."""
+    writer = _Writer()
+    env: dict[Var, np.ndarray] = {}
+    params = []
     for i, v in enumerate(program.inputs):
-        names[v] = f"x{i}"
-    lines = [f"def {name}({', '.join(names[v] for v in program.inputs)}):"]
-    for k, stmt in enumerate(program.stmts):
-        out = stmt.outs[0]
-        names[out] = f"t{k}"
-        args = [atom(a) for a in stmt.args]
-        if isinstance(stmt.prim, Convert):
-            expr = f"np.{np.dtype(stmt.prim.dtype).name}({args[0]})"
-        else:
-            expr = _TEMPLATES[stmt.prim.op].format(*args)
-            if stmt.prim.op not in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"):
-                expr = f"np.{out.aval.dtype.name}({expr})"
-        lines.append(f"    {names[out]} = {expr}")
-    outs = [atom(a) for a in program.outputs]
-    lines.append(f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}")
-    return "\n".join(lines)
+        names = np.array([f"x{i}_{c}" for c in range(components(v.aval))], dtype=object).reshape(v.aval.shape)
+        env[v] = names
+        params += list(names.ravel())
+
+    def names_of(atom) -> np.ndarray:
+        return _lit_names(atom) if isinstance(atom, Lit) else env[atom]
+
+    for stmt in program.stmts:
+        env[stmt.outs[0]] = _statement(writer, stmt, [names_of(a) for a in stmt.args])
+    outs = [str(n) for a in program.outputs for n in np.asarray(names_of(a)).ravel()]
+    result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
+    return "\n".join([f"def {name}({', '.join(params)}):"] + writer.lines + [f"    return {result}"])
 
 
+def _module_source(program: Program) -> str:
+    """The program as the text of a module: its imports, and `scalar_fn`. The helpers' own source is hashed
+    into it, so the text (which names the module on disk) changes whenever what it calls changes."""
+    return "\n".join([
+        f"# scalar helpers {_HELPERS_DIGEST}",
+        "import math",
+        "import numpy as np",
+        f"from runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
+        "", "", program_source(program), ""])
+
+
+_HELPERS_DIGEST = hashlib.sha256(Path(scalar_helpers.__file__).read_bytes()).hexdigest()[:16]
 _compiled: "weakref.WeakKeyDictionary[Program, Callable]" = weakref.WeakKeyDictionary()
 
 
 def compile_scalar_program(program: Program) -> Callable:
-    """The program as an njit function of its scalar inputs (returning a scalar, or a tuple for several outputs)."""
-    global _HELPERS
-    fn = _compiled.get(program)
-    if fn is not None:
-        return fn
-    import numba
+    """The program as an njit function of its scalar inputs (returning a scalar, or a tuple for several outputs).
 
-    if _HELPERS is None:
-        _HELPERS = _helpers()
-    namespace = {"math": math, "np": np, **_HELPERS}
-    exec(compile(program_source(program), f"<fold scalar program {id(program):x}>", "exec"), namespace)
-    fn = numba.njit(inline="always")(namespace["scalar_fn"])
-    _compiled[program] = fn
+    Programs with the same text share one function (and so one compiled kernel per use), in this process and,
+    through the disk cache of kernels.cpu.modules, in later ones."""
+    fn = _compiled.get(program)
+    if fn is None:
+        fn = _compiled[program] = load_module(_module_source(program), {"scalar_fn": {"inline": "always"}}).scalar_fn
     return fn

@@ -72,7 +72,7 @@ def _fused(prim: FusedMapReduce, args: list, depth: int):
     if depth:
         return None
     inputs = map_inputs(prim.map, args[:-1])
-    ident = _identity([args[-1]])
+    ident = _identity([args[-1]], [()])
     if inputs is None or ident is None or inputs[0].shape[0] == 0:
         return None
     import kernels.cpu

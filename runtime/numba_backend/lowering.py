@@ -16,7 +16,7 @@ from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
-from .codegen import compile_scalar_program, is_scalar_program
+from .codegen import MAX_COMPONENTS, compile_scalar_program, is_compilable, is_scalar_program
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str]] = set()
@@ -31,21 +31,57 @@ def decline(prim, reason: str) -> None:
 
 
 def _scalar_operator(prim):
-    """The operator compiled as a scalar function, or the reason it cannot be."""
+    """The operator compiled as a function of its elements' scalar components, or the reason it cannot be."""
     if prim.num_consts:
         return None, "its operator captures values"
-    if not is_scalar_program(prim.body):
-        return None, "its elements are not scalars"
+    if not is_compilable(prim.body):
+        return None, f"its elements are not scalars or small fixed-shape fields (at most {MAX_COMPONENTS} scalars each)"
     try:
         return compile_scalar_program(prim.body), None
     except Exception as err:  # noqa: BLE001 - any compile failure means: use the reference implementation
         return None, f"its operator does not compile: {type(err).__name__}"
 
 
-def _identity(identity: list[np.ndarray]) -> tuple | None:
-    if any(e.size != 1 for e in identity):
-        return None
-    return tuple(e.reshape(()).item() for e in identity)
+def _element_shapes(prim) -> list[tuple[int, ...]]:
+    return [v.aval.shape for v in prim.body.inputs[: prim.num_leaves]]
+
+
+def _identity(identity: list[np.ndarray], shapes: list[tuple]) -> tuple | None:
+    """The identity's scalar components, or None if it differs from row to row (an identity inside a map)."""
+    parts = []
+    for e, shape in zip(identity, shapes, strict=True):
+        batch = e.shape[: e.ndim - len(shape)]
+        if any(b != 1 for b in batch):
+            return None
+        parts += [c.item() for c in e.reshape(-1)]
+    return tuple(parts)
+
+
+def _split(leaves: list[np.ndarray], shapes: list[tuple], lead: int) -> list[np.ndarray]:
+    """Each leaf (lead dims + element shape) as its element's scalar components, contiguous arrays of the lead dims."""
+    out = []
+    for x, shape in zip(leaves, shapes, strict=True):
+        if shape == ():
+            out.append(np.ascontiguousarray(x))
+            continue
+        flat = x.reshape(x.shape[:lead] + (-1,))
+        out += [np.ascontiguousarray(flat[..., c]) for c in range(flat.shape[-1])]
+    return out
+
+
+def _join(parts: list, shapes: list[tuple]) -> list[np.ndarray]:
+    """The inverse of `_split` on results: component arrays (or scalars) back into leaves of the element shapes."""
+    out, pos = [], 0
+    for shape in shapes:
+        c = components_of(shape)
+        group = [np.asarray(v) for v in parts[pos: pos + c]]
+        pos += c
+        out.append(group[0] if shape == () else np.stack(group, axis=-1).reshape(group[0].shape + shape))
+    return out
+
+
+def components_of(shape: tuple) -> int:
+    return int(np.prod(shape, dtype=np.int64))
 
 
 def _contiguous(xs) -> list[np.ndarray]:
@@ -63,7 +99,7 @@ def _operator_and_identity(prim, args: list):
     combine, why = _scalar_operator(prim)
     if combine is None:
         return decline(prim, why)
-    ident = _identity(args[prim.num_consts: prim.num_consts + prim.num_leaves])
+    ident = _identity(args[prim.num_consts: prim.num_consts + prim.num_leaves], _element_shapes(prim))
     return None if ident is None else (combine, ident)
 
 
@@ -75,13 +111,13 @@ def _reduce(prim: Reduce, args: list, depth: int):
     if setup is None:
         return None
     combine, ident = setup
-    k = prim.num_leaves
-    xs = args[prim.num_consts + k:]
+    shapes, k = _element_shapes(prim), len(ident)
+    xs = args[prim.num_consts + prim.num_leaves:]
     if depth == 0:
-        return [np.asarray(v) for v in _kernels().reduce(combine, k, ident, _contiguous(xs))]
+        return _join(list(_kernels().reduce(combine, k, ident, _split(xs, shapes, 1))), shapes)
     rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
-    full = _contiguous(np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs)
-    return list(_kernels().segmented_reduce(None, combine, k, ident, full))
+    full = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs]
+    return _join(list(_kernels().segmented_reduce(None, combine, k, ident, _split(full, shapes, 2))), shapes)
 
 
 @numba_impls.register(Scan)
@@ -92,8 +128,9 @@ def _scan(prim: Scan, args: list, depth: int):
     if setup is None:
         return None
     combine, ident = setup
-    xs = args[prim.num_consts + prim.num_leaves:]
-    return list(_kernels().scan(combine, prim.num_leaves, ident, _contiguous(xs), exclusive=prim.exclusive, reverse=prim.reverse))
+    shapes = _element_shapes(prim)
+    xs = _split(args[prim.num_consts + prim.num_leaves:], shapes, 1)
+    return _join(list(_kernels().scan(combine, len(ident), ident, xs, exclusive=prim.exclusive, reverse=prim.reverse)), shapes)
 
 
 @numba_impls.register(ReduceByIndex)
@@ -102,10 +139,10 @@ def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
     if setup is None:
         return None
     combine, ident = setup
-    k = prim.num_leaves
+    shapes, k = _element_shapes(prim), prim.num_leaves
     indices = np.ascontiguousarray(args[prim.num_consts + k], dtype=np.int64)
-    values = args[prim.num_consts + k + 1:]
-    return list(_kernels().histogram(combine, k, ident, prim.n, indices, _contiguous(values)))
+    values = _split(args[prim.num_consts + k + 1:], shapes, 1)
+    return _join(list(_kernels().histogram(combine, len(ident), ident, prim.n, indices, values)), shapes)
 
 
 def map_inputs(prim: Map, args: list) -> list[np.ndarray] | None:
