@@ -132,14 +132,14 @@ def test_too_large_elements_fall_back_with_one_warning(monkeypatch):
     from runtime.numba_backend import lowering
 
     monkeypatch.setattr(lowering, "_warned", set())
-    v = rng.normal(size=(16, lowering.MAX_COMPONENTS + 1))
+    v = rng.normal(size=(16, lowering.MAX_PARAMETERS // 2 + 1))  # the operator takes two such elements
     f = lambda v: fold.reduce(lambda p, q: p + 2.0 * q - q, v, identity=np.zeros(v.shape[1]))  # noqa: E731
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         numba_result = fold.jit(f, backend="numba")(v)
         fold.jit(f, backend="numba")(v[:8])
     messages = [str(w.message) for w in caught if "runs on the numpy backend" in str(w.message)]
-    assert len(messages) == 1 and "reduce" in messages[0] and str(lowering.MAX_COMPONENTS) in messages[0], messages
+    assert len(messages) == 1 and "reduce" in messages[0] and str(lowering.MAX_PARAMETERS) in messages[0], messages
     assert_same(fold.jit(f, backend="numpy")(v), numba_result)
 
 

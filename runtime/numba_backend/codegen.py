@@ -6,8 +6,8 @@ value of shape s becomes prod(s) scalar variables (row-major), kept during gener
 their names, so that broadcasting, reshapes, transposes, static indexing and concatenation are NumPy's own
 operations on those arrays, and elementwise math, matrix products and sums expand into scalar statements.
 An element with vector fields (a 2 x 2 matrix, a vector of D sums) is then so many scalar leaves. Lambdas
-with anything else (nested combinators, gathers, more than MAX_COMPONENTS scalars in one value) are not
-compilable, and `is_compilable` says so, so that the backend keeps the numpy implementation for them.
+with anything else (nested combinators, gathers, more than MAX_COMPONENTS scalars in one value, more than
+MAX_PARAMETERS scalar inputs) are not compilable, and `is_compilable` says so, so that the backend keeps the numpy implementation for them.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ _TEMPLATES = {
 
 
 MAX_COMPONENTS = 64
+# A kernel calls an operator of k-leaf elements with 2k scalars; CPython compiles a call of more than 30
+# arguments into a *args call, which Numba cannot inline. So a lambda takes at most 30 scalars in all.
+MAX_PARAMETERS = 30
 _STRUCTURAL = (BroadcastTo, Reshape, Transpose, StaticIndex, Concatenate)
 _SUPPORTED = (Elementwise, Convert, Iota, MatMul, SumAxes) + _STRUCTURAL
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
@@ -51,7 +54,7 @@ def _small(aval) -> bool:
 def is_compilable(program: Program) -> bool:
     """Only small static shapes and statements that expand into scalar code: what `program_source` can write."""
     values = list(program.inputs) + [v for stmt in program.stmts for v in stmt.outs]
-    return (all(_small(v.aval) for v in values) and all(isinstance(stmt.prim, _SUPPORTED) for stmt in program.stmts)
+    return (sum(components(v.aval) for v in program.inputs) <= MAX_PARAMETERS and all(_small(v.aval) for v in values) and all(isinstance(stmt.prim, _SUPPORTED) for stmt in program.stmts)
             and all(_small(a.aval) for a in program.outputs))
 
 

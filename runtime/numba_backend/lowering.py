@@ -16,7 +16,7 @@ from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
-from .codegen import MAX_COMPONENTS, compile_scalar_program, is_compilable, is_scalar_program
+from .codegen import MAX_PARAMETERS, compile_scalar_program, is_compilable, is_scalar_program
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str]] = set()
@@ -35,7 +35,8 @@ def _scalar_operator(prim):
     if prim.num_consts:
         return None, "its operator captures values"
     if not is_compilable(prim.body):
-        return None, f"its elements are not scalars or small fixed-shape fields (at most {MAX_COMPONENTS} scalars each)"
+        return None, (f"its elements are not scalars or small fixed-shape fields (at most {MAX_PARAMETERS} scalars "
+                      f"for both operands together)")
     try:
         return compile_scalar_program(prim.body), None
     except Exception as err:  # noqa: BLE001 - any compile failure means: use the reference implementation
@@ -80,8 +81,20 @@ def _join(parts: list, shapes: list[tuple]) -> list[np.ndarray]:
     return out
 
 
+def _joined(parts, shapes: list[tuple]) -> list[np.ndarray] | None:
+    return None if parts is None else _join(list(parts), shapes)
+
+
 def components_of(shape: tuple) -> int:
     return int(np.prod(shape, dtype=np.int64))
+
+
+def run_kernel(prim, kernel: str, *args, **kwargs):
+    """kernels.cpu.<kernel>(*args), or None after declining with a warning if Numba cannot compile it."""
+    try:
+        return getattr(_kernels(), kernel)(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - a kernel that does not compile: the reference implementation runs
+        return decline(prim, f"its kernel does not compile: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
 
 
 def _contiguous(xs) -> list[np.ndarray]:
@@ -114,10 +127,10 @@ def _reduce(prim: Reduce, args: list, depth: int):
     shapes, k = _element_shapes(prim), len(ident)
     xs = args[prim.num_consts + prim.num_leaves:]
     if depth == 0:
-        return _join(list(_kernels().reduce(combine, k, ident, _split(xs, shapes, 1))), shapes)
+        return _joined(run_kernel(prim, "reduce", combine, k, ident, _split(xs, shapes, 1)), shapes)
     rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
     full = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs]
-    return _join(list(_kernels().segmented_reduce(None, combine, k, ident, _split(full, shapes, 2))), shapes)
+    return _joined(run_kernel(prim, "segmented_reduce", None, combine, k, ident, _split(full, shapes, 2)), shapes)
 
 
 @numba_impls.register(Scan)
@@ -130,7 +143,7 @@ def _scan(prim: Scan, args: list, depth: int):
     combine, ident = setup
     shapes = _element_shapes(prim)
     xs = _split(args[prim.num_consts + prim.num_leaves:], shapes, 1)
-    return _join(list(_kernels().scan(combine, len(ident), ident, xs, exclusive=prim.exclusive, reverse=prim.reverse)), shapes)
+    return _joined(run_kernel(prim, "scan", combine, len(ident), ident, xs, exclusive=prim.exclusive, reverse=prim.reverse), shapes)
 
 
 @numba_impls.register(ReduceByIndex)
@@ -142,7 +155,7 @@ def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
     shapes, k = _element_shapes(prim), prim.num_leaves
     indices = np.ascontiguousarray(args[prim.num_consts + k], dtype=np.int64)
     values = _split(args[prim.num_consts + k + 1:], shapes, 1)
-    return _join(list(_kernels().histogram(combine, len(ident), ident, prim.n, indices, values)), shapes)
+    return _joined(run_kernel(prim, "histogram", combine, len(ident), ident, prim.n, indices, values), shapes)
 
 
 def map_inputs(prim: Map, args: list) -> list[np.ndarray] | None:
@@ -163,6 +176,7 @@ def _map(prim: Map, args: list, depth: int):
         return None
     try:
         mapper = compile_scalar_program(prim.body)
-        return list(_kernels().map(mapper, len(inputs), len(prim.body.outputs), inputs))
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its body does not compile: {type(err).__name__}")
+    outs = run_kernel(prim, "map", mapper, len(inputs), len(prim.body.outputs), inputs)
+    return None if outs is None else list(outs)
