@@ -100,6 +100,16 @@ def matrix_product(a, b):
     return a @ b
 
 
+def test_operators_of_many_scalars_compile_too(kernel_calls):
+    """16 leaves: the kernel's call passes 32 scalars (CPython makes that a *args call; no inlining, still compiled)."""
+    xs = tuple(rng.normal(size=100) for _ in range(16))
+    g = lambda *xs: fold.reduce(lambda a, b: tuple(u + v - 0.0 * u * v for u, v in zip(a, b)), xs, identity=(0.0,) * 16)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(g, *xs), rtol=1e-10)
+    assert kernel_calls == {"reduce": 1}
+
+
 @pytest.mark.parametrize("n", [1, 5, 40_000])
 def test_matrix_elements_compile_as_scalar_components(n, kernel_calls):
     """A 2 x 2 matrix element (non-commutative, vector fields) runs in the kernels, in order, all four scans."""
@@ -132,14 +142,14 @@ def test_too_large_elements_fall_back_with_one_warning(monkeypatch):
     from runtime.numba_backend import lowering
 
     monkeypatch.setattr(lowering, "_warned", set())
-    v = rng.normal(size=(16, lowering.MAX_PARAMETERS // 2 + 1))  # the operator takes two such elements
+    v = rng.normal(size=(16, lowering.MAX_COMPONENTS + 1))
     f = lambda v: fold.reduce(lambda p, q: p + 2.0 * q - q, v, identity=np.zeros(v.shape[1]))  # noqa: E731
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         numba_result = fold.jit(f, backend="numba")(v)
         fold.jit(f, backend="numba")(v[:8])
     messages = [str(w.message) for w in caught if "runs on the numpy backend" in str(w.message)]
-    assert len(messages) == 1 and "reduce" in messages[0] and str(lowering.MAX_PARAMETERS) in messages[0], messages
+    assert len(messages) == 1 and "reduce" in messages[0] and str(lowering.MAX_COMPONENTS) in messages[0], messages
     assert_same(fold.jit(f, backend="numpy")(v), numba_result)
 
 

@@ -40,8 +40,8 @@ _TEMPLATES = {
 
 MAX_COMPONENTS = 64
 # A kernel calls an operator of k-leaf elements with 2k scalars; CPython compiles a call of more than 30
-# arguments into a *args call, which Numba cannot inline. So a lambda takes at most 30 scalars in all.
-MAX_PARAMETERS = 30
+# arguments into a *args call, which Numba's inline="always" cannot inline: such a lambda is an ordinary call.
+MAX_INLINED_PARAMETERS = 30
 _STRUCTURAL = (BroadcastTo, Reshape, Transpose, StaticIndex, Concatenate)
 _SUPPORTED = (Elementwise, Convert, Iota, MatMul, SumAxes) + _STRUCTURAL
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
@@ -51,11 +51,19 @@ def _small(aval) -> bool:
     return int(np.prod(aval.shape, dtype=np.int64)) <= MAX_COMPONENTS
 
 
+def compile_problem(program: Program) -> str | None:
+    """Why `program_source` cannot write this lambda as a scalar function (None: it can)."""
+    unsupported = sorted({stmt.prim.name for stmt in program.stmts if not isinstance(stmt.prim, _SUPPORTED)})
+    if unsupported:
+        return f"it uses {', '.join(unsupported)}"
+    values = [v for stmt in program.stmts for v in stmt.outs] + [a for a in program.outputs]
+    large = next((v.aval.shape for v in values if not _small(v.aval)), None)
+    return None if large is None else f"it holds a value of shape {large}, more than {MAX_COMPONENTS} scalars"
+
+
 def is_compilable(program: Program) -> bool:
     """Only small static shapes and statements that expand into scalar code: what `program_source` can write."""
-    values = list(program.inputs) + [v for stmt in program.stmts for v in stmt.outs]
-    return (sum(components(v.aval) for v in program.inputs) <= MAX_PARAMETERS and all(_small(v.aval) for v in values) and all(isinstance(stmt.prim, _SUPPORTED) for stmt in program.stmts)
-            and all(_small(a.aval) for a in program.outputs))
+    return compile_problem(program) is None
 
 
 def is_scalar_program(program: Program) -> bool:
@@ -197,5 +205,7 @@ def compile_scalar_program(program: Program) -> Callable:
     through the disk cache of kernels.cpu.modules, in later ones."""
     fn = _compiled.get(program)
     if fn is None:
-        fn = _compiled[program] = load_module(_module_source(program), {"scalar_fn": {"inline": "always"}}).scalar_fn
+        inline = sum(components(v.aval) for v in program.inputs) <= MAX_INLINED_PARAMETERS
+        options = {"inline": "always"} if inline else {}
+        fn = _compiled[program] = load_module(_module_source(program), {"scalar_fn": options}).scalar_fn
     return fn

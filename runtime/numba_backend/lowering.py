@@ -16,7 +16,7 @@ from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
-from .codegen import MAX_PARAMETERS, compile_scalar_program, is_compilable, is_scalar_program
+from .codegen import MAX_COMPONENTS, compile_problem, compile_scalar_program, is_scalar_program
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str]] = set()
@@ -34,9 +34,9 @@ def _scalar_operator(prim):
     """The operator compiled as a function of its elements' scalar components, or the reason it cannot be."""
     if prim.num_consts:
         return None, "its operator captures values"
-    if not is_compilable(prim.body):
-        return None, (f"its elements are not scalars or small fixed-shape fields (at most {MAX_PARAMETERS} scalars "
-                      f"for both operands together)")
+    problem = compile_problem(prim.body)
+    if problem is not None:
+        return None, f"its operator cannot be compiled: {problem}"
     try:
         return compile_scalar_program(prim.body), None
     except Exception as err:  # noqa: BLE001 - any compile failure means: use the reference implementation
