@@ -65,7 +65,7 @@ def _split(leaves: list[np.ndarray], shapes: list[tuple], lead: int) -> list[np.
         if shape == ():
             out.append(np.ascontiguousarray(x))
             continue
-        flat = x.reshape(x.shape[:lead] + (-1,))
+        flat = x.reshape(x.shape[:lead] + (components_of(shape),))  # explicit: the lead dims may be empty
         out += [np.ascontiguousarray(flat[..., c]) for c in range(flat.shape[-1])]
     return out
 
