@@ -51,7 +51,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import RESULTS_DIR, benchmark_parser, traced_peak, machine, machine_line, parse_benchmark_args, save_figure, write_json
+from .common import (RESULTS_DIR, benchmark_parser, machine, machine_line, mem_available, parse_benchmark_args, save_figure,
+                     traced_peak, write_json)
 
 BACKEND = "numpy"
 DTYPE = np.float32
@@ -321,17 +322,6 @@ def worker(spec: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ the driver
 
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def _estimate_naive_bytes(layer: str, sizes: dict, measured: list[dict]) -> tuple[int, str]:
     """Peak bytes the naive formulas would need: scaled from the largest smaller size measured in this run
     (net RSS grows with M x N), else NAIVE_MATRICES M x N float32 matrices plus the inputs."""
@@ -538,7 +528,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             spec = {"layer": layer, "sizes": sizes, "impl": impl, "repeats": args.repeats, "time_budget": args.time_budget}
             if impl == "naive":
                 need, how = _estimate_naive_bytes(layer, sizes, measured)
-                available = _mem_available()
+                available = mem_available()
                 if available is not None and need > 0.85 * available:
                     case["results"][impl] = {"skipped": f"would need about {need / 2**30:.1f} GiB ({how}), "
                                                         f"{available / 2**30:.1f} GiB available", "estimated_bytes": need}

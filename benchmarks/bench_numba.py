@@ -84,7 +84,9 @@ import numpy as np
 
 import fold
 
-from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, write_json
+from .bench_language import ufunc_fast_paths
+from .common import (RESULTS_DIR, benchmark_parser, interleaved, machine, machine_line, mem_available, parse_benchmark_args,
+                     save_figure, write_json)
 
 BACKENDS = ("numpy", "numba")
 SPEEDUP_TARGET = 5.0        # numpy backend time / numba backend time, at least (program 1)
@@ -366,18 +368,6 @@ def max_err(got: Any, want: Any) -> float:
     return max(errs)
 
 
-@contextlib.contextmanager
-def ufunc_fast_paths(enabled: bool):
-    import runtime.numpy_impl.folds as folds
-
-    previous = folds.USE_UFUNC_FAST_PATHS
-    folds.USE_UFUNC_FAST_PATHS = enabled
-    try:
-        yield
-    finally:
-        folds.USE_UFUNC_FAST_PATHS = previous
-
-
 def without_fast_paths(fn: Callable[[], Any]) -> Callable[[], Any]:
     def run():
         with ufunc_fast_paths(False):
@@ -443,28 +433,6 @@ def kernels_used(fn: Callable[[], Any]) -> dict[str, int] | str:
         for name, original in saved.items():
             setattr(cpu, name, original)
     return {k: v for k, v in counts.items() if v}
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
-    """Time every callable once per round, in a fixed order, for `repeats` rounds (each already called once)."""
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            samples[key].append(time.perf_counter() - start)
-    return samples
-
-
-def mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 _bandwidth_sum = None
@@ -616,7 +584,7 @@ def run_case(case: Case, rng: np.random.Generator, quick: bool, repeats: int, fi
             continue
         ref_key = "numpy_vjp" if key.endswith("_vjp") else "numpy"
         if ref_key not in outputs:  # nothing to check it against: not timed
-            skipped.setdefault(key, f"not checked (no numpy backend result): not timed")
+            skipped.setdefault(key, "not checked (no numpy backend result): not timed")
             fns.pop(key, None)
             continue
         want = outputs[ref_key]

@@ -33,6 +33,19 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(samples), samples
 
 
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
+    """Time every callable once per round, in a fixed order, for `repeats` rounds: the samples of each.
+
+    Interleaving spreads slow drifts of the machine (other load, frequency) evenly over the callables."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[key].append(time.perf_counter() - start)
+    return samples
+
+
 def time_pair(ours: Callable[[], Any], reference: Callable[[], Any], repeats: int = 5,
               warmup: int = 1) -> dict[str, Any]:
     """Time `ours` and `reference` alternately (`repeats` times each, after `warmup` calls of each).
@@ -42,17 +55,23 @@ def time_pair(ours: Callable[[], Any], reference: Callable[[], Any], repeats: in
     for _ in range(warmup):
         ours()
         reference()
-    a, b = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        ours()
-        a.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        reference()
-        b.append(time.perf_counter() - start)
+    samples = interleaved({"ours": ours, "reference": reference}, repeats)
+    a, b = samples["ours"], samples["reference"]
     ma, mb = statistics.median(a), statistics.median(b)
     return {"fold_seconds": ma, "reference_seconds": mb, "ratio": ma / mb,
             "fold_samples": a, "reference_samples": b}
+
+
+def mem_available() -> int | None:
+    """The kernel's estimate of memory available to a new process (bytes), or None where /proc has none."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _cpu_model() -> str:

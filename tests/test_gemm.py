@@ -200,6 +200,14 @@ def test_hessian_vector_products_forward_and_reverse_over_reverse_agree():
         np.testing.assert_allclose(rr, (p_ - m_) / (2 * eps), rtol=1e-6, atol=1e-8)
 
 
+def test_block_sum_refuses_roles_that_do_not_fit_its_programs():
+    program = fold.trace(lambda a, b: a * b, np.ones((2, 3)), np.ones((2, 3)))
+    with pytest.raises(fold.ShapeError, match="2 inputs and 1 outputs for 3 input roles"):
+        GemmBlockSum((((2, 3), program),), (2, 3), ("row", "col", "whole"), ("row",))
+    with pytest.raises(fold.ShapeError, match=r"unknown roles \['diagonal'\]"):
+        GemmBlockSum((((2, 3), program),), (2, 3), ("row", "diagonal"), ("row",))
+
+
 def test_reverse_over_reverse_keeps_the_grid_blocked():
     """The second-order gradient program is block sums all the way down: no M x N value at its top level."""
     args, w = _attention_args(np.random.default_rng(6), M, N, "float64")

@@ -140,16 +140,17 @@ def test_records_with_vector_fields_in_reduce_histogram_and_rows(kernel_calls):
 
 def test_too_large_elements_fall_back_with_one_warning(monkeypatch):
     from runtime.numba_backend import lowering
+    from runtime.numba_backend.codegen import MAX_COMPONENTS
 
     monkeypatch.setattr(lowering, "_warned", set())
-    v = rng.normal(size=(16, lowering.MAX_COMPONENTS + 1))
+    v = rng.normal(size=(16, MAX_COMPONENTS + 1))
     f = lambda v: fold.reduce(lambda p, q: p + 2.0 * q - q, v, identity=np.zeros(v.shape[1]))  # noqa: E731
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         numba_result = fold.jit(f, backend="numba")(v)
         fold.jit(f, backend="numba")(v[:8])
     messages = [str(w.message) for w in caught if "runs on the numpy backend" in str(w.message)]
-    assert len(messages) == 1 and "reduce" in messages[0] and str(lowering.MAX_COMPONENTS) in messages[0], messages
+    assert len(messages) == 1 and "reduce" in messages[0] and str(MAX_COMPONENTS) in messages[0], messages
     assert_same(fold.jit(f, backend="numpy")(v), numba_result)
 
 
@@ -175,12 +176,13 @@ print(sum(k.stats.cache_hits[s] for k in codegen._KERNELS.values() for s in k.st
 """
 
 
-def _run_cached(tmp_path, op_text: str) -> tuple[int, int]:
+def _run_cached(tmp_path, op_text: str, cache_dir: str | None = None) -> tuple[int, int]:
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, FOLD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    cache_dir = str(tmp_path / "cache") if cache_dir is None else cache_dir
+    env = dict(os.environ, FOLD_CACHE_DIR=cache_dir, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     script = _CACHE_SCRIPT.format(op=op_text)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     hits, misses = map(int, out.stdout.split())
@@ -205,3 +207,13 @@ def test_backend_is_chosen_by_name_context_and_environment(monkeypatch):
     assert_same(fold.run(lambda x: fold.reduce(compose, (x, x), identity=(1.0, 0.0)), np.ones(3)), (1.0, 3.0))
     with pytest.raises(fold.FoldTypeError, match="unknown backend"):
         fold.jit(lambda x: x, backend="tpu")(np.ones(2))
+
+
+def test_an_empty_cache_dir_turns_the_disk_cache_off(tmp_path):
+    """FOLD_CACHE_DIR="": kernels compile in memory in every process, and nothing is written."""
+    for _ in range(2):
+        hits, _misses = _run_cached(tmp_path, "lambda a, b: a * b", cache_dir="")
+        assert hits == 0
+    assert not (tmp_path / "cache").exists()
+    assert not any((tmp_path / "numba").rglob("*.nbi")) if (tmp_path / "numba").exists() else True
+

@@ -23,6 +23,7 @@ import numpy as np
 from fold.ir import Lit, Program, Var
 from fold.primitives import BroadcastTo, Concatenate, Convert, Elementwise, Iota, MatMul, Reshape, StaticIndex, SumAxes, Transpose
 from kernels.cpu.modules import load_module
+from runtime.numpy_impl.structural import index_key
 
 from . import scalar_helpers
 
@@ -42,8 +43,6 @@ MAX_COMPONENTS = 64
 # A kernel calls an operator of k-leaf elements with 2k scalars; CPython compiles a call of more than 30
 # arguments into a *args call, which Numba's inline="always" cannot inline: such a lambda is an ordinary call.
 MAX_INLINED_PARAMETERS = 30
-_STRUCTURAL = (BroadcastTo, Reshape, Transpose, StaticIndex, Concatenate)
-_SUPPORTED = (Elementwise, Convert, Iota, MatMul, SumAxes) + _STRUCTURAL
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 
 
@@ -53,7 +52,7 @@ def _small(aval) -> bool:
 
 def compile_problem(program: Program) -> str | None:
     """Why `program_source` cannot write this lambda as a scalar function (None: it can)."""
-    unsupported = sorted({stmt.prim.name for stmt in program.stmts if not isinstance(stmt.prim, _SUPPORTED)})
+    unsupported = sorted({stmt.prim.name for stmt in program.stmts if type(stmt.prim) not in _EXPANSIONS})
     if unsupported:
         return f"it uses {', '.join(unsupported)}"
     values = [v for stmt in program.stmts for v in stmt.outs] + [a for a in program.outputs]
@@ -120,46 +119,45 @@ class _Writer:
         return acc if len(terms) > 1 else self.emit(f"np.{dtype.name}({acc})")
 
 
-def _statement(writer: _Writer, stmt, args: list[np.ndarray]) -> np.ndarray:
-    """The object array of names for the statement's (single) output."""
-    prim, out = stmt.prim, stmt.outs[0].aval
-    dtype = out.dtype
-    if isinstance(prim, Elementwise):
-        template = _TEMPLATES[prim.op]
-        wrap = (lambda e: e) if prim.op in _COMPARISONS else (lambda e: f"np.{dtype.name}({e})")
-        return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape)
-    if isinstance(prim, Convert):
-        return writer.elementwise(lambda x: f"np.{dtype.name}({x})", args, out.shape)
-    if isinstance(prim, Iota):
-        return np.array([f"np.{dtype.name}({i})" for i in range(prim.n)], dtype=object)
-    if isinstance(prim, BroadcastTo):
-        return np.broadcast_to(args[0], prim.shape)
-    if isinstance(prim, Reshape):
-        return args[0].reshape(prim.shape)
-    if isinstance(prim, Transpose):
-        return args[0].transpose(prim.perm)
-    if isinstance(prim, StaticIndex):
-        from runtime.numpy_impl.structural import index_key
+def _elementwise(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
+    template = _TEMPLATES[prim.op]
+    wrap = (lambda e: e) if prim.op in _COMPARISONS else (lambda e: f"np.{out.dtype.name}({e})")
+    return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape)
 
-        return np.asarray(args[0][index_key(prim.index)], dtype=object)
-    if isinstance(prim, Concatenate):
-        return np.concatenate(args, axis=prim.axis)
-    if isinstance(prim, MatMul):
-        a, b = args
-        out_names = np.empty(out.shape, dtype=object)
-        for i, j in np.ndindex(*out.shape):
-            terms = [writer.emit(f"np.{dtype.name}({a[i, k]} * {b[k, j]})") for k in range(a.shape[1])]
-            out_names[i, j] = writer.total(terms, dtype)
-        return out_names
-    if isinstance(prim, SumAxes):
-        x = args[0]
-        kept = [ax for ax in range(x.ndim) if ax not in prim.axes]
-        moved = x.transpose(kept + list(prim.axes)).reshape(tuple(x.shape[a] for a in kept) + (-1,))
-        out_names = np.empty(out.shape, dtype=object)
-        for index in np.ndindex(*out.shape):
-            out_names[index] = writer.total(list(moved[index]), dtype)
-        return out_names
-    raise NotImplementedError(prim.name)
+
+def _matmul(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
+    a, b = args
+    names = np.empty(out.shape, dtype=object)
+    for i, j in np.ndindex(*out.shape):
+        terms = [writer.emit(f"np.{out.dtype.name}({a[i, k]} * {b[k, j]})") for k in range(a.shape[1])]
+        names[i, j] = writer.total(terms, out.dtype)
+    return names
+
+
+def _sum_axes(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
+    (x,) = args
+    kept = [ax for ax in range(x.ndim) if ax not in prim.axes]
+    moved = x.transpose(kept + list(prim.axes)).reshape(tuple(x.shape[a] for a in kept) + (-1,))
+    names = np.empty(out.shape, dtype=object)
+    for index in np.ndindex(*out.shape):
+        names[index] = writer.total(list(moved[index]), out.dtype)
+    return names
+
+
+# primitive -> (writer, prim, argument name arrays, output aval) -> the output's name array. Structural
+# primitives are NumPy's own operations on the arrays of names; they emit no statement.
+_EXPANSIONS = {
+    Elementwise: _elementwise,
+    Convert: lambda w, prim, args, out: w.elementwise(lambda x: f"np.{out.dtype.name}({x})", args, out.shape),
+    Iota: lambda w, prim, args, out: np.array([f"np.{out.dtype.name}({i})" for i in range(prim.n)], dtype=object),
+    MatMul: _matmul,
+    SumAxes: _sum_axes,
+    BroadcastTo: lambda w, prim, args, out: np.broadcast_to(args[0], prim.shape),
+    Reshape: lambda w, prim, args, out: args[0].reshape(prim.shape),
+    Transpose: lambda w, prim, args, out: args[0].transpose(prim.perm),
+    StaticIndex: lambda w, prim, args, out: np.asarray(args[0][index_key(prim.index)], dtype=object),
+    Concatenate: lambda w, prim, args, out: np.concatenate(args, axis=prim.axis),
+}
 
 
 def program_source(program: Program, name: str = "scalar_fn") -> str:
@@ -177,7 +175,8 @@ def program_source(program: Program, name: str = "scalar_fn") -> str:
         return _lit_names(atom) if isinstance(atom, Lit) else env[atom]
 
     for stmt in program.stmts:
-        env[stmt.outs[0]] = _statement(writer, stmt, [names_of(a) for a in stmt.args])
+        expand = _EXPANSIONS[type(stmt.prim)]
+        env[stmt.outs[0]] = expand(writer, stmt.prim, [names_of(a) for a in stmt.args], stmt.outs[0].aval)
     outs = [str(n) for a in program.outputs for n in np.asarray(names_of(a)).ravel()]
     result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
     return "\n".join([f"def {name}({', '.join(params)}):"] + writer.lines + [f"    return {result}"])

@@ -16,7 +16,7 @@ from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
-from .codegen import MAX_COMPONENTS, compile_problem, compile_scalar_program, is_scalar_program
+from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str]] = set()
