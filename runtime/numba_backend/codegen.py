@@ -6,8 +6,8 @@ value of shape s becomes prod(s) scalar variables (row-major), kept during gener
 their names, so that broadcasting, reshapes, transposes, static indexing and concatenation are NumPy's own
 operations on those arrays, and elementwise math, matrix products and sums expand into scalar statements.
 An element with vector fields (a 2 x 2 matrix, a vector of D sums) is then so many scalar leaves. Lambdas
-with anything else (nested combinators, gathers, more than MAX_COMPONENTS scalars in one value, more than
-MAX_PARAMETERS scalar inputs) are not compilable, and `is_compilable` says so, so that the backend keeps the numpy implementation for them.
+with anything else (nested combinators, gathers, more than MAX_COMPONENTS scalars in one value) cannot be
+written so; `compile_problem` says why, and the backend keeps the numpy implementation for them.
 """
 
 from __future__ import annotations
@@ -46,30 +46,22 @@ MAX_INLINED_PARAMETERS = 30
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 
 
-def _small(aval) -> bool:
-    return int(np.prod(aval.shape, dtype=np.int64)) <= MAX_COMPONENTS
-
-
 def compile_problem(program: Program) -> str | None:
     """Why `program_source` cannot write this lambda as a scalar function (None: it can)."""
     unsupported = sorted({stmt.prim.name for stmt in program.stmts if type(stmt.prim) not in _EXPANSIONS})
     if unsupported:
         return f"it uses {', '.join(unsupported)}"
-    values = [v for stmt in program.stmts for v in stmt.outs] + [a for a in program.outputs]
-    large = next((v.aval.shape for v in values if not _small(v.aval)), None)
+    large = next((v.aval.shape for v in _values(program) if components(v.aval) > MAX_COMPONENTS), None)
     return None if large is None else f"it holds a value of shape {large}, more than {MAX_COMPONENTS} scalars"
 
 
-def is_compilable(program: Program) -> bool:
-    """Only small static shapes and statements that expand into scalar code: what `program_source` can write."""
-    return compile_problem(program) is None
+def _values(program: Program) -> list:
+    return list(program.inputs) + [v for stmt in program.stmts for v in stmt.outs] + list(program.outputs)
 
 
 def is_scalar_program(program: Program) -> bool:
     """Only 0-d values: a function of scalars with no component expansion at all."""
-    return is_compilable(program) and all(v.aval.shape == () for v in program.inputs) and \
-        all(a.aval.shape == () for a in program.outputs) and \
-        all(v.aval.shape == () for stmt in program.stmts for v in stmt.outs)
+    return compile_problem(program) is None and all(v.aval.shape == () for v in _values(program))
 
 
 def components(aval) -> int:
