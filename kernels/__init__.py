@@ -5,12 +5,15 @@ checks it. `kernels.cpu` holds the Numba CPU templates; CUDA templates are to fo
 
 The contract (the same for every template):
 
-- Elements are tuples of k >= 1 scalar leaves, stored as k arrays ("a record of arrays"): 1-D and
-  C-contiguous, or 2-D (rows, n) for the segmented reduce, all of one shape.
+- Elements are tuples of k >= 1 scalar leaves, stored as k arrays ("a record of arrays"): 1-D of any
+  stride (the columns of an (n, k) array are read in place), or 2-D (rows, n) and C-contiguous for the
+  segmented reduce, all of one shape. Drivers that return arrays fill the caller's `out` arrays (any
+  stride) when given, so results can land in the columns of one wider array.
 - A *combine* is a numba.njit function of 2k scalars, combine(a_0, ..., a_{k-1}, b_0, ..., b_{k-1}),
   returning a k-tuple (a scalar or a 1-tuple when k == 1). It must be associative; it need not be
   commutative: every kernel keeps its operands in order, a before b.
-- A *mapper* is a numba.njit function of m scalars returning a k-tuple (a scalar or 1-tuple when k == 1).
+- A *mapper* is a numba.njit function of m scalars returning a k-tuple (a scalar or 1-tuple when k == 1);
+  map and scan_pair_map pass it scalar `consts` first.
 - The *identity* is a tuple of k scalars; each must be exactly representable in its leaf's dtype.
 - Element dtypes are the leaves' dtypes, or the mapper's result types (compiled for the inputs' dtypes).
 - Kernels return tuples of NumPy arrays (one per leaf), or of k NumPy scalars for reduce / map_reduce.
@@ -19,7 +22,8 @@ The contract (the same for every template):
   variants; they check their assumptions (compiled functions, contiguity, one shape, arity of
   the functions' results) and raise errors that name the values involved.
 - Compiled kernels are cached in memory per (template, function objects, k, m); Numba specialises each
-  on the dtypes. No disk cache (see kernels.cpu.codegen for why).
+  on the dtypes and layouts. Kernels whose functions come from content-addressed modules are also cached
+  on disk (see kernels.cpu.codegen and kernels.cpu.modules).
 
-Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, histogram, map.
+Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, histogram, map, scan_pair_map.
 """

@@ -335,6 +335,9 @@ def test_map(n, parallel):
     (y,) = kc.map(square, 1, 1, [x], parallel=parallel)
     assert y.dtype == np.float32  # the mapper's result type for float32 input
     np.testing.assert_array_equal(y, x * x)
+    (z,) = kc.map(mul, 1, 1, [x], consts=[np.float64(-2.5)], parallel=parallel)  # a captured scalar first
+    assert z.dtype == np.float64
+    np.testing.assert_array_equal(z, -2.5 * x.astype(np.float64))
 
 
 # ---------------------------------------------------------------- scan
@@ -357,6 +360,83 @@ def test_scan_is_not_commutative_by_accident():
         op, xs, ident = _case(op_name, I64, 50)
         swapped = fold_reference(_swapped(op.fn.py_func, op.k), ident, xs)
         assert fold_reference(op.fn.py_func, ident, xs) != swapped, op_name
+
+
+def test_strided_leaves_are_read_and_out_columns_filled_in_place():
+    """Leaves that are columns of one (n, k) array, and outputs that are columns of another: no copies."""
+    op, xs, ident = _case("matmul", I64, 5001)
+    packed = np.stack(xs, axis=1)
+    columns = [packed[:, j] for j in range(4)]
+    assert not columns[1].flags.c_contiguous
+    _check(kc.reduce(op.fn, 4, op.identity(I64), columns, chunks=3), kc.reduce(op.fn, 4, op.identity(I64), xs), "matmul", I64, "strided reduce")
+    target = np.zeros((5001, 4), np.int64)
+    filled = kc.scan(op.fn, 4, op.identity(I64), columns, exclusive=True, out=[target[:, j] for j in range(4)])
+    assert all(np.shares_memory(f, target) for f in filled)
+    _check([target[:, j] for j in range(4)], scan_reference(op.fn.py_func, 4, ident, xs, True, False), "matmul", I64, "scan into columns")
+    mapped = np.zeros((5001, 4), np.int64)
+    kc.map(shear, 2, 4, [packed[:, 0], packed[:, 3]], out=[mapped[:, j] for j in range(4)])
+    _check([mapped[:, j] for j in range(4)], kc.map(shear, 2, 4, [xs[0], xs[3]]), "matmul", I64, "map into columns")
+
+
+# ---------------------------------------------------------------- scan_pair_map
+
+@njit
+def sandwich(c, a00, a01, a10, a11, b00, b01, b10, b11, y):  # tr(P S) y + c and (P S)[0, 0] of prefix P, suffix S
+    return (a00 * b00 + a01 * b10 + a10 * b01 + a11 * b11) * y + c, a00 * b00 + a01 * b10
+
+
+@njit
+def linrec_sandwich(c, a1, b1, a2, b2, y):
+    return a1 * a2 * y + b1 - 3 * b2 + c
+
+
+@pytest.mark.parametrize("parallel", [None, False, True])
+@pytest.mark.parametrize("block", [1, 3, None])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 1001, 100_003])
+@pytest.mark.parametrize("op_name,mapper,r", [("matmul", sandwich, 2), ("linrec", linrec_sandwich, 1)], ids=["matmul", "linrec"])
+def test_scan_pair_map(op_name, mapper, r, n, block, parallel):
+    """Against the two exclusive scans of the scan reference, mapped in NumPy (int64: exact, order-sensitive)."""
+    op, xs, ident = _case(op_name, I64, n, "pair")
+    y = _rng("pair-y", n).integers(-3, 4, n)
+    prefix = scan_reference(op.fn.py_func, op.k, ident, xs, exclusive=True, reverse=False)
+    suffix = scan_reference(op.fn.py_func, op.k, ident, xs, exclusive=True, reverse=True)
+    want = [np.broadcast_to(np.asarray(w, np.int64), (n,)) for w in _as_tuple(mapper.py_func(np.int64(5), *prefix, *suffix, y))]
+    options = {} if block is None else {"block": block}
+    got = kc.scan_pair_map(op.fn, op.k, op.identity(I64), xs, mapper, r, [y], [np.int64(5)], parallel=parallel, **options)
+    _check(got, want, op_name, I64, f"scan_pair_map {op_name} n={n} block={block} parallel={parallel}")
+
+
+def test_scan_pair_map_errors_name_the_problem():
+    x = np.arange(10.0)
+    with pytest.raises(ValueError, match=r"others must have the leaves' shape \(10,\), got \(9,\)"):
+        kc.scan_pair_map(linrec, 2, (1.0, 0.0), [x, x], linrec_sandwich, 1, [x[:9]], [1.0])
+    with pytest.raises(ValueError, match=r"mapper must return 2 value\(s\)"):
+        kc.scan_pair_map(linrec, 2, (1.0, 0.0), [x, x], linrec_sandwich, 2, [x], [1.0])
+
+
+# ---------------------------------------------------------------- logsumexp
+
+@pytest.mark.parametrize("chunks", [None, 1, 3])
+@pytest.mark.parametrize("n", [1, 2, 1001, 100_003])
+def test_logsumexp(n, chunks):
+    x = _rng("logsumexp", n).normal(scale=30.0, size=n)
+    want = np.logaddexp.reduce(x)
+    np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), want, rtol=1e-13)
+    np.testing.assert_allclose(kc.logsumexp(x[::-2], chunks=chunks), np.logaddexp.reduce(x[::-2]), rtol=1e-13)
+    assert kc.logsumexp(x.astype(np.float32), chunks=chunks).dtype == np.float32
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_logsumexp_edges(chunks):
+    inf, nan = np.inf, np.nan
+    for x in ([-inf, -inf, -inf, -inf], [1.0, inf, 2.0, 0.0], [1.0, -inf, 3.0, 0.5], [0.0, nan, inf, 1.0], [-inf, nan, 1.0, 2.0]):
+        x = np.array(x)
+        with np.errstate(invalid="ignore"):  # NumPy's own reference, on a NaN
+            want = np.logaddexp.reduce(x)
+        np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), want, rtol=1e-14, err_msg=str(x))
+    assert kc.logsumexp(np.empty(0)) == -np.inf
+    with pytest.raises(TypeError, match="x must be a float array, got dtype int64"):
+        kc.logsumexp(np.arange(3))
 
 
 # ---------------------------------------------------------------- histogram
@@ -436,7 +516,11 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"one shape, got \[\(10,\), \(11,\)\]"):
         kc.reduce(linrec, 2, (1.0, 0.0), [x, y])
     with pytest.raises(ValueError, match="C-contiguous"):
-        kc.scan(add, 1, (0.0,), [y[::2]])
+        kc.segmented_reduce(None, add, 1, (0.0,), [np.ones((4, 6))[:, ::2]])
+    with pytest.raises(ValueError, match=r"out\[0\] must be a writeable array of shape \(10,\) and dtype float64, got shape \(11,\)"):
+        kc.scan(add, 1, (0.0,), [x], out=[y])
+    with pytest.raises(ValueError, match="expected 2 output arrays, got 1"):
+        kc.map(to_linrec, 2, 2, [x, x], out=[x.copy()])
     with pytest.raises(ValueError, match=r"identity\[0\] = -inf does not fit the element dtype int64"):
         kc.reduce(maximum, 1, (-np.inf,), [np.arange(3)])
     with pytest.raises(ValueError, match="identity must be a tuple of 2"):
@@ -449,6 +533,8 @@ def test_errors_name_the_problem():
         kc.histogram(add, 1, (0.0,), 3, x, [x])
     with pytest.raises(ValueError, match="chunks must be an integer >= 1"):
         kc.reduce(add, 1, (0.0,), [x], chunks=0)
+    with pytest.raises(ValueError, match=r"consts\[0\] must be a real or boolean scalar, got array.*shape \(2,\)"):
+        kc.map(mul, 1, 1, [x], consts=[np.ones(2)])
 
 
 def test_one_kernel_per_function_and_arity():

@@ -5,7 +5,10 @@
     segmented_reduce(mapper_or_None, combine, k, identity, inputs, *, parallel=None) -> k arrays (rows,)
     scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, chunks=None) -> k arrays (n,)
     histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
-    map(mapper, m, k, inputs, *, parallel=None)                                -> k arrays (n,)
+    map(mapper, m, k, inputs, *, consts=(), parallel=None)                     -> k arrays (n,)
+    logsumexp(x, *, chunks=None)                                               -> a scalar
+    scan_pair_map(combine, k, identity, leaves, mapper, r, others=(), consts=(), *, block, parallel)
+                                                                               -> r arrays (n,)
 
 The functions reduce, scan, histogram and map shadow the submodules of the same names as attributes of
 this package; reach a template with `from kernels.cpu.reduce import fold_kernel` (which goes through
@@ -13,7 +16,9 @@ sys.modules), not `kernels.cpu.reduce.fold_kernel`.
 """
 
 from . import codegen, host
+from .bidirectional import scan_pair_map
 from .histogram import histogram
+from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)
 from .reduce import map_reduce, reduce
 from .scan import scan
@@ -26,4 +31,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["clear_cache", "histogram", "map", "map_reduce", "reduce", "scan", "segmented_reduce"]
+__all__ = ["clear_cache", "histogram", "logsumexp", "map", "map_reduce", "reduce", "scan", "scan_pair_map", "segmented_reduce"]

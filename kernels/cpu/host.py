@@ -36,7 +36,8 @@ def check_count(count: Any, what: str) -> int:
 
 
 def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str) -> list[np.ndarray]:
-    """`count` C-contiguous NumPy arrays with `ndim` dimensions and one shape."""
+    """`count` NumPy arrays with `ndim` dimensions and one shape: 1-D arrays of any stride (a column of a
+    wider array is read in place), 2-D arrays C-contiguous."""
     if isinstance(arrays, np.ndarray) or len(arrays) != count:
         got = "one array" if isinstance(arrays, np.ndarray) else f"{len(arrays)} arrays"
         raise ValueError(f"{what}: expected a sequence of {count} arrays, got {got}")
@@ -45,13 +46,40 @@ def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str)
             raise TypeError(f"{what}[{j}] must be a NumPy array, got {type(a).__name__}")
         if a.ndim != ndim:
             raise ValueError(f"{what}[{j}] must be {ndim}-D, got shape {a.shape}")
-        if not a.flags.c_contiguous:
+        if ndim > 1 and not a.flags.c_contiguous:
             raise ValueError(f"{what}[{j}] must be C-contiguous (pass np.ascontiguousarray(...)), "
                              f"got strides {a.strides} for shape {a.shape}")
     shapes = [a.shape for a in arrays]
     if any(s != shapes[0] for s in shapes):
         raise ValueError(f"{what}: all arrays must have one shape, got {shapes}")
     return list(arrays)
+
+
+def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int, what: str) -> tuple:
+    """The arrays a kernel fills: new ones, or the caller's `out` (1-D, any stride: a column of a wider array
+    is filled in place), checked against the results' count, length and dtypes."""
+    if out is None:
+        return tuple(np.empty(n, d) for d in dtypes)
+    if isinstance(out, np.ndarray) or len(out) != len(dtypes):
+        raise ValueError(f"{what}: expected {len(dtypes)} output arrays, got {1 if isinstance(out, np.ndarray) else len(out)}")
+    for j, (a, d) in enumerate(zip(out, dtypes, strict=True)):
+        if not isinstance(a, np.ndarray) or a.shape != (n,) or a.dtype != d or not a.flags.writeable:
+            got = f"shape {a.shape}, dtype {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise ValueError(f"{what}[{j}] must be a writeable array of shape ({n},) and dtype {d}, got {got}")
+    return tuple(out)
+
+
+def check_scalars(values: Sequence[Any], what: str) -> list:
+    """NumPy scalars (0-d values of a numeric or boolean dtype), as NumPy scalars."""
+    if isinstance(values, np.ndarray) or not isinstance(values, (tuple, list)):
+        raise TypeError(f"{what} must be a sequence of scalars, got {type(values).__name__}")
+    out = []
+    for j, v in enumerate(values):
+        a = np.asarray(v)
+        if a.ndim != 0 or a.dtype.kind not in "biuf":
+            raise ValueError(f"{what}[{j}] must be a real or boolean scalar, got {v!r} (shape {a.shape}, dtype {a.dtype})")
+        out.append(a[()])
+    return out
 
 
 def result_dtypes(fn: Dispatcher, arg_dtypes: Sequence[np.dtype], count: int, what: str) -> list[np.dtype]:

@@ -7,6 +7,11 @@ The kernel splits [0, n) into T contiguous chunks, folds each from the identity 
 then combines the T partials sequentially in chunk order, so the operands never change order and
 non-commutative associative operators are correct (T = 1: one plain loop, no parallel region). In
 map_reduce the mapped elements are never stored.
+
+A fold is a chain of dependent combines, so one accumulator runs at the latency of the operator, not at
+the speed of memory. The parallel kernel therefore folds each chunk as LANES contiguous sub-chunks
+interleaved in one loop (independent chains the CPU overlaps), then combines the lane totals in order:
+the same bracketing freedom as the chunks, never a change of operand order.
 """
 
 from __future__ import annotations
@@ -19,16 +24,46 @@ from . import host
 from .codegen import call, compile_kernel, each, indent, names
 
 
-def _fold_loop(k: int, m: int, mapped: bool, lo: str, hi: str, acc: str) -> str:
-    """Fold the elements lo <= i < hi into acc_0.., starting from the identity."""
+# Independent accumulators per parallel chunk: enough to hide the latency of a floating-point add.
+LANES = 4
+
+
+def _element(k: int, m: int, mapped: bool, index: str, prefix: str) -> str:
+    """prefix0.. = the element at `index` (mapped or read)."""
     if mapped:
-        element = call("e", "mapper", ", ".join(f"x{j}[i]" for j in range(m)), k)
-    else:
-        element = each("e{j} = x{j}[i]", k)
+        return call(prefix, "mapper", ", ".join(f"x{j}[{index}]" for j in range(m)), k)
+    return each(prefix + "{j} = x{j}[" + index + "]", k)
+
+
+def _combine_into(acc: str, other: str, k: int) -> str:
+    return call(acc, "combine", names(acc, k) + ", " + names(other, k), k)
+
+
+def _fold_loop(k: int, m: int, mapped: bool, lo: str, hi: str, acc: str) -> str:
+    """Fold the elements lo <= i < hi into acc_0.., starting from the identity (one chain)."""
     return f"""{each(acc + "{j} = id{j}", k)}
 for i in range({lo}, {hi}):
-{indent(element, 4)}
-    {call(acc, "combine", names(acc, k) + ", " + names("e", k), k)}"""
+{indent(_element(k, m, mapped, "i", "e"), 4)}
+    {_combine_into(acc, "e", k)}"""
+
+
+def _lanes_loop(k: int, m: int, mapped: bool, lanes: int) -> str:
+    """Fold lo <= i < hi into acc_0.. as `lanes` interleaved sub-chunks of q elements (the last one also
+    takes the remainder), then combine the lane totals in lane order."""
+    acc = [f"a{lane}_" for lane in range(lanes)]
+    step = "\n".join(_element(k, m, mapped, f"i + {lane} * q", f"e{lane}_") + "\n" + _combine_into(acc[lane], f"e{lane}_", k)
+                     for lane in range(lanes))
+    last = acc[-1]
+    merge = "\n".join(_combine_into(acc[0], acc[lane], k) for lane in range(1, lanes))
+    return f"""q = (hi - lo) // {lanes}
+{chr(10).join(each(a + "{j} = id{j}", k) for a in acc)}
+for i in range(lo, lo + q):
+{indent(step, 4)}
+for i in range(lo + {lanes} * q, hi):
+{indent(_element(k, m, mapped, "i", "e"), 4)}
+    {_combine_into(last, "e", k)}
+{merge}
+{each("acc{j} = " + acc[0] + "{j}", k)}"""
 
 
 def _fold_source(k: int, m: int, mapped: bool) -> str:
@@ -41,7 +76,7 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
     for t in prange(T):
         lo = t * n // T
         hi = (t + 1) * n // T
-{indent(_fold_loop(k, m, mapped, "lo", "hi", "acc"), 8)}
+{indent(_lanes_loop(k, m, mapped, LANES), 8)}
 {each("p{j}[t] = acc{j}", k, 8)}
 {each("tot{j} = p{j}[0]", k, 4)}
     for t in range(1, T):

@@ -104,11 +104,13 @@ def scan_kernel(combine: Any, k: int, parallel: bool = True) -> Any:
 
 
 def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray],
-         exclusive: bool = False, reverse: bool = False, *, chunks: int | None = None) -> tuple:
+         exclusive: bool = False, reverse: bool = False, *, chunks: int | None = None,
+         out: Sequence[np.ndarray] | None = None) -> tuple:
     """Scan k 1-D arrays of one length n (the leaves of n elements) with `combine`.
 
-    Returns a tuple of k new arrays of length n with the leaves' dtypes (see the module docstring for the
-    four variants). `chunks` overrides the number of parallel chunks (default: one per Numba thread).
+    Returns a tuple of k arrays of length n with the leaves' dtypes (see the module docstring for the
+    four variants): new ones, or `out` filled. `chunks` overrides the number of parallel chunks (default:
+    one per Numba thread).
     """
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
@@ -117,7 +119,7 @@ def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndar
     ident = host.cast_identity(identity, dtypes)
     host.check_combine(combine, dtypes)
     n = leaves[0].shape[0]
-    outs = tuple(np.empty(n, d) for d in dtypes)
+    outs = host.outputs(out, dtypes, n, "out")
     if n == 0:
         return outs
     T = host.num_chunks(n, chunks)
