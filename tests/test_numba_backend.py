@@ -10,6 +10,7 @@ import pytest
 
 import fold
 from runtime.numba_backend.fusion import FusedMapReduce, fuse
+from runtime.numba_backend.lowering import COMPILE_FROM
 
 rng = np.random.default_rng(7)
 
@@ -85,7 +86,7 @@ def kernel_calls(monkeypatch):
     import kernels.cpu
 
     calls: dict[str, int] = {}
-    for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce"):
+    for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce", "scan_pair_map", "logsumexp"):
         original = getattr(kernels.cpu, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -134,8 +135,110 @@ def test_records_with_vector_fields_in_reduce_histogram_and_rows(kernel_calls):
         assert_same(*both(lambda z, v: fold.reduce(op, {"z": z, "v": v}, identity=ident), z, v))
         assert_same(*both(lambda z, v, i: fold.reduce_by_index(op, 7, i, {"z": z, "v": v}, identity=ident), z, v, idx))
         rows = lambda z, v: fold.map(lambda zr, vr: fold.reduce(op, {"z": zr, "v": vr}, identity=ident), z, v)  # noqa: E731
-        assert_same(*both(rows, z.reshape(30, 10), v.reshape(30, 10, 3)))
+        assert_same(*both(rows, z.reshape(10, 30), v.reshape(10, 30, 3)))  # rows too long to unroll
     assert kernel_calls == {"reduce": 1, "histogram": 1, "segmented_reduce": 1}
+
+
+def test_maps_with_vector_bodies_and_short_nested_combinators_are_one_kernel(kernel_calls):
+    """Rows of small vectors and matrices, with a map (capturing a vector), scans, reduces and a non-commutative
+    matrix product over them inside: all unrolled into one compiled loop over the rows."""
+    x, w = rng.normal(size=(COMPILE_FROM, 3)), rng.normal(size=3)
+    ms = np.eye(2) + 0.3 * rng.normal(size=(COMPILE_FROM, 4, 2, 2))
+
+    def f(x, w, ms):
+        def row(r, m):
+            scaled = fold.map(lambda a, b: a * b + 1.0, r, w)
+            suffix = fold.scan(lambda a, b: a + b + a * b, scaled, identity=0.0, exclusive=True, reverse=True)
+            prefix = fold.scan(matrix_product, m, identity=np.eye(2))
+            total = fold.reduce(lambda a, b: a + b, scaled, identity=0.0)
+            return suffix * total, prefix, fold.reduce(matrix_product, m, identity=np.eye(2))
+        return fold.map(row, x, ms)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, x, w, ms), rtol=1e-10)
+    assert kernel_calls == {"map": 1}
+
+
+def test_generic_scan_gradient_builds_its_jacobians_in_kernels(kernel_calls):
+    """The generic scan vjp forms each element's Jacobian by a map over basis vectors inside a map: that
+    nested map is unrolled, so the whole gradient runs in kernels, without a warning."""
+    n = COMPILE_FROM
+    a, b, ybar = rng.uniform(0.5, 1.0, n), rng.normal(size=n), rng.normal(size=n)
+    g = lambda a, b: fold.vjp(lambda a, b: fold.scan(compose, (a, b), identity=(1.0, 0.0))[1], (a, b), ybar)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(g, a, b), rtol=1e-9)
+    assert kernel_calls.get("map", 0) >= 3 and kernel_calls.get("scan", 0) >= 2
+
+
+@pytest.mark.parametrize("elements", ["scalars", "pairs", "matrices"])
+def test_generic_reduce_gradient_is_one_scan_pair_kernel(elements, kernel_calls):
+    """The generic reduce vjp (two exclusive scans read by one map) is rewritten into one kernel that agrees
+    with the three statements on numpy, for a scalar operator, a non-commutative pair and 2 x 2 matrices."""
+    n = COMPILE_FROM + 3
+    if elements == "scalars":
+        f, args, ct = (lambda x: fold.reduce(lambda a, b: a * b, x, identity=1.0)), (rng.uniform(0.99, 1.01, n),), 1.5
+    elif elements == "pairs":
+        f, args, ct = (lambda a, b: fold.reduce(compose, (a, b), identity=(1.0, 0.0))), (rng.uniform(0.99, 1.01, n), rng.normal(size=n)), (1.0, -2.0)
+    else:
+        f, args, ct = (lambda x: fold.reduce(matrix_product, x, identity=np.eye(2))), (np.eye(2) + 0.01 * rng.normal(size=(n, 2, 2)),), rng.normal(size=(2, 2))
+    g = lambda *a: fold.vjp(f, a, ct, reduce_rule="generic")  # noqa: E731
+    from runtime.numba_backend.scan_pair_fusion import FusedScanPairMap, fuse_scan_pairs
+    assert [type(s.prim) for s in fuse_scan_pairs(fold.trace(g, *args)).stmts if isinstance(s.prim, FusedScanPairMap)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(g, *args), rtol=1e-9)
+    assert kernel_calls == {"scan_pair_map": 1}
+
+
+@pytest.mark.parametrize("op,kernel", [(fold.monoids.prod, "reduce"), (fold.monoids.max, "reduce"), (fold.monoids.min, "reduce"),
+                                       (fold.monoids.logaddexp, "logsumexp"), (fold.monoids.sum, None)],
+                         ids=["prod", "max", "min", "logaddexp", "sum"])
+def test_recognised_reductions_of_large_inputs_run_in_parallel(op, kernel, kernel_calls):
+    """*, min, max and logaddexp of many elements: NumPy's single-threaded reduction is beaten by a parallel
+    kernel (same value to rounding); + keeps NumPy's pairwise sum. Small inputs keep NumPy throughout."""
+    from kernels.cpu import host
+
+    n = 2 * host.MIN_CHUNK + 1
+    x = rng.uniform(0.999, 1.001, n) if op is fold.monoids.prod else rng.normal(scale=20.0, size=n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda x: fold.reduce(op, x), x), rtol=1e-12)
+        assert_same(*both(lambda x: fold.reduce(op, x), x[:1000]))
+    parallel = kernel is not None and host.num_chunks(n, None) > 1
+    assert kernel_calls == ({kernel: 1} if parallel else {})
+
+
+def test_small_maps_with_vector_bodies_stay_batched_numpy(kernel_calls):
+    """Below COMPILE_FROM rows compiling such a map would cost more than it could save: no kernel, no warning."""
+    x = rng.normal(size=(COMPILE_FROM - 1, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda x: fold.map(lambda r: fold.exp(r) * r[0], x), x))
+    assert kernel_calls == {}
+
+
+def test_long_nested_rows_and_large_values_are_left_to_numpy():
+    from runtime.numba_backend.codegen import MAX_STATEMENTS, MAX_UNROLLED_ROWS, compile_problem
+
+    def body_of(f, *args):
+        return fold.trace(f, *args).stmts[0].prim.body
+
+    long_rows = body_of(lambda x: fold.map(lambda r: fold.reduce(lambda a, b: a + b, r, identity=0.0), x),
+                        np.ones((4, MAX_UNROLLED_ROWS + 1)))
+    assert compile_problem(long_rows) == f"it nests a combinator over {MAX_UNROLLED_ROWS + 1} rows (at most {MAX_UNROLLED_ROWS} are unrolled)"
+    wide = body_of(lambda x: fold.map(lambda r: fold.exp(r) * r, x), np.ones((2, 4, 100)))
+    assert compile_problem(wide) == "it holds a value of shape (4, 100), more than 64 scalars"
+
+    def chain(u):
+        for _ in range(10):
+            u = fold.sin(u) * u
+        return u
+
+    deep = body_of(lambda x: fold.map(lambda r: fold.map(lambda v: fold.map(chain, v), r), x), np.ones((2, 8, 8)))
+    problem = compile_problem(deep)
+    assert problem.startswith("it unrolls to") and problem.endswith(f"more than {MAX_STATEMENTS}")
 
 
 def test_too_large_elements_fall_back_with_one_warning(monkeypatch):

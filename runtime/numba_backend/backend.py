@@ -1,4 +1,4 @@
-"""The numba backend: fuse, then interpret with the kernel lowerings tried before the numpy implementations."""
+"""The numba backend: fuse (scan pairs read by a map, maps read by a reduce), then interpret with the kernel lowerings tried before the numpy implementations."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .. import numpy_impl  # noqa: F401  (the reference implementations it falls
 from ..interpreter import eval_program, lowering
 from .fusion import fuse
 from .lowering import numba_impls
+from .scan_pair_fusion import fuse_scan_pairs
 
 
 class CompiledNumbaProgram:
@@ -21,7 +22,7 @@ class CompiledNumbaProgram:
     which `fold.jit` reports apart from run time."""
 
     def __init__(self, program: Program):
-        self.program = fuse(program)
+        self.program = fuse(fuse_scan_pairs(program))
         self.compile_seconds = 0.0
 
     def _add_compile_time(self, seconds: float) -> None:

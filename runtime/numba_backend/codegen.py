@@ -5,9 +5,11 @@ A lambda whose values all have small static shapes is written as a straight-line
 value of shape s becomes prod(s) scalar variables (row-major), kept during generation in an object array of
 their names, so that broadcasting, reshapes, transposes, static indexing and concatenation are NumPy's own
 operations on those arrays, and elementwise math, matrix products and sums expand into scalar statements.
-An element with vector fields (a 2 x 2 matrix, a vector of D sums) is then so many scalar leaves. Lambdas
-with anything else (nested combinators, gathers, more than MAX_COMPONENTS scalars in one value) cannot be
-written so; `compile_problem` says why, and the backend keeps the numpy implementation for them.
+An element with vector fields (a 2 x 2 matrix, a vector of D sums) is then so many scalar leaves. A map,
+reduce or scan inside the lambda runs over a static axis, so it is unrolled: its body is written once per
+row. Lambdas with anything else (gathers, more than MAX_COMPONENTS scalars in one value, more than
+MAX_STATEMENTS scalar statements once unrolled) cannot be written so; `compile_problem` says why, and the
+backend keeps the numpy implementation for them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Callable
 import numpy as np
 
 from fold.ir import Lit, Program, Var
-from fold.primitives import BroadcastTo, Concatenate, Convert, Elementwise, Iota, MatMul, Reshape, StaticIndex, SumAxes, Transpose
+from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
+                             StaticIndex, SumAxes, Transpose)
 from kernels.cpu.modules import load_module
 from runtime.numpy_impl.structural import index_key
 
@@ -40,6 +43,10 @@ _TEMPLATES = {
 
 
 MAX_COMPONENTS = 64
+# Nested combinators are unrolled only over short axes (a long row is the segmented kernels' job), and a
+# function of more statements than this takes Numba too long to compile.
+MAX_UNROLLED_ROWS = 16
+MAX_STATEMENTS = 1024
 # A kernel calls an operator of k-leaf elements with 2k scalars; CPython compiles a call of more than 30
 # arguments into a *args call, which Numba's inline="always" cannot inline: such a lambda is an ordinary call.
 MAX_INLINED_PARAMETERS = 30
@@ -48,15 +55,39 @@ _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 
 def compile_problem(program: Program) -> str | None:
     """Why `program_source` cannot write this lambda as a scalar function (None: it can)."""
-    unsupported = sorted({stmt.prim.name for stmt in program.stmts if type(stmt.prim) not in _EXPANSIONS})
+    unsupported = sorted({stmt.prim.name for p in _programs(program) for stmt in p.stmts if type(stmt.prim) not in _EXPANSIONS})
     if unsupported:
         return f"it uses {', '.join(unsupported)}"
-    large = next((v.aval.shape for v in _values(program) if components(v.aval) > MAX_COMPONENTS), None)
-    return None if large is None else f"it holds a value of shape {large}, more than {MAX_COMPONENTS} scalars"
+    large = next((v.aval.shape for p in _programs(program) for v in _values(p) if components(v.aval) > MAX_COMPONENTS), None)
+    if large is not None:
+        return f"it holds a value of shape {large}, more than {MAX_COMPONENTS} scalars"
+    long_rows = max((stmt.args[-1].aval.shape[0] for p in _programs(program) for stmt in p.stmts
+                     if isinstance(stmt.prim, _COMBINATORS)), default=0)
+    if long_rows > MAX_UNROLLED_ROWS:
+        return f"it nests a combinator over {long_rows} rows (at most {MAX_UNROLLED_ROWS} are unrolled)"
+    count = _statements(program)
+    return None if count <= MAX_STATEMENTS else f"it unrolls to {count} scalar statements, more than {MAX_STATEMENTS}"
+
+
+def _programs(program: Program) -> list[Program]:
+    """The program and every body nested in it."""
+    return [program] + [p for stmt in program.stmts for body in stmt.prim.bodies() for p in _programs(body)]
 
 
 def _values(program: Program) -> list:
     return list(program.inputs) + [v for stmt in program.stmts for v in stmt.outs] + list(program.outputs)
+
+
+def _statements(program: Program) -> int:
+    """About how many scalar statements the program is written as, nested combinators unrolled."""
+    total = 0
+    for stmt in program.stmts:
+        if isinstance(stmt.prim, _COMBINATORS):
+            rows = stmt.args[-1].aval.shape[0]
+            total += rows * _statements(stmt.prim.body) + sum(components(v.aval) for v in stmt.outs)
+        else:
+            total += sum(components(v.aval) for v in stmt.outs)
+    return total
 
 
 def is_scalar_program(program: Program) -> bool:
@@ -136,8 +167,48 @@ def _sum_axes(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
     return names
 
 
-# primitive -> (writer, prim, argument name arrays, output aval) -> the output's name array. Structural
-# primitives are NumPy's own operations on the arrays of names; they emit no statement.
+def _row(x: np.ndarray, i: int) -> np.ndarray:
+    return np.asarray(x[i], dtype=object)
+
+
+def _stack(rows: list[np.ndarray], shape: tuple) -> np.ndarray:
+    return np.stack(rows) if rows else np.empty((0,) + shape, dtype=object)
+
+
+def _map(writer: _Writer, prim: Map, args: list[np.ndarray], out) -> list[np.ndarray]:
+    consts, xs = args[: prim.num_consts], args[prim.num_consts:]
+    rows = [expand_program(writer, prim.body, consts + [_row(x, i) for x in xs]) for i in range(xs[0].shape[0])]
+    return [_stack([r[j] for r in rows], aval.shape) for j, aval in enumerate(prim.body.out_avals)]
+
+
+def _fold_rows(writer: _Writer, prim, args: list[np.ndarray], order, scanned: bool):
+    """The operator folded over the rows in `order` from the identity: (final accumulator, accumulator per row)."""
+    nc, k = prim.num_consts, prim.num_leaves
+    consts, acc, xs = args[:nc], args[nc: nc + k], args[nc + k:]
+    before, after = {}, {}
+    for i in order:
+        before[i] = acc
+        x = [_row(a, i) for a in xs]
+        acc = expand_program(writer, prim.body, consts + (x + acc if scanned and prim.reverse else acc + x))
+        after[i] = acc
+    return acc, before, after
+
+
+def _reduce(writer: _Writer, prim: Reduce, args: list[np.ndarray], out) -> list[np.ndarray]:
+    acc, _, _ = _fold_rows(writer, prim, args, range(args[-1].shape[0]), scanned=False)
+    return acc
+
+
+def _scan(writer: _Writer, prim: Scan, args: list[np.ndarray], out) -> list[np.ndarray]:
+    n = args[-1].shape[0]
+    _, before, after = _fold_rows(writer, prim, args, range(n - 1, -1, -1) if prim.reverse else range(n), scanned=True)
+    per_row = before if prim.exclusive else after
+    return [_stack([per_row[i][j] for i in range(n)], aval.shape) for j, aval in enumerate(prim.body.out_avals)]
+
+
+# primitive -> (writer, prim, argument name arrays, first output's aval) -> the output's name array (a list
+# of them for the combinators, which have several). Structural primitives are NumPy's own operations on the
+# arrays of names; they emit no statement. Combinators inside a lambda are unrolled over their static rows.
 _EXPANSIONS = {
     Elementwise: _elementwise,
     Convert: lambda w, prim, args, out: w.elementwise(lambda x: f"np.{out.dtype.name}({x})", args, out.shape),
@@ -149,27 +220,35 @@ _EXPANSIONS = {
     Transpose: lambda w, prim, args, out: args[0].transpose(prim.perm),
     StaticIndex: lambda w, prim, args, out: np.asarray(args[0][index_key(prim.index)], dtype=object),
     Concatenate: lambda w, prim, args, out: np.concatenate(args, axis=prim.axis),
+    Map: _map,
+    Reduce: _reduce,
+    Scan: _scan,
 }
+_COMBINATORS = (Map, Reduce, Scan)
+
+
+def expand_program(writer: _Writer, program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Write the program's statements with `writer`, its inputs being the given arrays of scalar names;
+    returns the arrays of names of its outputs."""
+    env: dict[Var, np.ndarray] = dict(zip(program.inputs, inputs, strict=True))
+
+    def names_of(atom) -> np.ndarray:
+        return _lit_names(atom) if isinstance(atom, Lit) else env[atom]
+
+    for stmt in program.stmts:
+        result = _EXPANSIONS[type(stmt.prim)](writer, stmt.prim, [names_of(a) for a in stmt.args], stmt.outs[0].aval)
+        env.update(zip(stmt.outs, result if isinstance(result, list) else [result], strict=True))
+    return [np.asarray(names_of(a), dtype=object) for a in program.outputs]
 
 
 def program_source(program: Program, name: str = "scalar_fn") -> str:
     """`def name(x0_0, x0_1, ..., x1_0, ...)`: each input's scalars in row-major order, returning every
     output's scalars (one scalar alone, else a tuple)."""
     writer = _Writer()
-    env: dict[Var, np.ndarray] = {}
-    params = []
-    for i, v in enumerate(program.inputs):
-        names = np.array([f"x{i}_{c}" for c in range(components(v.aval))], dtype=object).reshape(v.aval.shape)
-        env[v] = names
-        params += list(names.ravel())
-
-    def names_of(atom) -> np.ndarray:
-        return _lit_names(atom) if isinstance(atom, Lit) else env[atom]
-
-    for stmt in program.stmts:
-        expand = _EXPANSIONS[type(stmt.prim)]
-        env[stmt.outs[0]] = expand(writer, stmt.prim, [names_of(a) for a in stmt.args], stmt.outs[0].aval)
-    outs = [str(n) for a in program.outputs for n in np.asarray(names_of(a)).ravel()]
+    inputs = [np.array([f"x{i}_{c}" for c in range(components(v.aval))], dtype=object).reshape(v.aval.shape)
+              for i, v in enumerate(program.inputs)]
+    params = [str(n) for names in inputs for n in names.ravel()]
+    outs = [str(n) for names in expand_program(writer, program, inputs) for n in names.ravel()]
     result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
     return "\n".join([f"def {name}({', '.join(params)}):"] + writer.lines + [f"    return {result}"])
 

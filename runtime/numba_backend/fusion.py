@@ -27,6 +27,7 @@ class FusedMapReduce(Primitive):
     reduce: Reduce
     name = "map_reduce"
     backend_internal = True
+    num_consts = 0  # for the printer: the bodies are shown with all their inputs as parameters
 
     def bodies(self) -> list[Program]:
         return [self.map.body, self.reduce.body]

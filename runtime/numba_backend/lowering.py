@@ -9,6 +9,7 @@ that captures values, a typing failure), the rule declines with one warning nami
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
 import numpy as np
 
@@ -59,15 +60,27 @@ def _identity(identity: list[np.ndarray], shapes: list[tuple]) -> tuple | None:
 
 
 def _split(leaves: list[np.ndarray], shapes: list[tuple], lead: int) -> list[np.ndarray]:
-    """Each leaf (lead dims + element shape) as its element's scalar components, contiguous arrays of the lead dims."""
+    """Each leaf (lead dims + element shape) as its element's scalar components. Large 1-D inputs are passed
+    as views (columns, read in place by the kernels); small ones, and the segmented kernel's 2-D rows, as
+    contiguous copies, which cost little and keep one compiled layout for all of them."""
     out = []
     for x, shape in zip(leaves, shapes, strict=True):
-        if shape == ():
-            out.append(np.ascontiguousarray(x))
-            continue
+        in_place = lead == 1 and x.ndim >= 1 and worth_compiling(x.shape[0])
         flat = x.reshape(x.shape[:lead] + (components_of(shape),))  # explicit: the lead dims may be empty
-        out += [np.ascontiguousarray(flat[..., c]) for c in range(flat.shape[-1])]
+        columns = [x] if shape == () else [flat[..., c] for c in range(flat.shape[-1])]
+        out += columns if in_place else [np.ascontiguousarray(c) for c in columns]
     return out
+
+
+def _allocate(n: int, avals: list) -> tuple[list[np.ndarray], Callable[[], list[np.ndarray]]]:
+    """Arrays for a kernel to fill with the scalar components of n elements of these avals, and the function
+    that returns the leaves once filled: large outputs are filled in place as columns of the leaves, small
+    ones as contiguous arrays joined afterwards (one compiled layout, as in `_split`)."""
+    if not worth_compiling(n):
+        columns = [np.empty(n, a.dtype) for a in avals for _ in range(components_of(a.shape))]
+        return columns, lambda: _join(columns, [a.shape for a in avals])
+    leaves = [np.empty((n,) + a.shape, a.dtype) for a in avals]
+    return [column for leaf, a in zip(leaves, avals, strict=True) for column in _split([leaf], [a.shape], 1)], lambda: leaves
 
 
 def _join(parts: list, shapes: list[tuple]) -> list[np.ndarray]:
@@ -116,10 +129,26 @@ def _operator_and_identity(prim, args: list):
     return None if ident is None else (combine, ident)
 
 
+# Recognised reductions NumPy runs on one thread, which a parallel kernel beats on large inputs without
+# changing the answer beyond rounding (+ stays with NumPy's pairwise summation, which is also more accurate).
+_PARALLEL_RECOGNISED = ("mul", "maximum", "minimum", "logaddexp")
+
+
+def _parallel_beats_numpy(op: str, args: list, depth: int) -> bool:
+    x = args[-1]
+    if op not in _PARALLEL_RECOGNISED or depth or x.ndim != 1 or x.shape[0] == 0:
+        return False
+    return (op != "logaddexp" or x.dtype == np.float64) and _kernels().host.num_chunks(x.shape[0], None) > 1
+
+
 @numba_impls.register(Reduce)
 def _reduce(prim: Reduce, args: list, depth: int):
-    if recognize_binary_op(prim.body, prim.num_consts) is not None or depth > 1:
+    op = recognize_binary_op(prim.body, prim.num_consts)
+    if depth > 1 or (op is not None and not _parallel_beats_numpy(op, args, depth)):
         return None  # NumPy's own reduction is the fast path
+    if op == "logaddexp":
+        total = run_kernel(prim, "logsumexp", args[-1])
+        return None if total is None else [np.asarray(total)]
     setup = _operator_and_identity(prim, args)
     if setup is None:
         return None
@@ -141,9 +170,11 @@ def _scan(prim: Scan, args: list, depth: int):
     if setup is None:
         return None
     combine, ident = setup
-    shapes = _element_shapes(prim)
-    xs = _split(args[prim.num_consts + prim.num_leaves:], shapes, 1)
-    return _joined(run_kernel(prim, "scan", combine, len(ident), ident, xs, exclusive=prim.exclusive, reverse=prim.reverse), shapes)
+    xs = args[prim.num_consts + prim.num_leaves:]
+    columns, leaves = _allocate(xs[0].shape[0], [v.aval for v in prim.body.inputs[prim.num_consts: prim.num_consts + prim.num_leaves]])
+    done = run_kernel(prim, "scan", combine, len(ident), ident, _split(xs, _element_shapes(prim), 1),
+                      exclusive=prim.exclusive, reverse=prim.reverse, out=columns)
+    return None if done is None else leaves()
 
 
 @numba_impls.register(ReduceByIndex)
@@ -167,16 +198,35 @@ def map_inputs(prim: Map, args: list) -> list[np.ndarray] | None:
     return [np.full(n, c.reshape(()), dtype=c.dtype) for c in consts] + _contiguous(xs)
 
 
+def worth_compiling(n: int) -> bool:
+    """Whether n rows are enough work to repay compiling a kernel for a lambda that NumPy already runs batched
+    (vector bodies, fused AD patterns): below this, compiling costs more than it could ever save in one call."""
+    return n >= COMPILE_FROM
+
+
+# 2 * kernels.cpu.host.MIN_CHUNK: where the kernels start to use two threads.
+COMPILE_FROM = 1 << 15
+
+
 @numba_impls.register(Map)
 def _map(prim: Map, args: list, depth: int):
-    if depth or not is_scalar_program(prim.body):
-        return None  # the batched NumPy evaluation of a vector body is already vectorised
-    inputs = map_inputs(prim, args)
-    if inputs is None or inputs[0].shape[0] == 0:
+    """A map whose body can be written as a scalar function: one compiled loop over the rows, elements with
+    vector fields passed as their scalar components and captured values as scalars. Maps with vector
+    bodies are compiled only from COMPILE_FROM rows."""
+    if depth or compile_problem(prim.body) is not None:
+        return None  # the batched NumPy evaluation of such a body is already vectorised
+    consts, xs = args[: prim.num_consts], args[prim.num_consts:]
+    shapes = [v.aval.shape for v in prim.body.inputs[prim.num_consts:]]
+    if not xs or xs[0].shape[0] == 0 or any(x.shape[1:] != s for x, s in zip(xs, shapes, strict=True)):
+        return None
+    if not is_scalar_program(prim.body) and not worth_compiling(xs[0].shape[0]):
         return None
     try:
         mapper = compile_scalar_program(prim.body)
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its body does not compile: {type(err).__name__}")
-    outs = run_kernel(prim, "map", mapper, len(inputs), len(prim.body.outputs), inputs)
-    return None if outs is None else list(outs)
+    scalars = [v for c in consts for v in np.asarray(c).reshape(-1)]
+    inputs = _split(xs, shapes, 1)
+    columns, leaves = _allocate(xs[0].shape[0], list(prim.body.out_avals))
+    done = run_kernel(prim, "map", mapper, len(inputs), len(columns), inputs, consts=scalars, out=columns)
+    return None if done is None else leaves()
