@@ -342,6 +342,28 @@ def test_matmul_with_a_constant_operand_and_mixed_dtypes() -> None:
     assert_close(run_checked(lambda q: a @ q, b), a @ b, dtype="float64")
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("batched", ["a", "b", "both"])
+@pytest.mark.parametrize("shapes", [((3, 4), (4,)), ((3, 4), (4, 2)), ((4,), (4, 2)), ((4,), (4,))], ids=str)
+def test_matmul_inside_a_map_with_shared_or_per_row_operands(shapes: tuple, batched: str, backend: str) -> None:
+    """Each row's product against a Python loop: a shared matrix and per-row vectors (centroids @ point) and the
+    other ways round take BLAS fast paths in the batched evaluation, which must not change the result."""
+    rng = np.random.default_rng(11)
+    rows = 6
+    a = rng.normal(size=((rows,) if batched in ("a", "both") else ()) + shapes[0])
+    b = rng.normal(size=((rows,) if batched in ("b", "both") else ()) + shapes[1])
+    row_a = (lambda i: a[i]) if batched in ("a", "both") else (lambda i: a)
+    row_b = (lambda i: b[i]) if batched in ("b", "both") else (lambda i: b)
+    expected = np.stack([row_a(i) @ row_b(i) for i in range(rows)])
+    if batched == "a":
+        f, args = (lambda p: fold.map(lambda r: r @ b, p)), (a,)
+    elif batched == "b":
+        f, args = (lambda q: fold.map(lambda r: a @ r, q)), (b,)
+    else:
+        f, args = (lambda p, q: fold.map(lambda r, s: r @ s, p, q)), (a, b)
+    np.testing.assert_allclose(fold.jit(f, backend=backend)(*args), expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", FLOATS + INTS + ["bool"])
 @pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, (0, 2), (0, 1, 2)], ids=str)
 def test_sum_against_numpy(axis: object, dtype: str) -> None:

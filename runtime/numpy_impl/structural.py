@@ -100,11 +100,21 @@ def _concatenate(prim: Concatenate, args: list, depth: int) -> list:
 @numpy_impls.register(MatMul)
 def _matmul(prim: MatMul, args: list, depth: int) -> list:
     a, b = args
-    if depth and all(s == 1 for s in b.shape[:depth]):
+    if depth and all(s == 1 for s in b.shape[:depth]) and b.ndim - depth == 2:
         # the common case in a map body: rows @ a shared matrix, one BLAS call for all rows
         k, n = b.shape[-2:]
         out = a.reshape(-1, k) @ b.reshape(k, n)
         return [out.reshape(a.shape[:-1] + (n,))]
+    if depth and all(s == 1 for s in a.shape[:depth]) and a.ndim - depth == 2:
+        # a shared matrix @ each row's vector or matrix (centroids @ point): one BLAS call, not one per row
+        shared = a.reshape(a.shape[depth:])
+        m, k = shared.shape
+        if b.ndim - depth == 1:
+            out = b.reshape(-1, k) @ shared.T
+            return [out.reshape(b.shape[:depth] + (m,))]
+        p = b.shape[-1]  # (A @ B_r)^T = B_r^T @ A^T: all rows' B_r^T stacked, times A^T, in one product
+        out = np.swapaxes(b, -1, -2).reshape(-1, k) @ shared.T
+        return [np.swapaxes(out.reshape(b.shape[:depth] + (p, m)), -1, -2)]
     return [np.matmul(a, b)]
 
 
