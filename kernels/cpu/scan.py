@@ -13,7 +13,8 @@ combine(x_i, acc), so no array is copied and operand order is kept.
 
 Three phases over T contiguous chunks (work-efficient: about 2n combines in all; T = 1 is one plain
 loop with no parallel region):
-  1. (parallel) the total of every chunk but the last (forward) or first (reverse), folded in order;
+  1. (parallel) the total of every chunk but the last (forward) or first (reverse), folded in order (as
+     interleaved sub-chunks, like the parallel reduce);
   2. (sequential) the exclusive scan of the totals, in chunk order: the seed of each chunk;
   3. (parallel) each chunk scanned from its seed.
 """
@@ -26,6 +27,7 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
+from .reduce import LANES, _lanes_loop
 
 
 def _scan_chunk(k: int) -> str:
@@ -68,10 +70,8 @@ def kernel(T, exclusive, reverse, {names("x", k)}, {names("id", k)}, {names("tot
         if (reverse and t > 0) or (not reverse and t < T - 1):
             lo = t * n // T
             hi = (t + 1) * n // T
-{each("part{j} = id{j}", k, 12)}
-            for i in range(lo, hi):
-                {call("part", "combine", f"{names('part', k)}, {x_i}", k)}
-{each("tot{j}[t] = part{j}", k, 12)}
+{indent(_lanes_loop(k, k, False, LANES), 12)}
+{each("tot{j}[t] = acc{j}", k, 12)}
     # 2. seeds: tot[t] becomes the combination of the totals of the chunks before t (after t in reverse)
 {each("seed{j} = id{j}", k, 4)}
     if reverse:
