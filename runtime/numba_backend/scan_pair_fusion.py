@@ -72,7 +72,7 @@ def _fused(map_stmt: Let, producer: dict, uses: Counter) -> tuple[Let, set[int]]
     scans = []
     for v in operands:
         stmt = producer.get(v) if isinstance(v, Var) else None
-        if stmt is not None and isinstance(stmt.prim, Scan) and stmt not in scans:
+        if stmt is not None and isinstance(stmt.prim, Scan) and all(stmt is not s for s in scans):
             scans.append(stmt)
     if len(scans) != 2:
         return None
