@@ -54,7 +54,14 @@ _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 
 
 def compile_problem(program: Program) -> str | None:
-    """Why `program_source` cannot write this lambda as a scalar function (None: it can)."""
+    """Why `program_source` cannot write this lambda as a scalar function (None: it can). Memoised per
+    Program: the backend asks for every statement of every call."""
+    if program not in _problems:
+        _problems[program] = _find_problem(program)
+    return _problems[program]
+
+
+def _find_problem(program: Program) -> str | None:
     unsupported = sorted({stmt.prim.name for p in _programs(program) for stmt in p.stmts if type(stmt.prim) not in _EXPANSIONS})
     if unsupported:
         return f"it uses {', '.join(unsupported)}"
@@ -266,6 +273,7 @@ def _module_source(program: Program) -> str:
 
 _HELPERS_DIGEST = hashlib.sha256(Path(scalar_helpers.__file__).read_bytes()).hexdigest()[:16]
 _compiled: "weakref.WeakKeyDictionary[Program, Callable]" = weakref.WeakKeyDictionary()
+_problems: "weakref.WeakKeyDictionary[Program, str | None]" = weakref.WeakKeyDictionary()
 
 
 def compile_scalar_program(program: Program) -> Callable:
