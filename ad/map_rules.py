@@ -11,7 +11,7 @@ from collections import Counter
 
 from fold import ops
 from fold.dce import dce
-from fold.ir import Program, Var
+from fold.ir import Program, Var, reorder_inputs
 from fold.primitives import Map, MatMul
 from fold.pytree import LEAF, TreeDef
 from fold.tracing import bind
@@ -19,11 +19,6 @@ from fold.tracing import bind
 from .jvp import jvp_program, jvp_rules
 from .vjp import vjp_program, vjp_rules
 from .zeros import Zero, aval_of, is_zero
-
-
-def reorder_inputs(program: Program, order: list[int]) -> Program:
-    return Program(tuple(program.inputs[i] for i in order), program.stmts, program.outputs,
-                   program.in_tree, program.out_tree, dict(program.meta))
 
 
 def split_by_mask(values: list, mask: list[bool], avals: list) -> list:

@@ -13,12 +13,12 @@ from fold import ops
 from fold.combinators import map as fold_map
 from fold.combinators import scan as fold_scan
 from fold.inline import inline_program
+from fold.ir import reorder_inputs
 from fold.primitives import Scan
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
 from .fn_vjp import vjp_of_function
-from .map_rules import reorder_inputs
 from .reduce_rules import check_no_captured_floats
 from .vjp import current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of, instantiate

@@ -117,6 +117,12 @@ def count_statements(program: Program) -> int:
     return total
 
 
+def reorder_inputs(program: Program, order: list[int]) -> Program:
+    """The same Program taking its inputs in another order: input i of the result is input order[i]."""
+    return Program(tuple(program.inputs[i] for i in order), program.stmts, program.outputs,
+                   program.in_tree, program.out_tree, dict(program.meta))
+
+
 def flat_program(program: Program) -> Program:
     """The same Program with flat input and output structures (a tuple in, a list out): for the programs that
     transformations make, whose arguments are lists of leaves."""

@@ -82,8 +82,8 @@ def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequenc
     suffix the exclusive forward and reverse scans of the k leaves under `combine` (see the module docstring).
 
     `leaves` and `others` are 1-D arrays of one length n; `mapper` returns r scalars (a scalar when r == 1).
-    Returns a tuple of r arrays of the mapper's result dtypes: new ones, or `out` filled. `block` and `parallel` are for tests and
-    tuning (default: parallel once there is enough work for two threads).
+    Returns a tuple of r arrays of the mapper's result dtypes: new ones, or `out` filled. `block` and
+    `parallel` are for tests and tuning (default: parallel once there is enough work for two threads).
     """
     host.check_function(combine, "combine")
     host.check_function(mapper, "mapper")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fold.ir import Let, Primitive, Program, Var
+from fold.ir import Let, Primitive, Program, Var, reorder_inputs
 from fold.primitives import Map, Scan
 
 from ..interpreter import numpy_impls
@@ -141,7 +141,7 @@ def _canonical_body(map_prim: Map, roles: tuple, k: int) -> Program:
     others = sorted((r for r in roles if r[0] == "other"), key=lambda r: r[1])
     order = (list(range(nc)) + [position[("prefix", j)] for j in range(k)] + [position[("suffix", j)] for j in range(k)]
              + [position[r] for r in others])
-    return Program(tuple(body.inputs[i] for i in order), body.stmts, body.outputs, body.in_tree, body.out_tree, dict(body.meta))
+    return reorder_inputs(body, order)
 
 
 @numba_impls.register(FusedScanPairMap)
