@@ -7,7 +7,7 @@ The contract (the same for every template):
 
 - Elements are tuples of k >= 1 scalar leaves, stored as k arrays ("a record of arrays"): 1-D of any
   stride (the columns of an (n, k) array are read in place), or 2-D (rows, n) and C-contiguous for the
-  segmented reduce, all of one shape. Drivers that return arrays fill the caller's `out` arrays (any
+  segmented reduce (any strides for map, which reads broadcast views as they are), all of one shape. Drivers that return arrays fill the caller's `out` arrays (any
   stride) when given, so results can land in the columns of one wider array.
 - A *combine* is a numba.njit function of 2k scalars, combine(a_0, ..., a_{k-1}, b_0, ..., b_{k-1}),
   returning a k-tuple (a scalar or a 1-tuple when k == 1). It must be associative; it need not be
@@ -26,4 +26,11 @@ The contract (the same for every template):
   on disk (see kernels.cpu.codegen and kernels.cpu.modules).
 
 Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, histogram, map, scan_pair_map.
+
+Threads: Numba's parallel kernels run on its threading layer (OpenMP here). OpenMP's worker threads spin
+for a while after each parallel region by default, which takes the cores from whatever runs next: the BLAS
+threads of a matrix product between two kernels (gemm_map_reduce's block walk) ran at half speed. Importing
+kernels.cpu therefore sets OMP_WAIT_POLICY=PASSIVE (threads sleep as soon as a region ends) unless the
+environment sets OMP_WAIT_POLICY or GOMP_SPINCOUNT itself; it takes effect if no OpenMP runtime was started
+before.
 """

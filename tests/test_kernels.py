@@ -340,6 +340,34 @@ def test_map(n, parallel):
     np.testing.assert_array_equal(z, -2.5 * x.astype(np.float64))
 
 
+@pytest.mark.parametrize("parallel", [None, False, True])
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (1, 1), (3, 7), (300, 257)])
+def test_map_2d_reads_broadcast_and_strided_views(shape, parallel):
+    rng = _rng("map2d", *shape)
+    rows, cols = shape
+    p_col = rng.integers(-3, 4, rows)
+    q_full = rng.integers(-3, 4, (cols, rows)).T  # a transposed view: strides reversed
+    p = np.broadcast_to(p_col[:, None], shape)  # stride 0 along j
+    got = kc.map(shear, 2, 4, [p, q_full], parallel=parallel)
+    want = [np.broadcast_to(np.asarray(e), shape) for e in shear.py_func(p.copy(), q_full.copy())]
+    assert all(g.shape == shape for g in got)
+    _check(got, want, "matmul", I64, f"map 2-D shear {shape}")
+    out = [np.full(shape, -1, np.float64)]
+    x = rng.standard_normal((cols,))
+    kc.map(mul, 1, 1, [np.broadcast_to(x, shape)], consts=[np.float64(3.0)], parallel=parallel, out=out)
+    np.testing.assert_array_equal(out[0], np.broadcast_to(3.0 * x, shape))
+
+
+def test_map_errors_name_the_problem():
+    x = np.zeros((4, 3))
+    with pytest.raises(ValueError, match=r"all arrays must have one shape, got \[\(4, 3\), \(3, 4\)\]"):
+        kc.map(shear, 2, 4, [x, x.T])
+    with pytest.raises(ValueError, match=r"out\[0\] must be a writeable array of shape \(4, 3\) and dtype float64"):
+        kc.map(mul, 1, 1, [x], consts=[np.float64(2.0)], out=[np.zeros((3, 4))])
+    with pytest.raises(ValueError, match=r"inputs\[1\] must be 2-D, got shape \(3,\)"):
+        kc.map(shear, 2, 4, [x, np.zeros(3)])
+
+
 # ---------------------------------------------------------------- scan
 
 @pytest.mark.parametrize("n,chunks", SIZES, ids=SIZE_IDS)

@@ -320,3 +320,77 @@ def test_an_empty_cache_dir_turns_the_disk_cache_off(tmp_path):
     assert not (tmp_path / "cache").exists()
     assert not any((tmp_path / "numba").rglob("*.nbi")) if (tmp_path / "numba").exists() else True
 
+
+
+# ---------------------------------------------------------------- elementwise runs and gemm blocks
+
+def _softmax_rows(x, r):
+    """Array code outside any map: a row maximum, a broadcast per-row value, a chain of elementwise statements."""
+    m = fold.map(lambda row: fold.reduce(fold.monoids.max, row), x)
+    z = x - fold.reshape(m, (x.shape[0], 1)) + fold.reshape(r, (x.shape[0], 1))
+    e = fold.exp(z)
+    total = fold.sum(e, axis=1)
+    w = e / fold.reshape(total, (x.shape[0], 1))
+    return fold.where(w > 0.001, w, 0.0), fold.convert(z < 0.0, np.dtype("float32")), total
+
+
+def test_elementwise_runs_become_one_statement_writing_only_what_is_used_later():
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+
+    x, r = np.ones((5, 7)), np.ones(5)
+    program = fold.trace(_softmax_rows, x, r)
+    fused = fuse_elementwise(program)
+    regions = [s for s in fused.stmts if isinstance(s.prim, FusedElementwise)]
+    # the sum reads exp(z), so it ends the first run (-, +, exp); the second is /, >, where, <, convert
+    assert [[st.prim.name for st in s.prim.region.stmts] for s in regions] == [
+        ["sub", "add", "exp"], ["div", "gt", "where", "lt", "convert"]], str(fused)
+    first, second = regions
+    assert [v.aval.shape for v in first.outs] == [(5, 7), (5, 7)]  # z (read by the second region) and e; not x - m
+    assert all(v.aval.shape == () for v in first.prim.body.inputs + first.prim.body.outputs)
+    produced = {v for s in fused.stmts for v in s.outs}
+    assert {v for v in fused.outputs if isinstance(v, fold.ir.Var)} <= produced
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(_softmax_rows, x, r))
+
+
+@pytest.mark.parametrize("shape", [(COMPILE_FROM // 100 + 1, 100), (COMPILE_FROM + 1,)], ids=["2-D", "1-D"])
+def test_elementwise_runs_of_large_arrays_are_one_parallel_kernel(shape, kernel_calls):
+    x = rng.normal(size=shape)
+    if len(shape) == 2:
+        r = rng.normal(size=shape[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert_same(*both(_softmax_rows, x, r))
+        assert kernel_calls["map"] == 2  # the two runs; the row maximum is the segmented kernel
+    else:
+        f = lambda x: fold.where(x > 0.0, fold.exp(-x) * x, fold.sin(x) + 1.0)  # noqa: E731
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert_same(*both(f, x))
+        assert kernel_calls == {"map": 1}
+
+
+@pytest.mark.parametrize("layer", ["attention", "causal_attention", "cross_entropy"])
+def test_gemm_blocks_run_their_elementwise_work_in_kernels(layer, kernel_calls):
+    """gemm_map_reduce's block programs (forward and gradient) get the backend's fusions: with blocks of at
+    least COMPILE_FROM pairs their elementwise runs are kernels, with the same results as the numpy backend."""
+    from examples import gemm_layers
+
+    m, n, f = 128, COMPILE_FROM // 32, 16
+    P, C = rng.normal(size=(m, f)), rng.normal(size=(n, f))
+    block = (64, n // 2)  # 2 x 2 blocks of COMPILE_FROM pairs
+    if layer == "cross_entropy":
+        t = rng.integers(0, n, m)
+        fn = lambda P, C: gemm_layers.cross_entropy(P, C, t, block=block)  # noqa: E731
+        args, ct = (P, C), rng.normal(size=m)
+    else:
+        V = rng.normal(size=(n, 8))
+        fn = lambda Q, K, V: getattr(gemm_layers, layer)(Q, K, V, block=block)  # noqa: E731
+        args, ct = (P[:, :], C, V), rng.normal(size=(m, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(fn, *args), rtol=1e-10)
+        forward_kernels = kernel_calls.get("map", 0)
+        assert_same(*both(lambda *a: fold.vjp(fn, a, ct), *args), rtol=1e-9)
+    assert forward_kernels >= 2 and kernel_calls["map"] > forward_kernels, kernel_calls

@@ -15,8 +15,13 @@ this package; reach a template with `from kernels.cpu.reduce import fold_kernel`
 sys.modules), not `kernels.cpu.reduce.fold_kernel`.
 """
 
-from . import codegen, host
-from .bidirectional import scan_pair_map
+import os
+
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:  # see kernels/__init__.py, Threads
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+from . import codegen, host  # noqa: E402 (after the thread policy, which OpenMP reads when it starts)
+from .bidirectional import scan_pair_map  # noqa: E402
 from .histogram import histogram
 from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)

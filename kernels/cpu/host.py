@@ -35,9 +35,11 @@ def check_count(count: Any, what: str) -> int:
     return int(count)
 
 
-def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str) -> list[np.ndarray]:
+def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str, *,
+                 any_strides: bool = False) -> list[np.ndarray]:
     """`count` NumPy arrays with `ndim` dimensions and one shape: 1-D arrays of any stride (a column of a
-    wider array is read in place), 2-D arrays C-contiguous."""
+    wider array is read in place), 2-D arrays C-contiguous unless `any_strides` (a kernel that indexes
+    both axes reads broadcast views, with stride 0, as they are)."""
     if isinstance(arrays, np.ndarray) or len(arrays) != count:
         got = "one array" if isinstance(arrays, np.ndarray) else f"{len(arrays)} arrays"
         raise ValueError(f"{what}: expected a sequence of {count} arrays, got {got}")
@@ -46,7 +48,7 @@ def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str)
             raise TypeError(f"{what}[{j}] must be a NumPy array, got {type(a).__name__}")
         if a.ndim != ndim:
             raise ValueError(f"{what}[{j}] must be {ndim}-D, got shape {a.shape}")
-        if ndim > 1 and not a.flags.c_contiguous:
+        if ndim > 1 and not any_strides and not a.flags.c_contiguous:
             raise ValueError(f"{what}[{j}] must be C-contiguous (pass np.ascontiguousarray(...)), "
                              f"got strides {a.strides} for shape {a.shape}")
     shapes = [a.shape for a in arrays]
@@ -55,17 +57,18 @@ def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str)
     return list(arrays)
 
 
-def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int, what: str) -> tuple:
-    """The arrays a kernel fills: new ones, or the caller's `out` (1-D, any stride: a column of a wider array
-    is filled in place), checked against the results' count, length and dtypes."""
+def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int | tuple[int, ...], what: str) -> tuple:
+    """The arrays a kernel fills: new ones of length (or shape) n, or the caller's `out` (any stride: a
+    column of a wider array is filled in place), checked against the results' count, shape and dtypes."""
+    shape = (n,) if isinstance(n, (int, np.integer)) else tuple(n)
     if out is None:
-        return tuple(np.empty(n, d) for d in dtypes)
+        return tuple(np.empty(shape, d) for d in dtypes)
     if isinstance(out, np.ndarray) or len(out) != len(dtypes):
         raise ValueError(f"{what}: expected {len(dtypes)} output arrays, got {1 if isinstance(out, np.ndarray) else len(out)}")
     for j, (a, d) in enumerate(zip(out, dtypes, strict=True)):
-        if not isinstance(a, np.ndarray) or a.shape != (n,) or a.dtype != d or not a.flags.writeable:
+        if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != d or not a.flags.writeable:
             got = f"shape {a.shape}, dtype {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
-            raise ValueError(f"{what}[{j}] must be a writeable array of shape ({n},) and dtype {d}, got {got}")
+            raise ValueError(f"{what}[{j}] must be a writeable array of shape {shape} and dtype {d}, got {got}")
     return tuple(out)
 
 

@@ -1,8 +1,10 @@
 """Parallel elementwise map: out[.][i] = mapper(c_0, ..., inputs[0][i], ..., inputs[m-1][i]) over 1-D arrays,
-with optional scalar consts c_j passed to every call (a lambda's captured values).
+or out[.][i, j] over 2-D arrays, with optional scalar consts c_j passed to every call (a lambda's captured values).
 
-Parallel (prange, Numba's own scheduling) once there are at least MIN_CHUNK elements for two threads;
-serial below that, where starting the threads would cost more than the work.
+2-D inputs may have any strides, zero included: a value broadcast along an axis (np.broadcast_to) is read
+as it is, never expanded. Parallel (prange over the first axis, Numba's own scheduling) once there are at
+least MIN_CHUNK elements for two threads; serial below that, where starting the threads would cost more than
+the work.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from . import host
 from .codegen import call, compile_kernel, each, indent, names
 
 
-def _map_source(k: int, m: int, c: int) -> str:
-    args = ", ".join([f"c{j}" for j in range(c)] + [f"x{j}[i]" for j in range(m)])
-    body = call("e", "mapper", args, k) + "\n" + each("out{j}[i] = e{j}", k)
+def _map_source(k: int, m: int, c: int, ndim: int) -> str:
+    index = "i" if ndim == 1 else "i, j"
+    args = ", ".join([f"c{j}" for j in range(c)] + [f"x{j}[{index}]" for j in range(m)])
+    body = call("e", "mapper", args, k) + "\n" + each(f"out{{j}}[{index}] = e{{j}}", k)
+    if ndim == 2:
+        body = "for j in range(x0.shape[1]):\n" + indent(body, 4)
     consts = "".join(f"c{j}, " for j in range(c))
     return f"""
 def kernel(T, {consts}{names("x", m)}, {names("out", k)}):
@@ -31,30 +36,33 @@ def kernel(T, {consts}{names("x", m)}, {names("out", k)}):
 """
 
 
-def map_kernel(mapper: Any, k: int, m: int, parallel: bool = True, c: int = 0) -> Any:
+def map_kernel(mapper: Any, k: int, m: int, parallel: bool = True, c: int = 0, ndim: int = 1) -> Any:
     """The compiled kernel(T, c_0..c_{c-1}, x_0..x_{m-1}, out_0..out_{k-1}), filling the out_j in place
     (T == 1: serially)."""
-    return compile_kernel(("map", mapper, k, m, c, parallel), lambda: _map_source(k, m, c), {"mapper": mapper},
+    return compile_kernel(("map", mapper, k, m, c, parallel, ndim), lambda: _map_source(k, m, c, ndim), {"mapper": mapper},
                           parallel=parallel)
 
 
 def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A001 (the combinator's name)
         consts: Sequence[Any] = (), parallel: bool | None = None, out: Sequence[np.ndarray] | None = None) -> tuple:
-    """Apply `mapper` (len(consts) + m scalars in, k out; a scalar when k == 1) to m 1-D arrays of one length,
-    the scalars `consts` first in every call.
+    """Apply `mapper` (len(consts) + m scalars in, k out; a scalar when k == 1) to m arrays of one shape
+    (all 1-D, or all 2-D with any strides), the scalars `consts` first in every call.
 
-    Returns a tuple of k arrays whose dtypes are the mapper's result types for the arguments' dtypes: new
-    ones, or `out` filled.
+    Returns a tuple of k arrays of that shape whose dtypes are the mapper's result types for the arguments'
+    dtypes: new ones, or `out` filled.
     `parallel` overrides the automatic choice (parallel from 2 * MIN_CHUNK elements with two threads).
     """
     host.check_function(mapper, "mapper")
     m, k = host.check_count(m, "m"), host.check_count(k, "k")
-    inputs = host.check_arrays(inputs, m, 1, "inputs")
+    first = inputs[0] if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], np.ndarray) else None
+    ndim = 2 if first is not None and first.ndim == 2 else 1
+    inputs = host.check_arrays(inputs, m, ndim, "inputs", any_strides=True)
     consts = host.check_scalars(consts, "consts")
     dtypes = host.result_dtypes(mapper, [np.asarray(c).dtype for c in consts] + [a.dtype for a in inputs], k, "mapper")
-    n = inputs[0].shape[0]
-    outs = host.outputs(out, dtypes, n, "out")
-    if n > 0:
-        T = host.num_chunks(n, None) if parallel is None else 1 + bool(parallel)
-        map_kernel(mapper, k, m, T > 1, len(consts))(T, *consts, *inputs, *outs)
+    shape = inputs[0].shape
+    outs = host.outputs(out, dtypes, shape, "out")
+    size = int(np.prod(shape))
+    if size > 0:
+        T = host.num_chunks(size, None) if parallel is None else 1 + bool(parallel)
+        map_kernel(mapper, k, m, T > 1, len(consts), ndim)(T, *consts, *inputs, *outs)
     return outs

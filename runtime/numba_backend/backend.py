@@ -1,4 +1,5 @@
-"""The numba backend: fuse (scan pairs read by a map, maps read by a reduce), then interpret with the kernel lowerings tried before the numpy implementations."""
+"""The numba backend: fuse (scan pairs read by a map, maps read by a reduce, runs of elementwise statements),
+then interpret with the kernel lowerings tried before the numpy implementations."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from fold.ir import Program
 
 from .. import numpy_impl  # noqa: F401  (the reference implementations it falls back to)
 from ..interpreter import eval_program, lowering
-from .fusion import fuse
+from . import gemm  # noqa: F401  (registers the gemm lowerings)
+from .passes import prepare
 from .lowering import numba_impls
-from .scan_pair_fusion import fuse_scan_pairs
 
 
 class CompiledNumbaProgram:
@@ -22,7 +23,7 @@ class CompiledNumbaProgram:
     which `fold.jit` reports apart from run time."""
 
     def __init__(self, program: Program):
-        self.program = fuse(fuse_scan_pairs(program))
+        self.program = prepare(program)
         self.compile_seconds = 0.0
 
     def _add_compile_time(self, seconds: float) -> None:

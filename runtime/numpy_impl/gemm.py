@@ -7,6 +7,8 @@ block's intermediates are alive at a time.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from fold.errors import MissingRuleError
@@ -27,8 +29,11 @@ def _at_top_level(prim, depth: int) -> None:
         raise MissingRuleError(f"{prim.name} inside a map body is not supported by the numpy backend; call it at the top level")
 
 
+BlockRunner = Callable[[object, list], list]  # (block program, its inputs) -> its outputs: how a backend runs one block
+
+
 @numpy_impls.register(GemmMapReduce)
-def _gemm(prim: GemmMapReduce, args: list, depth: int) -> list:
+def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
     _at_top_level(prim, depth)
     consts, identity, rows, cols = split_gemm_args(prim, args)
     m, n = rows[0].shape[0], cols[0].shape[0]
@@ -37,7 +42,7 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int) -> list:
         running = [t[i0:i1] for t in totals]
         row_blk = [r[i0:i1] for r in rows]
         for j0, j1 in col_blocks:
-            block_totals = eval_program(prim.block_program((i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
+            block_totals = run_block(prim.block_program((i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
             running = eval_program(prim.op, running + block_totals, depth=1)
         for t, r in zip(totals, running, strict=True):
             t[i0:i1] = r
@@ -53,7 +58,7 @@ def _slice(value: np.ndarray, role: str, rows: slice, cols: slice) -> np.ndarray
 
 
 @numpy_impls.register(GemmBlockSum)
-def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int) -> list:
+def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
     _at_top_level(prim, depth)
     m, n = _extents(prim, args)
     extent = {"row": m, "col": n}
@@ -64,7 +69,7 @@ def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int) -> list:
         for j0, j1 in col_blocks:
             cols = slice(j0, j1)
             inputs = [_slice(a, r, rows, cols) for a, r in zip(args, prim.in_roles, strict=True)]
-            parts = eval_program(prim.block_program((i1 - i0, j1 - j0)), inputs)
+            parts = run_block(prim.block_program((i1 - i0, j1 - j0)), inputs)
             for total, part, role in zip(sums, parts, prim.out_roles, strict=True):
                 _slice(total, role, rows, cols)[...] += part
     return sums

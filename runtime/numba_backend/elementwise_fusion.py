@@ -1,0 +1,134 @@
+"""Elementwise fusion for the numba backend: a run of array-wide elementwise statements becomes one loop.
+
+Array code outside any map (gemm_map_reduce's block programs, their gradients, top-level expressions such
+as `exp(z - m) / total`) is a chain of whole-array statements, each a NumPy pass over memory on one thread.
+`fuse_elementwise(program)` gathers consecutive elementwise statements (and conversions) of one shape into a
+`FusedElementwise` statement: the chain as a scalar function, run by one parallel kernel over the array that
+writes only the values used later. Statements in between that read none of the chain's values (the cheap
+reshapes and broadcasts the tracer inserts, a row maximum of an earlier value) are moved before it.
+
+Broadcast operands (a per-row value against a block) are read as NumPy's zero-stride views, never expanded.
+The primitive's numpy implementation runs the statements it replaced, so declining is always possible.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from fold.ir import Let, Lit, Primitive, Program, Var
+from fold.primitives import Convert, Elementwise
+
+from ..interpreter import eval_program, numpy_impls
+from .codegen import compile_scalar_program
+from .lowering import decline, numba_impls, run_kernel, worth_compiling
+
+_ELEMENTWISE = (Elementwise, Convert)
+
+
+@dataclass(frozen=True, eq=False)
+class FusedElementwise(Primitive):
+    """Elementwise statements over arrays of one shape: `region` runs them on arrays (the reference), `body`
+    is the same computation on scalars (the kernel's function); both take the region's inputs in order and
+    return the values used after it."""
+
+    region: Program
+    name = "elementwise"
+    backend_internal = True
+    body_fields = ("region",)
+    num_consts = 0  # for the printer: the region is shown with all its inputs as parameters
+
+    @cached_property
+    def body(self) -> Program:
+        return _scalar_body(self.region)
+
+
+def _scalar_body(region: Program) -> Program:
+    """The region's statements on 0-d values: what one element goes through."""
+    scalar = {v: Var(v.aval.update(shape=()), v.hint) for v in region.inputs}
+    stmts = []
+    for stmt in region.stmts:
+        outs = tuple(Var(o.aval.update(shape=()), o.hint) for o in stmt.outs)
+        scalar.update(zip(stmt.outs, outs, strict=True))
+        stmts.append(Let(outs, stmt.prim, tuple(a if isinstance(a, Lit) else scalar[a] for a in stmt.args)))
+    outputs = tuple(a if isinstance(a, Lit) else scalar[a] for a in region.outputs)
+    return Program(tuple(scalar[v] for v in region.inputs), tuple(stmts), outputs)
+
+
+def _region(members: list[Let], used_later: set[Var]) -> Let:
+    produced = {o for s in members for o in s.outs}
+    inputs = list(dict.fromkeys(a for s in members for a in s.args if isinstance(a, Var) and a not in produced))
+    outputs = tuple(o for s in members for o in s.outs if o in used_later)
+    region = Program(tuple(inputs), tuple(members), outputs)
+    return Let(outputs, FusedElementwise(region), tuple(inputs))
+
+
+def _shape(stmt: Let) -> tuple | None:
+    """The shape the statement runs over, if it is elementwise over an array."""
+    if not isinstance(stmt.prim, _ELEMENTWISE) or len(stmt.outs) != 1 or stmt.outs[0].aval.ndim == 0:
+        return None
+    return stmt.outs[0].aval.shape
+
+
+def fuse_elementwise(program: Program) -> Program:
+    """The program with each run of at least two elementwise statements of one shape as one statement."""
+    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
+    uses.update(a for a in program.outputs if isinstance(a, Var))
+    stmts: list[Let] = []
+    members: list[Let] = []
+    produced: set[Var] = set()
+    fused = False
+
+    def close() -> None:
+        nonlocal fused
+        if sum(isinstance(s.prim, _ELEMENTWISE) for s in members) < 2:
+            stmts.extend(members)
+        else:
+            inside = Counter(a for s in members for a in s.args if isinstance(a, Var))
+            stmts.append(_region(members, {v for v in produced if uses[v] > inside[v]}))
+            fused = True
+        members.clear()
+        produced.clear()
+
+    for stmt in program.stmts:
+        shape = _shape(stmt)
+        reads_region = any(isinstance(a, Var) and a in produced for a in stmt.args)
+        if shape is not None and members and shape == members[0].outs[0].aval.shape:
+            members.append(stmt)
+            produced.update(stmt.outs)
+        elif shape is not None:
+            close()
+            members.append(stmt)
+            produced.update(stmt.outs)
+        elif reads_region:
+            close()
+            stmts.append(stmt)
+        else:
+            stmts.append(stmt)  # independent of the open region: it runs before the region's statement
+    close()
+    if not fused:
+        return program
+    return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+
+
+@numpy_impls.register(FusedElementwise)
+def _fused_reference(prim: FusedElementwise, args: list, depth: int) -> list:
+    return eval_program(prim.region, args, depth)
+
+
+@numba_impls.register(FusedElementwise)
+def _fused(prim: FusedElementwise, args: list, depth: int):
+    shape = prim.region.outputs[0].aval.shape if prim.region.outputs else ()
+    if depth or len(shape) not in (1, 2) or not worth_compiling(int(np.prod(shape))) or not prim.region.outputs:
+        return None  # NumPy's passes are cheap at this size; the kernel is for large arrays
+    try:
+        fn = compile_scalar_program(prim.body)
+    except Exception as err:  # noqa: BLE001
+        return decline(prim, f"its body does not compile: {type(err).__name__}")
+    inputs = [np.broadcast_to(x, shape) for x in args]
+    outs = [np.empty(shape, v.aval.dtype) for v in prim.region.outputs]
+    done = run_kernel(prim, "map", fn, len(inputs), len(outs), inputs, out=outs)
+    return None if done is None else outs

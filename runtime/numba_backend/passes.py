@@ -1,0 +1,22 @@
+"""The rewrites the numba backend applies to a program before running it."""
+
+from __future__ import annotations
+
+import weakref
+
+from fold.ir import Program
+
+from .elementwise_fusion import fuse_elementwise
+from .fusion import fuse
+from .scan_pair_fusion import fuse_scan_pairs
+
+_prepared: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictionary()
+
+
+def prepare(program: Program) -> Program:
+    """The program with the backend's fusions applied to its top level (scan pairs read by a map, maps read
+    by a reduce, runs of elementwise statements); memoised, since gemm block programs are run many times."""
+    found = _prepared.get(program)
+    if found is None:
+        found = _prepared[program] = fuse_elementwise(fuse(fuse_scan_pairs(program)))
+    return found
