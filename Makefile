@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 # compiled kernels are cached on disk inside the checkout (git-ignored), not in the home directory
 export FOLD_CACHE_DIR ?= $(CURDIR)/.fold_cache
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
-PYTEST := $(PY) -m pytest tests -p no:cacheprovider
+# one pytest worker per core, each test file on one worker (in its order): the numba half is mostly Numba
+# compiling the suite's many small lambdas and kernels, which is single-threaded per process
+PYTEST := $(PY) -m pytest tests -p no:cacheprovider -n auto --dist loadfile
 
 .PHONY: demo test bench clean
 

@@ -84,6 +84,7 @@ from typing import Any, Callable
 import numpy as np
 
 import fold
+import kernels.cpu  # noqa: F401  (sets fold's OpenMP thread policy before bandwidth_sum starts Numba's threads)
 
 from .bench_language import ufunc_fast_paths
 from .common import (RESULTS_DIR, benchmark_parser, interleaved, machine, machine_line, mem_available, parse_benchmark_args,
