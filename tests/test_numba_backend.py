@@ -394,3 +394,50 @@ def test_gemm_blocks_run_their_elementwise_work_in_kernels(layer, kernel_calls):
         forward_kernels = kernel_calls.get("map", 0)
         assert_same(*both(lambda *a: fold.vjp(fn, a, ct), *args), rtol=1e-9)
     assert forward_kernels >= 2 and kernel_calls["map"] > forward_kernels, kernel_calls
+
+
+def test_a_reduce_that_alone_reads_a_run_joins_it(kernel_calls):
+    """reduce(min, <elementwise run>) is one map_reduce kernel; when the run's value is also read elsewhere
+    the reduce stays a statement of its own (the value must then exist whole)."""
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+
+    def alone(x, y):
+        return fold.reduce(fold.monoids.min, fold.exp(x) - y * 2.0)
+
+    def shared(x, y):
+        d = fold.exp(x) - y * 2.0
+        return fold.reduce(fold.monoids.min, d), d > 0.0
+
+    x, y = rng.normal(size=COMPILE_FROM + 5), rng.normal(size=COMPILE_FROM + 5)
+    regions = [s.prim for s in fuse_elementwise(fold.trace(alone, x, y)).stmts if isinstance(s.prim, FusedElementwise)]
+    assert [p.reduce is not None for p in regions] == [True]
+    shared_stmts = fuse_elementwise(fold.trace(shared, x, y)).stmts
+    assert [type(s.prim).__name__ for s in shared_stmts].count("Reduce") == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(alone, x, y))
+        assert kernel_calls == {"map_reduce": 1}
+        assert_same(*both(shared, x, y))
+    from kernels.cpu import host
+
+    parallel_min = {"reduce": 1} if host.num_chunks(x.shape[0], None) > 1 else {}
+    assert kernel_calls == {"map_reduce": 1, "map": 1, **parallel_min}  # shared: the run writes d, then min reads it
+
+
+def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(kernel_calls):
+    """A map whose body cannot be one scalar function (it multiplies by a captured 64 x 16 matrix) runs
+    batched, with the backend's fusions inside the body: its distances-then-minimum is one segmented kernel
+    over (rows, centroids); the gradient's runs are kernels too."""
+    points, centroids = rng.normal(size=(COMPILE_FROM // 64 + 7, 16)), rng.normal(size=(64, 16))
+
+    def cost(p, c):
+        cc = fold.map(lambda v: fold.sum(v * v), c)
+        nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q) + cc)  # noqa: E731
+        return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(cost, points, centroids))
+        assert kernel_calls == {"segmented_reduce": 1}
+        assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
+    assert kernel_calls["map"] >= 2, kernel_calls

@@ -49,10 +49,11 @@ def segmented_kernel(mapper: Any, combine: Any, k: int, m: int, parallel: bool =
 
 def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequence[Any],
                      inputs: Sequence[np.ndarray], *, parallel: bool | None = None) -> tuple:
-    """Reduce every row of C-contiguous 2-D arrays of one shape (rows, n) along its last axis.
+    """Reduce every row of 2-D arrays of one shape (rows, n) along its last axis.
 
-    Without mapper, `inputs` are the k leaves. With mapper (m = len(inputs) scalars in, k out), the
-    element at (r, i) is mapper(inputs[0][r, i], ...), never stored. Returns a tuple of k arrays of
+    Without mapper, `inputs` are the k leaves, C-contiguous. With mapper (m = len(inputs) scalars in, k
+    out), the element at (r, i) is mapper(inputs[0][r, i], ...), never stored; its inputs may have any
+    strides (a broadcast view, stride 0, is read as it is). Returns a tuple of k arrays of
     length rows, of the element dtypes; the identity in every row when n == 0. `parallel` overrides the
     automatic choice between parallel and serial rows.
     """
@@ -65,7 +66,7 @@ def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequenc
         host.check_function(mapper, "mapper")
         if isinstance(inputs, np.ndarray) or len(inputs) < 1:
             raise ValueError("inputs must be a non-empty sequence of 2-D arrays (the mapper's arguments)")
-        inputs = host.check_arrays(inputs, len(inputs), 2, "inputs")
+        inputs = host.check_arrays(inputs, len(inputs), 2, "inputs", any_strides=True)
         dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
     ident = host.cast_identity(identity, dtypes)
     host.check_combine(combine, dtypes)

@@ -8,6 +8,9 @@ writes only the values used later. Statements in between that read none of the c
 reshapes and broadcasts the tracer inserts, a row maximum of an earlier value) are moved before it.
 
 Broadcast operands (a per-row value against a block) are read as NumPy's zero-stride views, never expanded.
+A reduce that is the only reader of the run's only result joins it (the run's value is then never stored):
+at the top level the whole array is folded (kernels.cpu.map_reduce), one map deep (a batched body, such as
+k-means' minimum over the distances to every centroid) each row (kernels.cpu.segmented_reduce).
 The primitive's numpy implementation runs the statements it replaced, so declining is always possible.
 """
 
@@ -20,10 +23,10 @@ from functools import cached_property
 import numpy as np
 
 from fold.ir import Let, Lit, Primitive, Program, Var
-from fold.primitives import Convert, Elementwise
+from fold.primitives import Convert, Elementwise, Reduce
 
 from ..interpreter import eval_program, numpy_impls
-from .codegen import compile_scalar_program
+from .codegen import compile_scalar_program, is_scalar_program
 from .lowering import decline, numba_impls, run_kernel, worth_compiling
 
 _ELEMENTWISE = (Elementwise, Convert)
@@ -31,9 +34,10 @@ _ELEMENTWISE = (Elementwise, Convert)
 
 @dataclass(frozen=True, eq=False)
 class FusedElementwise(Primitive):
-    """Elementwise statements over arrays of one shape: `region` runs them on arrays (the reference), `body`
-    is the same computation on scalars (the kernel's function); both take the region's inputs in order and
-    return the values used after it."""
+    """Elementwise statements over arrays of one shape, possibly ending in a reduce of their one result:
+    `region` runs them on arrays (the reference) and returns the values used after it; `body` is the
+    elementwise part on scalars (the kernel's function; it returns the reduced value, if there is a reduce).
+    Both take the region's inputs in order."""
 
     region: Program
     name = "elementwise"
@@ -41,9 +45,17 @@ class FusedElementwise(Primitive):
     body_fields = ("region",)
     num_consts = 0  # for the printer: the region is shown with all its inputs as parameters
 
+    @property
+    def reduce(self) -> Reduce | None:
+        last = self.region.stmts[-1].prim
+        return last if isinstance(last, Reduce) else None
+
     @cached_property
     def body(self) -> Program:
-        return _scalar_body(self.region)
+        if self.reduce is None:
+            return _scalar_body(self.region)
+        *mapped, last = self.region.stmts
+        return _scalar_body(Program(self.region.inputs, tuple(mapped), (last.args[-1],)))
 
 
 def _scalar_body(region: Program) -> Program:
@@ -73,6 +85,17 @@ def _shape(stmt: Let) -> tuple | None:
     return stmt.outs[0].aval.shape
 
 
+def _folds_only_result(stmt: Let, results: Counter) -> bool:
+    """Whether `stmt` is a reduce of scalar elements whose input is the run's only result and read by nothing
+    else (then the run's value is never needed whole), with an identity known when the program is written.
+    `results`: the run's values read after it, with their numbers of readers."""
+    prim = stmt.prim
+    if not isinstance(prim, Reduce) or prim.num_consts or prim.num_leaves != 1 or not is_scalar_program(prim.body):
+        return False
+    identity, xs = stmt.args[0], stmt.args[-1]
+    return isinstance(identity, Lit) and identity.value.shape == () and results == Counter({xs: 1})
+
+
 def fuse_elementwise(program: Program) -> Program:
     """The program with each run of at least two elementwise statements of one shape as one statement."""
     uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
@@ -82,14 +105,25 @@ def fuse_elementwise(program: Program) -> Program:
     produced: set[Var] = set()
     fused = False
 
-    def close() -> None:
+    def outside_uses() -> Counter:
+        inside = Counter(a for s in members for a in s.args if isinstance(a, Var))
+        return Counter({v: uses[v] - inside[v] for v in produced if uses[v] > inside[v]})
+
+    def used_later() -> set[Var]:
+        return set(outside_uses())
+
+    def close(reader: Let | None = None) -> None:
+        """End the run; `reader`, the statement that reads it, joins it if it is a reduce that can."""
         nonlocal fused
         if sum(isinstance(s.prim, _ELEMENTWISE) for s in members) < 2:
             stmts.extend(members)
         else:
-            inside = Counter(a for s in members for a in s.args if isinstance(a, Var))
-            stmts.append(_region(members, {v for v in produced if uses[v] > inside[v]}))
+            joins = reader is not None and _folds_only_result(reader, outside_uses())
+            stmts.append(_region(members + [reader], set(reader.outs)) if joins else _region(members, used_later()))
             fused = True
+            reader = None if joins else reader
+        if reader is not None:
+            stmts.append(reader)
         members.clear()
         produced.clear()
 
@@ -104,8 +138,7 @@ def fuse_elementwise(program: Program) -> Program:
             members.append(stmt)
             produced.update(stmt.outs)
         elif reads_region:
-            close()
-            stmts.append(stmt)
+            close(reader=stmt)
         else:
             stmts.append(stmt)  # independent of the open region: it runs before the region's statement
     close()
@@ -121,14 +154,33 @@ def _fused_reference(prim: FusedElementwise, args: list, depth: int) -> list:
 
 @numba_impls.register(FusedElementwise)
 def _fused(prim: FusedElementwise, args: list, depth: int):
-    shape = prim.region.outputs[0].aval.shape if prim.region.outputs else ()
-    if depth or len(shape) not in (1, 2) or not worth_compiling(int(np.prod(shape))) or not prim.region.outputs:
+    """At the top level, or one map deep (a batched map body: the rows are the first axis)."""
+    if depth > 1 or not args or not prim.region.outputs:
+        return None
+    shape = np.broadcast_shapes(*[x.shape for x in args])
+    run_ndim = prim.region.stmts[0].outs[0].aval.ndim  # the shape the elementwise statements run over
+    if len(shape) not in (1, 2) or len(shape) != depth + run_ndim or not worth_compiling(int(np.prod(shape))):
         return None  # NumPy's passes are cheap at this size; the kernel is for large arrays
     try:
         fn = compile_scalar_program(prim.body)
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its body does not compile: {type(err).__name__}")
     inputs = [np.broadcast_to(x, shape) for x in args]
+    if prim.reduce is not None:
+        return _fused_reduce(prim, fn, inputs, depth)
     outs = [np.empty(shape, v.aval.dtype) for v in prim.region.outputs]
     done = run_kernel(prim, "map", fn, len(inputs), len(outs), inputs, out=outs)
     return None if done is None else outs
+
+
+def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: int):
+    try:
+        combine = compile_scalar_program(prim.reduce.body)
+    except Exception as err:  # noqa: BLE001
+        return decline(prim, f"its reduce operator does not compile: {type(err).__name__}")
+    identity = (prim.region.stmts[-1].args[0].value[()],)
+    if depth == 0:  # the whole run folded to one value
+        total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs)
+        return None if total is None else [np.asarray(total[0])]
+    rows = run_kernel(prim, "segmented_reduce", fn, combine, 1, identity, inputs)  # one fold per row
+    return None if rows is None else [rows[0]]

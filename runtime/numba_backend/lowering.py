@@ -208,13 +208,27 @@ def worth_compiling(n: int) -> bool:
 COMPILE_FROM = 1 << 15
 
 
+def _batched(prim: Map, args: list) -> list:
+    """The map evaluated as on numpy (its body once, on arrays with a batch dimension), the body prepared by
+    the backend's fusions: the elementwise runs of a body that captures a large value (k-means' distances
+    to every centroid) become kernels over (rows, components)."""
+    from runtime.numpy_impl.control import _map as batched_map
+
+    from .passes import prepare
+
+    return batched_map(prim, args, 0, body=prepare(prim.body))
+
+
 @numba_impls.register(Map)
 def _map(prim: Map, args: list, depth: int):
     """A map whose body can be written as a scalar function: one compiled loop over the rows, elements with
     vector fields passed as their scalar components and captured values as scalars. Maps with vector
-    bodies are compiled only from COMPILE_FROM rows."""
-    if depth or compile_problem(prim.body) is not None:
-        return None  # the batched NumPy evaluation of such a body is already vectorised
+    bodies are compiled only from COMPILE_FROM rows; bodies that cannot be written so run batched, with
+    the backend's fusions applied to them."""
+    if depth:
+        return None
+    if compile_problem(prim.body) is not None:
+        return _batched(prim, args)
     consts, xs = args[: prim.num_consts], args[prim.num_consts:]
     shapes = [v.aval.shape for v in prim.body.inputs[prim.num_consts:]]
     if not xs or xs[0].shape[0] == 0 or any(x.shape[1:] != s for x, s in zip(xs, shapes, strict=True)):
