@@ -441,3 +441,24 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
         assert kernel_calls == {"segmented_reduce": 1}
         assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
     assert kernel_calls["map"] >= 2, kernel_calls
+
+
+def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls):
+    """map(row -> map(v -> f(v, per-row, per-column, scalar)), X) over a wide matrix is elementwise over
+    (rows, columns): written as broadcasts and elementwise statements, it runs as one kernel."""
+    from fold.primitives import Map
+    from runtime.numba_backend.passes import prepare
+
+    rows, cols = COMPILE_FROM // 40 + 3, 40
+    x, r, c = rng.normal(size=(rows, cols)), rng.normal(size=rows), rng.normal(size=cols)
+
+    def f(x, r, c):
+        s = fold.exp(r[0] * 0.0)  # a captured scalar (1.0), computed
+        return fold.map(lambda row, ri: fold.map(lambda v, cj: fold.sin(v * ri + cj) * s, row, c), x, r)
+
+    prepared = prepare(fold.trace(f, x, r, c))
+    assert not any(isinstance(st.prim, Map) for st in prepared.stmts), str(prepared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, x, r, c))
+    assert kernel_calls == {"map": 1}

@@ -9,14 +9,16 @@ from fold.ir import Program
 from .elementwise_fusion import fuse_elementwise
 from .fusion import fuse
 from .scan_pair_fusion import fuse_scan_pairs
+from .unnest import unnest_maps
 
 _prepared: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictionary()
 
 
 def prepare(program: Program) -> Program:
     """The program with the backend's fusions applied to its top level (scan pairs read by a map, maps read
-    by a reduce, runs of elementwise statements); memoised, since gemm block programs are run many times."""
+    by a reduce, maps of scalar maps as elementwise statements, runs of elementwise statements); memoised,
+    since gemm block programs are run many times."""
     found = _prepared.get(program)
     if found is None:
-        found = _prepared[program] = fuse_elementwise(fuse(fuse_scan_pairs(program)))
+        found = _prepared[program] = fuse_elementwise(unnest_maps(fuse(fuse_scan_pairs(program))))
     return found
