@@ -3,6 +3,9 @@ where they do not."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -462,3 +465,37 @@ def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls)
         warnings.simplefilter("error")
         assert_same(*both(f, x, r, c))
     assert kernel_calls == {"map": 1}
+
+
+_ALLOCATOR_SCRIPT = """
+import numpy as np
+from runtime.numba_backend.allocator import keep_freed_memory
+
+
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20  # MiB
+
+
+applied = keep_freed_memory()
+r0 = resident()
+a = np.ones(8 * 2**20); del a  # 64 MiB, written, freed
+r1 = resident()
+b = np.ones(8 * 2**20)  # 64 MiB again
+print(applied, r1 - r0, resident() - r1)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc/self/statm")
+@pytest.mark.parametrize("setting", ["default", "off"])
+def test_freed_memory_stays_in_the_process_and_is_reused(setting):
+    """With the numba backend's malloc policy a freed 64 MiB array stays resident and the next one reuses its
+    pages (nothing new is faulted in); FOLD_KEEP_FREED_MEMORY=0 leaves malloc as it is (returned, then
+    faulted in again)."""
+    env = dict(os.environ, FOLD_KEEP_FREED_MEMORY="0" if setting == "off" else "1")
+    out = subprocess.run([sys.executable, "-c", _ALLOCATOR_SCRIPT], env=env, capture_output=True, text=True, check=True).stdout.split()
+    applied, kept, grown = out[0] == "True", float(out[1]), float(out[2])
+    if setting == "off":
+        assert not applied and kept < 16 and grown > 48, out
+    else:
+        assert applied and kept > 48 and grown < 16, out

@@ -13,6 +13,7 @@ from fold.ir import Program
 from .. import numpy_impl  # noqa: F401  (the reference implementations it falls back to)
 from ..interpreter import eval_program, lowering
 from . import gemm  # noqa: F401  (registers the gemm lowerings)
+from .allocator import keep_freed_memory
 from .passes import prepare
 from .lowering import numba_impls
 
@@ -38,4 +39,5 @@ class NumbaBackend:
     name = "numba"
 
     def compile(self, program: Program) -> CompiledNumbaProgram:
+        keep_freed_memory()
         return CompiledNumbaProgram(program)
