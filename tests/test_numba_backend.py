@@ -499,3 +499,23 @@ def test_freed_memory_stays_in_the_process_and_is_reused(setting):
         assert not applied and kept < 16 and grown > 48, out
     else:
         assert applied and kept > 48 and grown < 16, out
+
+
+def test_a_statement_reading_a_run_waits_and_the_run_goes_on_past_it():
+    """sum(a) reads the run but the statements after it do not need the sum: they stay in the run, and the
+    sum runs after it; a statement that needs the sum ends the run."""
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+
+    def f(x):
+        a = fold.exp(x) * 2.0
+        s = fold.sum(a)
+        b = -a + 1.0
+        return s, b * s + 1.0
+
+    x = rng.normal(size=COMPILE_FROM + 1)
+    fused = fuse_elementwise(fold.trace(f, x))
+    names = [[st.prim.name for st in s.prim.region.stmts] if isinstance(s.prim, FusedElementwise) else s.prim.name for s in fused.stmts]
+    assert names == [["exp", "mul", "neg", "add"], "sum", "broadcast", ["mul", "add"]], names
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, x))

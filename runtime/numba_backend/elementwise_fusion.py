@@ -97,50 +97,61 @@ def _folds_only_result(stmt: Let, results: Counter) -> bool:
 
 
 def fuse_elementwise(program: Program) -> Program:
-    """The program with each run of at least two elementwise statements of one shape as one statement."""
+    """The program with each run of at least two elementwise statements of one shape as one statement.
+
+    While a run is open, a statement that reads none of it runs before it; one that reads it (a sum of one
+    of its values, say) waits until the run ends, and the run goes on past it as long as no later member
+    needs what waits."""
     uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
     uses.update(a for a in program.outputs if isinstance(a, Var))
     stmts: list[Let] = []
     members: list[Let] = []
     produced: set[Var] = set()
+    waiting: list[Let] = []
+    waiting_outs: set[Var] = set()
     fused = False
 
     def outside_uses() -> Counter:
         inside = Counter(a for s in members for a in s.args if isinstance(a, Var))
         return Counter({v: uses[v] - inside[v] for v in produced if uses[v] > inside[v]})
 
-    def used_later() -> set[Var]:
-        return set(outside_uses())
-
-    def close(reader: Let | None = None) -> None:
-        """End the run; `reader`, the statement that reads it, joins it if it is a reduce that can."""
+    def close() -> None:
+        """End the run, then emit what waited for it; the first waiting reader joins the run if it is a
+        reduce that alone reads the run's only result."""
         nonlocal fused
         if sum(isinstance(s.prim, _ELEMENTWISE) for s in members) < 2:
             stmts.extend(members)
         else:
-            joins = reader is not None and _folds_only_result(reader, outside_uses())
-            stmts.append(_region(members + [reader], set(reader.outs)) if joins else _region(members, used_later()))
+            reader = next((s for s in waiting if any(a in produced for a in s.args if isinstance(a, Var))), None)
+            if reader is not None and _folds_only_result(reader, outside_uses()):
+                stmts.append(_region(members + [reader], set(reader.outs)))
+                waiting.remove(reader)
+            else:
+                stmts.append(_region(members, set(outside_uses())))
             fused = True
-            reader = None if joins else reader
-        if reader is not None:
-            stmts.append(reader)
-        members.clear()
-        produced.clear()
+        stmts.extend(waiting)
+        for group in (members, waiting):
+            group.clear()
+        for found in (produced, waiting_outs):
+            found.clear()
+
+    def reads(stmt: Let, values: set[Var]) -> bool:
+        return any(isinstance(a, Var) and a in values for a in stmt.args)
 
     for stmt in program.stmts:
         shape = _shape(stmt)
-        reads_region = any(isinstance(a, Var) and a in produced for a in stmt.args)
-        if shape is not None and members and shape == members[0].outs[0].aval.shape:
+        if shape is not None and members and shape == members[0].outs[0].aval.shape and not reads(stmt, waiting_outs):
             members.append(stmt)
             produced.update(stmt.outs)
         elif shape is not None:
             close()
             members.append(stmt)
             produced.update(stmt.outs)
-        elif reads_region:
-            close(reader=stmt)
+        elif reads(stmt, produced) or reads(stmt, waiting_outs):
+            waiting.append(stmt)
+            waiting_outs.update(stmt.outs)
         else:
-            stmts.append(stmt)  # independent of the open region: it runs before the region's statement
+            stmts.append(stmt)  # independent of the open run: it runs before the run's statement
     close()
     if not fused:
         return program
