@@ -5,9 +5,10 @@ serves every allocation over 32 MiB with a fresh mmap and returns it to the syst
 array is faulted in page by page again, at the cost of writing it once more: at 10^7 float64 elements a
 fifth to a third of the generic scan gradient's time went to page faults. The numba backend therefore asks
 malloc, when it is first used, to take every allocation from its heap and to keep freed memory there
-(M_MMAP_MAX = 0, M_TRIM_THRESHOLD = -1: never trimmed). The cost: the process keeps its peak memory until it
-exits, as JAX's and PyTorch's caching allocators do. FOLD_KEEP_FREED_MEMORY=0 leaves malloc as it is; on a
-system without glibc's mallopt nothing changes.
+(M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2 GiB). The cost: freed memory stays with the process (all of it
+inside the heap, up to 2 GiB at its top), as with JAX's and PyTorch's caching allocators; a threshold of
+"never" kept so much that a long benchmark process ran short of memory. FOLD_KEEP_FREED_MEMORY=0 leaves
+malloc as it is; on a system without glibc's mallopt nothing changes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_TRIM_THRESHOLD = -1  # never trim the heap
+_TRIM_THRESHOLD = 2**31 - 1  # the largest value the int parameter takes: 2 GiB
 
 _applied: bool | None = None
 
