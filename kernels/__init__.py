@@ -6,9 +6,10 @@ checks it. `kernels.cpu` holds the Numba CPU templates; CUDA templates are to fo
 The contract (the same for every template):
 
 - Elements are tuples of k >= 1 scalar leaves, stored as k arrays ("a record of arrays"): 1-D of any
-  stride (the columns of an (n, k) array are read in place), or 2-D (rows, n) and C-contiguous for the
-  segmented reduce (any strides for map, which reads broadcast views as they are), all of one shape. Drivers that return arrays fill the caller's `out` arrays (any
-  stride) when given, so results can land in the columns of one wider array.
+  stride (the columns of an (n, k) array are read in place), or 2-D (rows, n), all of one shape: any
+  strides for map and for the segmented reduce's mapper inputs (broadcast views are read as they are),
+  C-contiguous for the segmented reduce's leaves. Drivers that return arrays fill the caller's `out`
+  arrays (any stride) when given, so results can land in the columns of one wider array.
 - A *combine* is a numba.njit function of 2k scalars, combine(a_0, ..., a_{k-1}, b_0, ..., b_{k-1}),
   returning a k-tuple (a scalar or a 1-tuple when k == 1). It must be associative; it need not be
   commutative: every kernel keeps its operands in order, a before b.

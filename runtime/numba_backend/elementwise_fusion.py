@@ -29,7 +29,7 @@ from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, is_scalar_program
 from .lowering import decline, numba_impls, run_kernel, worth_compiling
 
-_ELEMENTWISE = (Elementwise, Convert)
+ELEMENTWISE = (Elementwise, Convert)  # the primitives a run is made of
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +80,7 @@ def _region(members: list[Let], used_later: set[Var]) -> Let:
 
 def _shape(stmt: Let) -> tuple | None:
     """The shape the statement runs over, if it is elementwise over an array."""
-    if not isinstance(stmt.prim, _ELEMENTWISE) or len(stmt.outs) != 1 or stmt.outs[0].aval.ndim == 0:
+    if not isinstance(stmt.prim, ELEMENTWISE) or len(stmt.outs) != 1 or stmt.outs[0].aval.ndim == 0:
         return None
     return stmt.outs[0].aval.shape
 
@@ -119,7 +119,7 @@ def fuse_elementwise(program: Program) -> Program:
         """End the run, then emit what waited for it; the first waiting reader joins the run if it is a
         reduce that alone reads the run's only result."""
         nonlocal fused
-        if sum(isinstance(s.prim, _ELEMENTWISE) for s in members) < 2:
+        if sum(isinstance(s.prim, ELEMENTWISE) for s in members) < 2:
             stmts.extend(members)
         else:
             reader = next((s for s in waiting if any(a in produced for a in s.args if isinstance(a, Var))), None)

@@ -11,11 +11,10 @@ arrays, which elementwise fusion then runs as one kernel together with its neigh
 from __future__ import annotations
 
 from fold.ir import Let, Lit, Program, Var
-from fold.primitives import BroadcastTo, Convert, Elementwise, Map, Reshape
+from fold.primitives import BroadcastTo, Map, Reshape
 
 from .codegen import compile_problem
-
-_ELEMENTWISE = (Elementwise, Convert)
+from .elementwise_fusion import ELEMENTWISE
 
 
 def _inner_map(stmt: Let) -> Let | None:
@@ -28,7 +27,7 @@ def _inner_map(stmt: Let) -> Let | None:
     ib = inner.prim.body
     used = {a for s in ib.stmts for a in s.args if isinstance(a, Var)}
     scalar = all(v.aval.shape == () for v in ib.inputs if v in used) and all(o.aval.shape == () for s in ib.stmts for o in s.outs)
-    if not scalar or not all(isinstance(s.prim, _ELEMENTWISE) for s in ib.stmts):
+    if not scalar or not all(isinstance(s.prim, ELEMENTWISE) for s in ib.stmts):
         return None
     produced = [o for s in ib.stmts for o in s.outs]
     if tuple(body.outputs) != tuple(inner.outs) or not all(isinstance(o, Var) and o in produced for o in ib.outputs):
