@@ -5,7 +5,7 @@
     segmented_reduce(mapper_or_None, combine, k, identity, inputs, *, parallel=None) -> k arrays (rows,)
     scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, chunks=None) -> k arrays (n,)
     histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
-    map(mapper, m, k, inputs, *, consts=(), parallel=None)                     -> k arrays (n,)
+    map(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)           -> k arrays (n,) or (rows, n)
     logsumexp(x, *, chunks=None)                                               -> a scalar
     scan_pair_map(combine, k, identity, leaves, mapper, r, others=(), consts=(), *, block, parallel)
                                                                                -> r arrays (n,)

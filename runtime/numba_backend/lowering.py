@@ -17,6 +17,8 @@ from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
+from runtime.numpy_impl.control import _map as batched_map
+
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 
 numba_impls = RuleTable("numba backend")
@@ -212,9 +214,7 @@ def _batched(prim: Map, args: list) -> list:
     """The map evaluated as on numpy (its body once, on arrays with a batch dimension), the body prepared by
     the backend's fusions: the elementwise runs of a body that captures a large value (k-means' distances
     to every centroid) become kernels over (rows, components)."""
-    from runtime.numpy_impl.control import _map as batched_map
-
-    from .passes import prepare
+    from .passes import prepare  # here: the passes' modules import this one's rule table
 
     return batched_map(prim, args, 0, body=prepare(prim.body))
 
