@@ -14,7 +14,9 @@ The contract (the same for every template):
   returning a k-tuple (a scalar or a 1-tuple when k == 1). It must be associative; it need not be
   commutative: every kernel keeps its operands in order, a before b.
 - A *mapper* is a numba.njit function of m scalars returning a k-tuple (a scalar or 1-tuple when k == 1);
-  map and scan_pair_map pass it scalar `consts` first.
+  map and scan_pair_map pass it scalar `consts` first. map_scan also takes a *post* function of the scan's
+  k scalars at i and the m inputs at i (its results are written instead of the scan) and a *step*, a
+  combine returning only some leaves (`live`), for the final pass.
 - The *identity* is a tuple of k scalars; each must be exactly representable in its leaf's dtype.
 - Element dtypes are the leaves' dtypes, or the mapper's result types (compiled for the inputs' dtypes).
 - Kernels return tuples of NumPy arrays (one per leaf), or of k NumPy scalars for reduce / map_reduce.
@@ -26,7 +28,7 @@ The contract (the same for every template):
   on the dtypes and layouts. Kernels whose functions come from content-addressed modules are also cached
   on disk (see kernels.cpu.codegen and kernels.cpu.modules).
 
-Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, histogram, map, scan_pair_map.
+Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, map_scan, histogram, map, scan_pair_map.
 
 Threads: Numba's parallel kernels run on its threading layer (OpenMP here). OpenMP's worker threads spin
 for a while after each parallel region by default, which takes the cores from whatever runs next: the BLAS

@@ -406,6 +406,67 @@ def test_strided_leaves_are_read_and_out_columns_filled_in_place():
     _check([mapped[:, j] for j in range(4)], kc.map(shear, 2, 4, [xs[0], xs[3]]), "matmul", I64, "map into columns")
 
 
+# ---------------------------------------------------------------- map_scan
+
+@njit
+def linrec_tail(a1, b1, a2, b2):  # linrec's second leaf alone: forward, it reads only b of the accumulator
+    return a2 * b1 + b2
+
+
+@njit
+def linrec_post(a, b, p, q):  # two outputs from the scan's value and the inputs at i
+    return b * p + q, a - 2 * b
+
+
+@njit
+def linrec_tail_post(a, b, p, q):  # reads only the b leaf of the scan
+    return b * p - q
+
+
+def _map_scan_reference(xs, exclusive, reverse, post=None):
+    op = OPS["linrec"]
+    leaves = [np.asarray(v, np.int64) for v in to_linrec.py_func(*xs)]
+    ys = scan_reference(op.fn.py_func, 2, (np.int64(1), np.int64(0)), leaves, exclusive, reverse)
+    return ys if post is None else [np.asarray(v, np.int64) for v in _as_tuple(post.py_func(*ys, *xs))]
+
+
+@pytest.mark.parametrize("n,chunks", SIZES, ids=SIZE_IDS)
+def test_map_scan(n, chunks):
+    """Mapped elements, a post map and a restricted final step, against the sequential reference (int64: exact)."""
+    rng = _rng("map_scan", n)
+    xs = [rng.integers(-3, 4, n), rng.integers(-5, 6, n)]
+    for exclusive in (False, True):
+        for reverse in (False, True):
+            what = f"map_scan n={n} chunks={chunks} exclusive={exclusive} reverse={reverse}"
+            got = kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), xs, exclusive, reverse, chunks=chunks)
+            _check(got, _map_scan_reference(xs, exclusive, reverse), "linrec", I64, what)
+            got = kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), xs, exclusive, reverse, post=linrec_post, r=2, chunks=chunks)
+            _check(got, _map_scan_reference(xs, exclusive, reverse, linrec_post), "linrec", I64, what + " post")
+            if not reverse:  # forward, b of the result needs only b of the accumulator
+                got = kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), xs, exclusive, reverse, post=linrec_tail_post, r=1,
+                                  step=linrec_tail, live=(1,), chunks=chunks)
+                _check(got, _map_scan_reference(xs, exclusive, reverse, linrec_tail_post), "linrec", I64, what + " step")
+
+
+def test_map_scan_without_mapper_is_scan_with_post():
+    op, xs, ident = _case("linrec", I64, 5001)
+    got = kc.map_scan(None, None, linrec, 2, (1, 0), xs, True, True, post=linrec_post, r=2, chunks=3)
+    ys = scan_reference(op.fn.py_func, 2, ident, xs, True, True)
+    _check(got, [np.asarray(v, np.int64) for v in linrec_post.py_func(*ys, *xs)], "linrec", I64, "map_scan, no mapper")
+
+
+def test_map_scan_errors_name_the_problem():
+    x = np.arange(10)
+    with pytest.raises(ValueError, match=r"live must be distinct leaf indices in \[0, 2\) with step, got \(2,\)"):
+        kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), [x, x], step=linrec_tail, live=(2,))
+    with pytest.raises(ValueError, match=r"post must return 1 value\(s\)"):
+        kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), [x, x], post=linrec_post, r=1)
+    with pytest.raises(ValueError, match=r"mapper must return 3 value\(s\)"):
+        kc.map_scan(to_linrec, 2, linrec, 3, (1, 0, 0), [x, x])
+    with pytest.raises(ValueError, match=r"inputs: all arrays must have one shape"):
+        kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), [x, x[:9]])
+
+
 # ---------------------------------------------------------------- scan_pair_map
 
 @njit

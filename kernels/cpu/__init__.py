@@ -4,6 +4,8 @@
     map_reduce(mapper, m, combine, k, identity, inputs, *, chunks=None)        -> k scalars
     segmented_reduce(mapper_or_None, combine, k, identity, inputs, *, parallel=None) -> k arrays (rows,)
     scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, chunks=None) -> k arrays (n,)
+    map_scan(mapper, m, combine, k, identity, inputs, exclusive=False, reverse=False, *, post=None, r=None,
+             step=None, live=None, chunks=None, out=None)                      -> k (or r) arrays (n,)
     histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
     map(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)           -> k arrays (n,) or (rows, n)
     logsumexp(x, *, chunks=None)                                               -> a scalar
@@ -26,7 +28,7 @@ from .histogram import histogram
 from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)
 from .reduce import map_reduce, reduce
-from .scan import scan
+from .scan import map_scan, scan
 from .segmented import segmented_reduce
 
 
@@ -36,4 +38,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["clear_cache", "histogram", "logsumexp", "map", "map_reduce", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
+__all__ = ["clear_cache", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "reduce", "scan", "scan_pair_map", "segmented_reduce"]

@@ -11,12 +11,22 @@ Reverse is the forward scan of the reversed sequence under the swapped operator 
 back; the kernel computes exactly that in place, walking each chunk from its right end and combining as
 combine(x_i, acc), so no array is copied and operand order is kept.
 
-Three phases over T contiguous chunks (work-efficient: about 2n combines in all; T = 1 is one plain
-loop with no parallel region):
-  1. (parallel) the total of every chunk but the last (forward) or first (reverse), folded in order (as
-     interleaved sub-chunks, like the parallel reduce);
+Three phases over T + 1 contiguous chunks for T threads (work-efficient: about 2n combines in all; T = 1
+is one plain loop with no parallel region):
+  1. (parallel) the first chunk (the last in reverse) needs no seed: one thread scans it, keeping its total,
+     while the others fold the totals of the chunks up to the other end's (one chain each: the scan of the
+     seedless chunk is the longer task, so the reduce's interleaved lanes would only add register pressure);
+     the chunk at the other end needs no total;
   2. (sequential) the exclusive scan of the totals, in chunk order: the seed of each chunk;
-  3. (parallel) each chunk scanned from its seed.
+  3. (parallel) the T other chunks scanned from their seeds.
+Each thread takes one chunk in each parallel phase: with T chunks, the seedless one would leave a thread idle
+while the totals are folded.
+
+map_scan fuses a map on either side: the elements are mapper(inputs at i), computed in phases 1 and 3 and
+never stored, and `post` turns the scan's value at i (with the inputs at i) into the outputs, so a map
+reading the scan needs no scan written out. Phase 3 can run a restricted operator, `step`, that computes
+only the leaves an output needs (the matrix part of an affine recurrence is carried between chunks, but
+only its vector part is read).
 """
 
 from __future__ import annotations
@@ -27,80 +37,120 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
-from .reduce import LANES, _lanes_loop
+from .reduce import _fold_loop
 
 
-def _scan_chunk(k: int) -> str:
+def _element(k: int, m: int, mapped: bool) -> str:
+    """e0.. = the element at i (mapped or read)."""
+    if mapped:
+        return call("e", "mapper", ", ".join(f"x{j}[i]" for j in range(m)), k)
+    return each("e{j} = x{j}[i]", k)
+
+
+def _store(k: int, m: int, r: int, post: bool) -> str:
+    """out_j[i] = the scan's value at i, or post(value, inputs at i)."""
+    if not post:
+        return each("out{j}[i] = acc{j}", k)
+    x_i = ", ".join(f"x{j}[i]" for j in range(m))
+    return call("o", "post", f"{names('acc', k)}, {x_i}", r) + "\n" + each("out{j}[i] = o{j}", r)
+
+
+def _step(k: int, live: tuple | None, reverse: bool) -> str:
+    """acc = acc . e (e . acc in reverse); with `live`, only those leaves, by `step` (the others feed no output)."""
+    args = f"{names('e', k)}, {names('acc', k)}" if reverse else f"{names('acc', k)}, {names('e', k)}"
+    if live is None:
+        return call("acc", "combine", args, k)
+    targets = ", ".join(f"acc{j}" for j in live)
+    return f"{targets} = as_scalar(step({args}))" if len(live) == 1 else f"{targets} = step({args})"
+
+
+def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None) -> str:
     """Scan the elements lo <= i < hi into out_j, from the seed acc_0.. (all four variants)."""
-    acc, x_i = names("acc", k), ", ".join(f"x{j}[i]" for j in range(k))
-    forward, backward = call("acc", "combine", f"{acc}, {x_i}", k), call("acc", "combine", f"{x_i}, {acc}", k)
-    store = each("out{j}[i] = acc{j}", k, 8)
+    element, store = indent(_element(k, m, mapped), 8), indent(_store(k, m, r, post), 8)
+    forward, backward = _step(k, live, False), _step(k, live, True)
     return f"""if reverse and exclusive:
     for i in range(hi - 1, lo - 1, -1):
+{element}
 {store}
         {backward}
 elif reverse:
     for i in range(hi - 1, lo - 1, -1):
+{element}
         {backward}
 {store}
 elif exclusive:
     for i in range(lo, hi):
+{element}
 {store}
         {forward}
 else:
     for i in range(lo, hi):
+{element}
         {forward}
 {store}"""
 
 
-def _scan_source(k: int) -> str:
-    x_i = ", ".join(f"x{j}[i]" for j in range(k))
+def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None) -> str:
     seed_nxt, nxt_seed = f"{names('seed', k)}, {names('nxt', k)}", f"{names('nxt', k)}, {names('seed', k)}"
+    full, final = _scan_chunk(k, m, mapped, r, post, None), _scan_chunk(k, m, mapped, r, post, live)
     return f"""
-def kernel(T, exclusive, reverse, {names("x", k)}, {names("id", k)}, {names("tot", k)}, {names("out", k)}):
+def kernel(T, exclusive, reverse, {names("x", m)}, {names("id", k)}, {names("tot", k)}, {names("out", r)}):
     n = x0.shape[0]
     if T == 1:  # no parallel region at all
         lo = 0
         hi = n
 {each("acc{j} = id{j}", k, 8)}
-{indent(_scan_chunk(k), 8)}
+{indent(final, 8)}
         return
-    # 1. chunk totals (the last chunk's is not needed forward, the first's not in reverse)
+    C = T + 1
+    # 1. the first chunk (the last in reverse) scanned from the identity, its total kept; at once, the
+    #    totals of the chunks between it and the other end
     for t in prange(T):
-        if (reverse and t > 0) or (not reverse and t < T - 1):
-            lo = t * n // T
-            hi = (t + 1) * n // T
-{indent(_lanes_loop(k, k, False, LANES), 12)}
-{each("tot{j}[t] = acc{j}", k, 12)}
-    # 2. seeds: tot[t] becomes the combination of the totals of the chunks before t (after t in reverse)
+        ch = t + (1 if reverse else 0)
+        lo = ch * n // C
+        hi = (ch + 1) * n // C
+        if ch == (C - 1 if reverse else 0):
+{each("acc{j} = id{j}", k, 12)}
+{indent(full, 12)}
+        else:
+{indent(_fold_loop(k, m, mapped, "lo", "hi", "acc"), 12)}
+{each("tot{j}[ch] = acc{j}", k, 8)}
+    # 2. seeds: tot[c] becomes the combination of the totals of the chunks before c (after c in reverse)
 {each("seed{j} = id{j}", k, 4)}
     if reverse:
-        for t in range(T - 1, -1, -1):
-{each("nxt{j} = tot{j}[t]", k, 12)}
-{each("tot{j}[t] = seed{j}", k, 12)}
-            if t > 0:
-                {call("seed", "combine", nxt_seed, k)}
+        for c in range(C - 1, 0, -1):
+{each("nxt{j} = tot{j}[c]", k, 12)}
+{each("tot{j}[c] = seed{j}", k, 12)}
+            {call("seed", "combine", nxt_seed, k)}
+{each("tot{j}[0] = seed{j}", k, 8)}
     else:
-        for t in range(T):
-{each("nxt{j} = tot{j}[t]", k, 12)}
-{each("tot{j}[t] = seed{j}", k, 12)}
-            if t < T - 1:
-                {call("seed", "combine", seed_nxt, k)}
-    # 3. every chunk scanned from its seed
+        for c in range(C - 1):
+{each("nxt{j} = tot{j}[c]", k, 12)}
+{each("tot{j}[c] = seed{j}", k, 12)}
+            {call("seed", "combine", seed_nxt, k)}
+{each("tot{j}[C - 1] = seed{j}", k, 8)}
+    # 3. the other chunks scanned from their seeds
     for t in prange(T):
-        lo = t * n // T
-        hi = (t + 1) * n // T
-{each("acc{j} = tot{j}[t]", k, 8)}
-{indent(_scan_chunk(k), 8)}
+        ch = t + (0 if reverse else 1)
+        lo = ch * n // C
+        hi = (ch + 1) * n // C
+{each("acc{j} = tot{j}[ch]", k, 8)}
+{indent(final, 8)}
 """
 
 
-def scan_kernel(combine: Any, k: int, parallel: bool = True) -> Any:
+def scan_kernel(combine: Any, k: int, parallel: bool = True, *, mapper: Any = None, m: int | None = None,
+                post: Any = None, r: int | None = None, step: Any = None, live: tuple | None = None) -> Any:
     """The compiled kernel(T, exclusive, reverse, x_0.., id_0.., tot_0.., out_0..), filling out_j in place.
 
-    tot_j are T-element scratch arrays; out_j are the n-element outputs. All allocated by the driver.
+    tot_j are (T + 1)-element scratch arrays; out_j are the n-element outputs. All allocated by the driver.
     """
-    return compile_kernel(("scan", combine, k, parallel), lambda: _scan_source(k), {"combine": combine}, parallel=parallel)
+    m = k if mapper is None else m
+    r = k if post is None else r
+    live = None if step is None else tuple(live)
+    key = ("scan", combine, k, parallel, mapper, m, post, r, step, live)
+    return compile_kernel(key, lambda: _scan_source(k, m, mapper is not None, r, post is not None, live),
+                          {"combine": combine, "mapper": mapper, "post": post, "step": step}, parallel=parallel)
 
 
 def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray],
@@ -115,14 +165,59 @@ def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndar
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
-    dtypes = [a.dtype for a in leaves]
+    return _run(combine, k, identity, leaves, [a.dtype for a in leaves], exclusive, reverse, chunks, out)
+
+
+def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any], inputs: Sequence[np.ndarray],
+             exclusive: bool = False, reverse: bool = False, *, post: Any = None, r: int | None = None,
+             step: Any = None, live: Sequence[int] | None = None, chunks: int | None = None,
+             out: Sequence[np.ndarray] | None = None) -> tuple:
+    """Scan the elements mapper(inputs[0][i], ..., inputs[m-1][i]), i < n, without storing them.
+
+    `mapper` takes m scalars and returns k (mapper None: the m == k inputs are the leaves, as in `scan`).
+    With `post` (returning r scalars), out_j[i] = post(*scan_i, *inputs[.][i]) is written instead of the
+    scan, which is then never stored either. With `step` (a combine that returns only the leaves `live`, in
+    that order), the final pass computes only those: where the other leaves feed no output, as the matrix
+    part of an affine recurrence whose vector part alone is read. Returns a tuple of k (or r) arrays.
+    """
+    for fn, what in ((mapper, "mapper"), (post, "post"), (step, "step")):
+        if fn is not None:
+            host.check_function(fn, what)
+    host.check_function(combine, "combine")
+    k = host.check_count(k, "k")
+    m = k if mapper is None else host.check_count(m, "m")
+    inputs = host.check_arrays(inputs, m, 1, "inputs")
+    in_dtypes = [a.dtype for a in inputs]
+    dtypes = in_dtypes if mapper is None else host.result_dtypes(mapper, in_dtypes, k, "mapper")
+    if step is not None:
+        live = _check_live(live, k)
+        host.result_dtypes(step, dtypes * 2, len(live), "step")
+    out_dtypes = None
+    if post is not None:
+        r = host.check_count(r, "r")
+        out_dtypes = host.result_dtypes(post, list(dtypes) + in_dtypes, r, "post")
+    return _run(combine, k, identity, inputs, dtypes, exclusive, reverse, chunks, out,
+                mapper=mapper, post=post, r=r, out_dtypes=out_dtypes, step=step, live=live)
+
+
+def _check_live(live: Any, k: int) -> tuple:
+    if live is None or not len(live) or any(not isinstance(j, (int, np.integer)) or not 0 <= j < k for j in live) \
+            or len(set(live)) != len(live):
+        raise ValueError(f"live must be distinct leaf indices in [0, {k}) with step, got {live!r}")
+    return tuple(int(j) for j in live)
+
+
+def _run(combine: Any, k: int, identity: Sequence[Any], inputs: list[np.ndarray], dtypes: list, exclusive: bool,
+         reverse: bool, chunks: int | None, out: Sequence[np.ndarray] | None, **fused: Any) -> tuple:
     ident = host.cast_identity(identity, dtypes)
     host.check_combine(combine, dtypes)
-    n = leaves[0].shape[0]
-    outs = host.outputs(out, dtypes, n, "out")
+    n = inputs[0].shape[0]
+    out_dtypes = fused.pop("out_dtypes", None) or dtypes
+    outs = host.outputs(out, out_dtypes, n, "out")
     if n == 0:
         return outs
     T = host.num_chunks(n, chunks)
-    totals = [np.empty(T, d) for d in dtypes]
-    scan_kernel(combine, k, T > 1)(T, bool(exclusive), bool(reverse), *leaves, *ident, *totals, *outs)
+    totals = [np.empty(T + 1, d) for d in dtypes]
+    m = len(inputs)
+    scan_kernel(combine, k, T > 1, m=m, **fused)(T, bool(exclusive), bool(reverse), *inputs, *ident, *totals, *outs)
     return outs
