@@ -57,10 +57,12 @@ def _add_scan_vjp(prim, consts, identity, xs, ys, cts):
 def _inclusive_generic_vjp(body, nc: int, consts, identity, xs, ys, cts):
     """Inclusive forward scan y_i = y_{i-1} . a_i. The cotangent c_i reaching y_i solves the linear recurrence
 
-        c_{n-1} = ybar_{n-1},   c_i = ybar_i + J_{i+1}^T c_{i+1},   J_{i+1} = d(y . a_{i+1})/dy at y_i,
+        c_{n-1} = ybar_{n-1},   c_i = ybar_i + d_{i+1},   d_i = J_i^T c_i,   J_i = d(y . a_i)/dy at y_{i-1},
 
-    solved by a reverse scan over affine maps (M, v): c -> v + M c, composed associatively; the Jacobians are
-    formed from the operator's own vjp on basis vectors. Then abar_i = vjp of (a -> y_{i-1} . a) at a_i on c_i.
+    so d_i = J_i^T ybar_i + J_i^T d_{i+1}: an affine map (J_i^T, J_i^T ybar_i) of d_{i+1} made from the values
+    at i alone. The exclusive reverse scan of those maps, composed associatively, gives d_{i+1} at i, with no
+    array shifted but the exclusive primal values y_{i-1}, which the last step needs anyway: abar_i is the
+    vjp of (a -> y_{i-1} . a) at a_i on c_i. The Jacobians come from the operator's own vjp on basis vectors.
     """
     k = len(xs)
     elem_avals = [aval_of(x).update(shape=aval_of(x).shape[1:]) for x in xs]
@@ -81,33 +83,35 @@ def _inclusive_generic_vjp(body, nc: int, consts, identity, xs, ys, cts):
             start += size
         return out
 
-    def jacobian_t(y_leaves, a_next):
-        """The s x s matrix J^T of y -> y . a_next, as a map over basis cotangents."""
+    def jacobian_t(prev, a):
+        """The s x s matrix J^T of y -> y . a at y = prev, as a map over basis cotangents."""
         def column(e):
             cts_leaves = unflatten(e)
-            return flatten([instantiate(c, av) for c, av in zip(vjp_of_function(lambda *y: op(list(y), a_next), y_leaves, cts_leaves), elem_avals, strict=True)])
+            return flatten([instantiate(c, av) for c, av in zip(vjp_of_function(lambda *y: op(list(y), a), prev, cts_leaves), elem_avals, strict=True)])
 
         basis = (ops.reshape(ops.iota(s), (s, 1)) == ops.reshape(ops.iota(s), (1, s))).astype(dtype)
         return ops.transpose(fold_map(column, basis))  # row k of the map is J^T e_k, a column of J^T
 
-    next_xs = [_shift_left(x, e) for x, e in zip(xs, identity, strict=True)]
-    ms = fold_map(lambda *leaves: jacobian_t(list(leaves[:k]), list(leaves[k:])), *ys, *next_xs)
-    vs = fold_map(lambda *leaves: flatten(list(leaves)), *cts)
+    def affine_map(*leaves):
+        prev, a, ct = list(leaves[:k]), list(leaves[k: 2 * k]), list(leaves[2 * k:])
+        m = jacobian_t(prev, a)
+        return m, ops.matmul(m, flatten(ct))
 
     def compose(f, g):
         (m1, v1), (m2, v2) = f, g
         return ops.matmul(m1, m2), v1 + ops.matmul(m1, v2)
 
-    eye = np.eye(s, dtype=dtype)
-    _, cs = fold_scan(compose, (ms, vs), identity=(eye, np.zeros(s, dtype)), reverse=True)
     prevs = [_shift_right(y, e) for y, e in zip(ys, identity, strict=True)]
+    ms, vs = fold_map(affine_map, *prevs, *xs, *cts)
+    eye = np.eye(s, dtype=dtype)
+    _, ds = fold_scan(compose, (ms, vs), identity=(eye, np.zeros(s, dtype)), reverse=True, exclusive=True)
 
     def element_ct(*leaves):
-        prev, a, c = list(leaves[:k]), list(leaves[k: 2 * k]), leaves[2 * k]
-        a_cts = vjp_of_function(lambda *a_: op(prev, list(a_)), a, unflatten(c))
-        return [instantiate(ct, av) for ct, av in zip(a_cts, elem_avals, strict=True)]
+        prev, a, ct, d = list(leaves[:k]), list(leaves[k: 2 * k]), list(leaves[2 * k: 3 * k]), leaves[3 * k]
+        a_cts = vjp_of_function(lambda *a_: op(prev, list(a_)), a, unflatten(flatten(ct) + d))
+        return [instantiate(c, av) for c, av in zip(a_cts, elem_avals, strict=True)]
 
-    return list(fold_map(element_ct, *prevs, *xs, cs))
+    return list(fold_map(element_ct, *prevs, *xs, *cts, ds))
 
 
 def _generic_scan_vjp(prim, consts, identity, xs, ys, cts):
