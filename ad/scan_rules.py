@@ -31,13 +31,6 @@ def _shift_left(x, fill):
     return ops.concatenate([x[1:n], fill_row.astype(aval_of(x).dtype)], axis=0)
 
 
-def _shift_right(x, fill):
-    """[fill, x_0, ..., x_{n-2}]"""
-    n = aval_of(x).shape[0]
-    fill_row = ops.reshape(ops.broadcast_to(fill, aval_of(x).shape[1:]), (1,) + aval_of(x).shape[1:])
-    return ops.concatenate([fill_row.astype(aval_of(x).dtype), x[0: n - 1]], axis=0)
-
-
 def _flip(x):
     return x[::-1]
 
@@ -54,15 +47,16 @@ def _add_scan_vjp(prim, consts, identity, xs, ys, cts):
     return bind(flipped, *consts, *identity, *cts)
 
 
-def _inclusive_generic_vjp(body, nc: int, consts, identity, xs, ys, cts):
+def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts):
     """Inclusive forward scan y_i = y_{i-1} . a_i. The cotangent c_i reaching y_i solves the linear recurrence
 
         c_{n-1} = ybar_{n-1},   c_i = ybar_i + d_{i+1},   d_i = J_i^T c_i,   J_i = d(y . a_i)/dy at y_{i-1},
 
     so d_i = J_i^T ybar_i + J_i^T d_{i+1}: an affine map (J_i^T, J_i^T ybar_i) of d_{i+1} made from the values
-    at i alone. The exclusive reverse scan of those maps, composed associatively, gives d_{i+1} at i, with no
-    array shifted but the exclusive primal values y_{i-1}, which the last step needs anyway: abar_i is the
-    vjp of (a -> y_{i-1} . a) at a_i on c_i. The Jacobians come from the operator's own vjp on basis vectors.
+    at i alone. The exclusive reverse scan of those maps, composed associatively, gives d_{i+1} at i, so no
+    array is shifted; `prevs` are the exclusive primal values y_{i-1}, which the last step needs too: abar_i
+    is the vjp of (a -> y_{i-1} . a) at a_i on c_i. The Jacobians come from the operator's own vjp on basis
+    vectors.
     """
     k = len(xs)
     elem_avals = [aval_of(x).update(shape=aval_of(x).shape[1:]) for x in xs]
@@ -101,7 +95,6 @@ def _inclusive_generic_vjp(body, nc: int, consts, identity, xs, ys, cts):
         (m1, v1), (m2, v2) = f, g
         return ops.matmul(m1, m2), v1 + ops.matmul(m1, v2)
 
-    prevs = [_shift_right(y, e) for y, e in zip(ys, identity, strict=True)]
     ms, vs = fold_map(affine_map, *prevs, *xs, *cts)
     eye = np.eye(s, dtype=dtype)
     _, ds = fold_scan(compose, (ms, vs), identity=(eye, np.zeros(s, dtype)), reverse=True, exclusive=True)
@@ -126,11 +119,15 @@ def _generic_scan_vjp(prim, consts, identity, xs, ys, cts):
 
 
 def _forward_generic(prim, consts, identity, xs, ys, cts):
+    """The rule needs the exclusive values y_{i-1}: an exclusive scan's own results (its cotangents then
+    shift to the inclusive positions), or, for an inclusive scan, the exclusive scan run again — not its
+    results shifted: a gradient alone then never runs the inclusive scan (dead code), and a shifted copy
+    costs as much as a scan pass on the numba backend."""
     if prim.exclusive:
-        inclusive = bind(Scan(prim.body, prim.num_consts, None, False, False), *consts, *identity, *xs)
         shifted_cts = [_shift_left(c, np.zeros((), aval_of(c).dtype)) for c in cts]
-        return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, identity, xs, inclusive, shifted_cts)
-    return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, identity, xs, ys, cts)
+        return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, ys, shifted_cts)
+    prevs = bind(Scan(prim.body, prim.num_consts, None, True, False), *consts, *identity, *xs)
+    return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, prevs, cts)
 
 
 @vjp_rules.register(Scan)
