@@ -64,37 +64,36 @@ def _step(k: int, live: tuple | None, reverse: bool) -> str:
     return f"{targets} = as_scalar(step({args}))" if len(live) == 1 else f"{targets} = step({args})"
 
 
-def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None) -> str:
-    """Scan the elements lo <= i < hi into out_j, from the seed acc_0.. (all four variants)."""
-    element, store = indent(_element(k, m, mapped), 8), indent(_store(k, m, r, post), 8)
-    forward, backward = _step(k, live, False), _step(k, live, True)
-    return f"""if reverse and exclusive:
-    for i in range(hi - 1, lo - 1, -1):
-{element}
-{store}
-        {backward}
-elif reverse:
-    for i in range(hi - 1, lo - 1, -1):
-{element}
-        {backward}
-{store}
-elif exclusive:
-    for i in range(lo, hi):
-{element}
-{store}
-        {forward}
-else:
-    for i in range(lo, hi):
-{element}
-        {forward}
-{store}"""
+def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None, exclusive: bool,
+                reverse: bool) -> str:
+    """Scan the elements lo <= i < hi into out_j, from the seed acc_0.. (one of the four variants: each kernel
+    is written for one, which keeps the source, and Numba's compile time, a quarter of all four)."""
+    loop = "for i in range(hi - 1, lo - 1, -1):" if reverse else "for i in range(lo, hi):"
+    store, step = indent(_store(k, m, r, post), 4), "    " + _step(k, live, reverse)
+    body = [indent(_element(k, m, mapped), 4)] + ([store, step] if exclusive else [step, store])
+    return "\n".join([loop] + body)
 
 
-def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None) -> str:
-    seed_nxt, nxt_seed = f"{names('seed', k)}, {names('nxt', k)}", f"{names('nxt', k)}, {names('seed', k)}"
-    full, final = _scan_chunk(k, m, mapped, r, post, None), _scan_chunk(k, m, mapped, r, post, live)
+def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None, exclusive: bool,
+                 reverse: bool) -> str:
+    full = _scan_chunk(k, m, mapped, r, post, None, exclusive, reverse)
+    final = _scan_chunk(k, m, mapped, r, post, live, exclusive, reverse)
+    if reverse:  # the last chunk needs no seed; the totals of chunks 1 .. T, seeds from the right
+        first, seedless, rest = "t + 1", "C - 1", "t"
+        seeds = f"""for c in range(C - 1, 0, -1):
+{each("nxt{j} = tot{j}[c]", k, 4)}
+{each("tot{j}[c] = seed{j}", k, 4)}
+    {call("seed", "combine", f"{names('nxt', k)}, {names('seed', k)}", k)}
+{each("tot{j}[0] = seed{j}", k)}"""
+    else:  # the first chunk needs no seed; the totals of chunks 0 .. T - 1, seeds from the left
+        first, seedless, rest = "t", "0", "t + 1"
+        seeds = f"""for c in range(C - 1):
+{each("nxt{j} = tot{j}[c]", k, 4)}
+{each("tot{j}[c] = seed{j}", k, 4)}
+    {call("seed", "combine", f"{names('seed', k)}, {names('nxt', k)}", k)}
+{each("tot{j}[C - 1] = seed{j}", k)}"""
     return f"""
-def kernel(T, exclusive, reverse, {names("x", m)}, {names("id", k)}, {names("tot", k)}, {names("out", r)}):
+def kernel(T, {names("x", m)}, {names("id", k)}, {names("tot", k)}, {names("out", r)}):
     n = x0.shape[0]
     if T == 1:  # no parallel region at all
         lo = 0
@@ -103,13 +102,13 @@ def kernel(T, exclusive, reverse, {names("x", m)}, {names("id", k)}, {names("tot
 {indent(final, 8)}
         return
     C = T + 1
-    # 1. the first chunk (the last in reverse) scanned from the identity, its total kept; at once, the
-    #    totals of the chunks between it and the other end
+    # 1. the seedless chunk scanned from the identity, its total kept; at once, the totals of the chunks
+    #    between it and the other end
     for t in prange(T):
-        ch = t + (1 if reverse else 0)
+        ch = {first}
         lo = ch * n // C
         hi = (ch + 1) * n // C
-        if ch == (C - 1 if reverse else 0):
+        if ch == {seedless}:
 {each("acc{j} = id{j}", k, 12)}
 {indent(full, 12)}
         else:
@@ -117,21 +116,10 @@ def kernel(T, exclusive, reverse, {names("x", m)}, {names("id", k)}, {names("tot
 {each("tot{j}[ch] = acc{j}", k, 8)}
     # 2. seeds: tot[c] becomes the combination of the totals of the chunks before c (after c in reverse)
 {each("seed{j} = id{j}", k, 4)}
-    if reverse:
-        for c in range(C - 1, 0, -1):
-{each("nxt{j} = tot{j}[c]", k, 12)}
-{each("tot{j}[c] = seed{j}", k, 12)}
-            {call("seed", "combine", nxt_seed, k)}
-{each("tot{j}[0] = seed{j}", k, 8)}
-    else:
-        for c in range(C - 1):
-{each("nxt{j} = tot{j}[c]", k, 12)}
-{each("tot{j}[c] = seed{j}", k, 12)}
-            {call("seed", "combine", seed_nxt, k)}
-{each("tot{j}[C - 1] = seed{j}", k, 8)}
+{indent(seeds, 4)}
     # 3. the other chunks scanned from their seeds
     for t in prange(T):
-        ch = t + (0 if reverse else 1)
+        ch = {rest}
         lo = ch * n // C
         hi = (ch + 1) * n // C
 {each("acc{j} = tot{j}[ch]", k, 8)}
@@ -139,17 +127,19 @@ def kernel(T, exclusive, reverse, {names("x", m)}, {names("id", k)}, {names("tot
 """
 
 
-def scan_kernel(combine: Any, k: int, parallel: bool = True, *, mapper: Any = None, m: int | None = None,
-                post: Any = None, r: int | None = None, step: Any = None, live: tuple | None = None) -> Any:
-    """The compiled kernel(T, exclusive, reverse, x_0.., id_0.., tot_0.., out_0..), filling out_j in place.
+def scan_kernel(combine: Any, k: int, parallel: bool = True, *, exclusive: bool = False, reverse: bool = False,
+                mapper: Any = None, m: int | None = None, post: Any = None, r: int | None = None, step: Any = None,
+                live: tuple | None = None) -> Any:
+    """The compiled kernel(T, x_0.., id_0.., tot_0.., out_0..) of one variant, filling out_j in place.
 
     tot_j are (T + 1)-element scratch arrays; out_j are the n-element outputs. All allocated by the driver.
     """
     m = k if mapper is None else m
     r = k if post is None else r
     live = None if step is None else tuple(live)
-    key = ("scan", combine, k, parallel, mapper, m, post, r, step, live)
-    return compile_kernel(key, lambda: _scan_source(k, m, mapper is not None, r, post is not None, live),
+    exclusive, reverse = bool(exclusive), bool(reverse)
+    key = ("scan", combine, k, parallel, exclusive, reverse, mapper, m, post, r, step, live)
+    return compile_kernel(key, lambda: _scan_source(k, m, mapper is not None, r, post is not None, live, exclusive, reverse),
                           {"combine": combine, "mapper": mapper, "post": post, "step": step}, parallel=parallel)
 
 
@@ -219,5 +209,5 @@ def _run(combine: Any, k: int, identity: Sequence[Any], inputs: list[np.ndarray]
     T = host.num_chunks(n, chunks)
     totals = [np.empty(T + 1, d) for d in dtypes]
     m = len(inputs)
-    scan_kernel(combine, k, T > 1, m=m, **fused)(T, bool(exclusive), bool(reverse), *inputs, *ident, *totals, *outs)
+    scan_kernel(combine, k, T > 1, exclusive=exclusive, reverse=reverse, m=m, **fused)(T, *inputs, *ident, *totals, *outs)
     return outs
