@@ -192,6 +192,8 @@ def _group(scan: Let, producer: dict, uses: Counter, outputs: set) -> tuple[list
 
 
 def fuse_map_scans(program: Program) -> Program:
+    """`program` with each scan that has maps making its elements or a map reading it, and those maps, as one
+    FusedMapScan statement in the place of the group's last statement (top level only; a map joins one group)."""
     uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
     uses.update(a for a in program.outputs if isinstance(a, Var))
     outputs = {a for a in program.outputs if isinstance(a, Var)}
