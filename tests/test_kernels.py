@@ -465,6 +465,8 @@ def test_map_scan_errors_name_the_problem():
         kc.map_scan(to_linrec, 2, linrec, 3, (1, 0, 0), [x, x])
     with pytest.raises(ValueError, match=r"inputs: all arrays must have one shape"):
         kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), [x, x[:9]])
+    with pytest.raises(ValueError, match=r"got live=\(1,\) without a step"):
+        kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), [x, x], live=(1,))
 
 
 # ---------------------------------------------------------------- scan_pair_map

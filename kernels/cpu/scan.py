@@ -37,14 +37,7 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
-from .reduce import _fold_loop
-
-
-def _element(k: int, m: int, mapped: bool) -> str:
-    """e0.. = the element at i (mapped or read)."""
-    if mapped:
-        return call("e", "mapper", ", ".join(f"x{j}[i]" for j in range(m)), k)
-    return each("e{j} = x{j}[i]", k)
+from .reduce import _element, _fold_loop
 
 
 def _store(k: int, m: int, r: int, post: bool) -> str:
@@ -70,7 +63,7 @@ def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | 
     is written for one, which keeps the source, and Numba's compile time, a quarter of all four)."""
     loop = "for i in range(hi - 1, lo - 1, -1):" if reverse else "for i in range(lo, hi):"
     store, step = indent(_store(k, m, r, post), 4), "    " + _step(k, live, reverse)
-    body = [indent(_element(k, m, mapped), 4)] + ([store, step] if exclusive else [step, store])
+    body = [indent(_element(k, m, mapped, "i", "e"), 4)] + ([store, step] if exclusive else [step, store])
     return "\n".join([loop] + body)
 
 
@@ -78,20 +71,17 @@ def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple |
                  reverse: bool) -> str:
     full = _scan_chunk(k, m, mapped, r, post, None, exclusive, reverse)
     final = _scan_chunk(k, m, mapped, r, post, live, exclusive, reverse)
-    if reverse:  # the last chunk needs no seed; the totals of chunks 1 .. T, seeds from the right
-        first, seedless, rest = "t + 1", "C - 1", "t"
-        seeds = f"""for c in range(C - 1, 0, -1):
+    if reverse:  # the last chunk needs no seed; the totals of chunks 1 .. T; seeds from the right
+        first, seedless, rest, order, far_end = "t + 1", "C - 1", "t", "range(C - 1, 0, -1)", "0"
+        fold_in = f"{names('nxt', k)}, {names('seed', k)}"
+    else:  # the first chunk needs no seed; the totals of chunks 0 .. T - 1; seeds from the left
+        first, seedless, rest, order, far_end = "t", "0", "t + 1", "range(C - 1)", "C - 1"
+        fold_in = f"{names('seed', k)}, {names('nxt', k)}"
+    seeds = f"""for c in {order}:
 {each("nxt{j} = tot{j}[c]", k, 4)}
 {each("tot{j}[c] = seed{j}", k, 4)}
-    {call("seed", "combine", f"{names('nxt', k)}, {names('seed', k)}", k)}
-{each("tot{j}[0] = seed{j}", k)}"""
-    else:  # the first chunk needs no seed; the totals of chunks 0 .. T - 1, seeds from the left
-        first, seedless, rest = "t", "0", "t + 1"
-        seeds = f"""for c in range(C - 1):
-{each("nxt{j} = tot{j}[c]", k, 4)}
-{each("tot{j}[c] = seed{j}", k, 4)}
-    {call("seed", "combine", f"{names('seed', k)}, {names('nxt', k)}", k)}
-{each("tot{j}[C - 1] = seed{j}", k)}"""
+    {call("seed", "combine", fold_in, k)}
+{each("tot{j}[" + far_end + "] = seed{j}", k)}"""
     return f"""
 def kernel(T, {names("x", m)}, {names("id", k)}, {names("tot", k)}, {names("out", r)}):
     n = x0.shape[0]
@@ -155,7 +145,7 @@ def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndar
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
-    return _run(combine, k, identity, leaves, [a.dtype for a in leaves], exclusive, reverse, chunks, out)
+    return _run(combine, k, identity, leaves, [a.dtype for a in leaves], exclusive, reverse, chunks, out, None)
 
 
 def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any], inputs: Sequence[np.ndarray],
@@ -179,18 +169,22 @@ def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
     inputs = host.check_arrays(inputs, m, 1, "inputs")
     in_dtypes = [a.dtype for a in inputs]
     dtypes = in_dtypes if mapper is None else host.result_dtypes(mapper, in_dtypes, k, "mapper")
+    live = _check_live(live, k, step)
     if step is not None:
-        live = _check_live(live, k)
         host.result_dtypes(step, dtypes * 2, len(live), "step")
     out_dtypes = None
     if post is not None:
         r = host.check_count(r, "r")
         out_dtypes = host.result_dtypes(post, list(dtypes) + in_dtypes, r, "post")
-    return _run(combine, k, identity, inputs, dtypes, exclusive, reverse, chunks, out,
-                mapper=mapper, post=post, r=r, out_dtypes=out_dtypes, step=step, live=live)
+    return _run(combine, k, identity, inputs, dtypes, exclusive, reverse, chunks, out, out_dtypes,
+                mapper=mapper, post=post, r=r, step=step, live=live)
 
 
-def _check_live(live: Any, k: int) -> tuple:
+def _check_live(live: Any, k: int, step: Any) -> tuple | None:
+    if step is None:
+        if live is not None:
+            raise ValueError(f"live names the leaves a step computes; got live={live!r} without a step")
+        return None
     if live is None or not len(live) or any(not isinstance(j, (int, np.integer)) or not 0 <= j < k for j in live) \
             or len(set(live)) != len(live):
         raise ValueError(f"live must be distinct leaf indices in [0, {k}) with step, got {live!r}")
@@ -198,12 +192,13 @@ def _check_live(live: Any, k: int) -> tuple:
 
 
 def _run(combine: Any, k: int, identity: Sequence[Any], inputs: list[np.ndarray], dtypes: list, exclusive: bool,
-         reverse: bool, chunks: int | None, out: Sequence[np.ndarray] | None, **fused: Any) -> tuple:
+         reverse: bool, chunks: int | None, out: Sequence[np.ndarray] | None, out_dtypes: list | None,
+         **fused: Any) -> tuple:
+    """Allocate (or check `out`, of `out_dtypes`, default the elements'), choose the chunks, run the kernel."""
     ident = host.cast_identity(identity, dtypes)
     host.check_combine(combine, dtypes)
     n = inputs[0].shape[0]
-    out_dtypes = fused.pop("out_dtypes", None) or dtypes
-    outs = host.outputs(out, out_dtypes, n, "out")
+    outs = host.outputs(out, out_dtypes or dtypes, n, "out")
     if n == 0:
         return outs
     T = host.num_chunks(n, chunks)

@@ -121,42 +121,34 @@ class FusedMapScan(Primitive):
 
     @cached_property
     def live(self) -> list[int] | None:
-        """The leaves of the scan the final pass must compute (None: all of them)."""
+        """The leaves of the scan the final pass must compute (None: all of them): those the last map reads,
+        and the accumulator's leaves that computing them reads, until nothing is added."""
         if self.finish is None:
             return None
-        k = self.scan.prim.num_leaves
+        body, k = self.scan.prim.body, self.scan.prim.num_leaves
+        carried = body.inputs[k:] if self.scan.prim.reverse else body.inputs[:k]  # the accumulator's side
         read = _read_inputs(self.finish)
         needed = {j for j in range(k) if self.finish.inputs[j] in read}
-        deps = _dependencies(self.scan.prim.body)
-        carried = k if self.scan.prim.reverse else 0  # the accumulator is the second operand in reverse
         while True:
-            more = {i - carried for j in needed for i in deps[j] if carried <= i < carried + k} - needed
+            read = _read_inputs(_restricted(body, sorted(needed)))
+            more = {j for j, v in enumerate(carried) if v in read} - needed
             if not more:
-                break
+                return None if len(needed) == k else sorted(needed)
             needed |= more
-        return None if len(needed) == k else sorted(needed)
 
     @cached_property
     def step(self) -> Program | None:
         """The operator computing only the `live` leaves."""
-        body = self.scan.prim.body
-        if self.live is None:
-            return None
-        return dce(Program(body.inputs, body.stmts, tuple(body.outputs[j] for j in self.live)))
+        return None if self.live is None else _restricted(self.scan.prim.body, self.live)
+
+
+def _restricted(body: Program, leaves: list[int]) -> Program:
+    """The operator returning only these leaves of its result, with what they do not need removed."""
+    return dce(Program(body.inputs, body.stmts, tuple(body.outputs[j] for j in leaves)))
 
 
 def _read_inputs(program: Program) -> set:
     return {a for s in program.stmts for a in s.args if isinstance(a, Var)} | {a for a in program.outputs if isinstance(a, Var)}
-
-
-def _dependencies(program: Program) -> list[set[int]]:
-    """For each output, the indices of the inputs it depends on (every argument of a statement counts)."""
-    deps: dict[Var, set[int]] = {v: {i} for i, v in enumerate(program.inputs)}
-    for stmt in program.stmts:
-        joined = set().union(*[deps.get(a, set()) for a in stmt.args if isinstance(a, Var)])
-        for out in stmt.outs:
-            deps[out] = joined
-    return [deps.get(a, set()) if isinstance(a, Var) else set() for a in program.outputs]
 
 
 def _count(atoms, var: Var) -> int:
@@ -249,9 +241,10 @@ def _fused(prim: FusedMapScan, args: list, depth: int):
     ident = _identity([value(a) for a in scan.args[:k]], shapes)
     if ident is None:
         return None
-    problem = next((p for p in map(compile_problem, (prim.mapper, prim.finish or prim.mapper)) if p is not None), None)
-    if problem is not None:
-        return decline(prim, f"its fused maps cannot be compiled: {problem}")
+    for fused in (prim.mapper, prim.finish):
+        problem = None if fused is None else compile_problem(fused)
+        if problem is not None:
+            return decline(prim, f"its fused maps cannot be compiled: {problem}")
     try:
         functions = {name: None if p is None else compile_scalar_program(p)
                      for name, p in (("combine", scan.prim.body), ("mapper", prim.mapper), ("post", prim.finish),
