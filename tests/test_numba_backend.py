@@ -562,6 +562,40 @@ def test_freed_memory_stays_in_the_process_and_is_reused(setting):
         assert applied and kept > 48 and grown < 16, out
 
 
+_BLAS_SCRIPT = """
+import ctypes
+import numpy as np
+import fold
+from runtime.numba_backend.blas_threads import loaded_openblas
+
+a = np.arange(64.0).reshape(8, 8)
+before = a @ a  # OpenBLAS's threads are running
+libs = [ctypes.CDLL(p) for p in loaded_openblas()]
+fold.jit(lambda x: x * 2.0, backend="numba")(np.ones(3))  # the backend's first use
+after = a @ a  # the threads started again
+print(len(libs), *[lib.openblas_thread_timeout() for lib in libs], np.array_equal(before, after))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps lists the loaded libraries")
+@pytest.mark.parametrize("setting", ["default", "user", "off"])
+def test_openblas_threads_wait_briefly_once_the_backend_runs(setting):
+    """The numba backend shortens the wait of every loaded OpenBLAS's idle threads to 2^14 cycles (they
+    spun for 2^28 against the kernels after each product); a wait the user set, and FOLD_QUIET_BLAS=0,
+    are left alone (0: OpenBLAS's compiled default). Products agree before and after the restart."""
+    from runtime.numba_backend.blas_threads import TIMEOUT_EXPONENT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "FOLD_QUIET_BLAS")}
+    env.update({"user": {"OPENBLAS_THREAD_TIMEOUT": "20"}, "off": {"FOLD_QUIET_BLAS": "0"}}.get(setting, {}))
+    out = subprocess.run([sys.executable, "-c", _BLAS_SCRIPT], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    count, timeouts, agree = int(out[0]), [int(t) for t in out[1:-1]], out[-1] == "True"
+    if count == 0:
+        pytest.skip("NumPy here is not linked to OpenBLAS")
+    want = {"default": TIMEOUT_EXPONENT, "user": 20, "off": 0}[setting]
+    assert agree and timeouts == [want] * count, out
+
+
 def test_a_statement_reading_a_run_waits_and_the_run_goes_on_past_it():
     """sum(a) reads the run but the statements after it do not need the sum: they stay in the run, and the
     sum runs after it; a statement that needs the sum ends the run."""

@@ -14,6 +14,7 @@ from .. import numpy_impl  # noqa: F401  (the reference implementations it falls
 from ..interpreter import eval_program, lowering
 from . import gemm  # noqa: F401  (registers the gemm lowerings)
 from .allocator import keep_freed_memory
+from .blas_threads import quiet_blas_threads
 from .passes import prepare
 from .lowering import numba_impls
 
@@ -40,4 +41,5 @@ class NumbaBackend:
 
     def compile(self, program: Program) -> CompiledNumbaProgram:
         keep_freed_memory()
+        quiet_blas_threads()
         return CompiledNumbaProgram(program)
