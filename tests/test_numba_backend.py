@@ -507,6 +507,32 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
     assert kernel_calls["map"] >= 2, kernel_calls
 
 
+def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
+    """fold.sum over an elementwise run, even of one statement, joins it: at the top level one map_reduce,
+    in a batched map body (k-means' |p|^2 beside its distances) one segmented reduce per row; the products
+    are never stored. Integer sums stay with NumPy (exact there; the kernels are for floats)."""
+    n = COMPILE_FROM + 3
+    x, y = rng.normal(size=n), rng.normal(size=n)
+    points, centroids = rng.normal(size=(COMPILE_FROM // 16 + 7, 16)), rng.normal(size=(64, 16))
+
+    def cost(p, c):
+        nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q))  # noqa: E731
+        return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda x, y: fold.sum(x * y), x, y), scaled=True)
+        assert kernel_calls == {"map_reduce": 1}
+        kernel_calls.clear()
+        assert_same(*both(cost, points, centroids), scaled=True)
+        assert kernel_calls == {"segmented_reduce": 2}
+        kernel_calls.clear()
+        i = rng.integers(-1000, 1000, size=n)
+        numpy_result, numba_result = both(lambda i: fold.sum(i * i), i)
+        assert numba_result == numpy_result == int(np.sum(i * i))
+        assert kernel_calls == {}
+
+
 def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls):
     """map(row -> map(v -> f(v, per-row, per-column, scalar)), X) over a wide matrix is elementwise over
     (rows, columns): written as broadcasts and elementwise statements, it runs as one kernel."""

@@ -8,9 +8,10 @@ writes only the values used later. Statements in between that read none of the c
 reshapes and broadcasts the tracer inserts, a row maximum of an earlier value) are moved before it.
 
 Broadcast operands (a per-row value against a block) are read as NumPy's zero-stride views, never expanded.
-A reduce that is the only reader of the run's only result joins it (the run's value is then never stored):
+A reduce that is the only reader of the run's only result joins it (the run's value is then never stored),
+as does a `fold.sum` of a vector of floats (as the sum monoid's reduce), even after a single statement:
 at the top level the whole array is folded (kernels.cpu.map_reduce), one map deep (a batched body, such as
-k-means' minimum over the distances to every centroid) each row (kernels.cpu.segmented_reduce).
+k-means' minimum over the distances to every centroid, or its |p|^2) each row (kernels.cpu.segmented_reduce).
 The primitive's numpy implementation runs the statements it replaced, so declining is always possible.
 """
 
@@ -22,8 +23,9 @@ from functools import cached_property
 
 import numpy as np
 
+import fold
 from fold.ir import Let, Lit, Primitive, Program, Var
-from fold.primitives import Convert, Elementwise, Reduce
+from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, is_scalar_program
@@ -96,8 +98,31 @@ def _folds_only_result(stmt: Let, results: Counter) -> bool:
     return isinstance(identity, Lit) and identity.value.shape == () and results == Counter({xs: 1})
 
 
+def _as_fold(stmt: Let) -> Let:
+    """A sum over the whole of a vector of floats (`fold.sum(p * p)` in a map body) as the equivalent
+    reduce with the sum monoid, which a run can join; any other statement as it is."""
+    if not isinstance(stmt.prim, SumAxes) or not isinstance(stmt.args[0], Var):
+        return stmt
+    x = stmt.args[0]
+    if x.aval.ndim != 1 or stmt.prim.axes != (0,) or x.aval.dtype.kind != "f" or stmt.outs[0].aval.dtype != x.aval.dtype:
+        return stmt
+    (reduce,) = _sum_reduce(x.aval.dtype).stmts
+    return Let(stmt.outs, reduce.prim, (reduce.args[0], x))
+
+
+def _sum_reduce(dtype: np.dtype) -> Program:
+    """reduce(monoids.sum) of a vector of this dtype, traced once per dtype (one statement)."""
+    if dtype not in _SUM_REDUCES:
+        _SUM_REDUCES[dtype] = fold.trace(lambda v: fold.reduce(fold.monoids.sum, v), np.zeros(2, dtype))
+    return _SUM_REDUCES[dtype]
+
+
+_SUM_REDUCES: dict[np.dtype, Program] = {}
+
+
 def fuse_elementwise(program: Program) -> Program:
-    """The program with each run of at least two elementwise statements of one shape as one statement.
+    """The program with each run of at least two elementwise statements of one shape as one statement, and
+    each run (of one statement or more) that a reduce alone reads as one statement with that reduce.
 
     While a run is open, a statement that reads none of it runs before it; one that reads it (a sum of one
     of its values, say) waits until the run ends, and the run goes on past it as long as no later member
@@ -119,16 +144,17 @@ def fuse_elementwise(program: Program) -> Program:
         """End the run, then emit what waited for it; the first waiting reader joins the run if it is a
         reduce that alone reads the run's only result."""
         nonlocal fused
-        if sum(isinstance(s.prim, ELEMENTWISE) for s in members) < 2:
-            stmts.extend(members)
-        else:
-            reader = next((s for s in waiting if any(a in produced for a in s.args if isinstance(a, Var))), None)
-            if reader is not None and _folds_only_result(reader, outside_uses()):
-                stmts.append(_region(members + [reader], set(reader.outs)))
-                waiting.remove(reader)
-            else:
-                stmts.append(_region(members, set(outside_uses())))
+        reader = next((s for s in waiting if reads(s, produced)), None)
+        folding = reader is not None and _folds_only_result(_as_fold(reader), outside_uses())
+        if folding and members:
+            stmts.append(_region(members + [_as_fold(reader)], set(reader.outs)))
+            waiting.remove(reader)
             fused = True
+        elif sum(isinstance(s.prim, ELEMENTWISE) for s in members) >= 2:
+            stmts.append(_region(members, set(outside_uses())))
+            fused = True
+        else:
+            stmts.extend(members)
         stmts.extend(waiting)
         for group in (members, waiting):
             group.clear()
