@@ -576,7 +576,9 @@ def test_histogram_sequential_rule():
 # ---------------------------------------------------------------- segmented reduce
 
 @pytest.mark.parametrize("parallel", [None, False, True])
-@pytest.mark.parametrize("rows,n", [(0, 5), (3, 0), (1, 1), (THREADS + 1, 7), (5, 1000), (301, 3), (64, 1024)])
+# rows of 31 / 32 / 35: just below the laned kernel, the shortest laned rows, laned rows with a remainder
+@pytest.mark.parametrize("rows,n", [(0, 5), (3, 0), (1, 1), (THREADS + 1, 7), (5, 1000), (301, 3), (64, 1024),
+                                    (3, 31), (7, 32), (5, 35)])
 def test_segmented_reduce(rows, n, parallel):
     rng = _rng("segmented", rows, n)
     x = rng.integers(-8, 8, (rows, n)).astype(np.float64)

@@ -47,12 +47,13 @@ for i in range({lo}, {hi}):
     {_combine_into(acc, "e", k)}"""
 
 
-def _lanes_loop(k: int, m: int, mapped: bool, lanes: int) -> str:
+def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "") -> str:
     """Fold lo <= i < hi into acc_0.. as `lanes` interleaved sub-chunks of q elements (the last one also
-    takes the remainder), then combine the lane totals in lane order."""
+    takes the remainder), then combine the lane totals in lane order. `row`: an index prefix for 2-D
+    inputs ("r, ": the elements of row r)."""
     acc = [f"a{lane}_" for lane in range(lanes)]
-    step = "\n".join(_element(k, m, mapped, f"i + {lane} * q", f"e{lane}_") + "\n" + _combine_into(acc[lane], f"e{lane}_", k)
-                     for lane in range(lanes))
+    step = "\n".join(_element(k, m, mapped, f"{row}i + {lane} * q", f"e{lane}_") + "\n" + _combine_into(acc[lane], f"e{lane}_", k)
+                      for lane in range(lanes))
     last = acc[-1]
     merge = "\n".join(_combine_into(acc[0], acc[lane], k) for lane in range(1, lanes))
     return f"""q = (hi - lo) // {lanes}
@@ -60,7 +61,7 @@ def _lanes_loop(k: int, m: int, mapped: bool, lanes: int) -> str:
 for i in range(lo, lo + q):
 {indent(step, 4)}
 for i in range(lo + {lanes} * q, hi):
-{indent(_element(k, m, mapped, "i", "e"), 4)}
+{indent(_element(k, m, mapped, row + "i", "e"), 4)}
     {_combine_into(last, "e", k)}
 {merge}
 {each("acc{j} = " + acc[0] + "{j}", k)}"""
