@@ -533,6 +533,21 @@ def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
         assert kernel_calls == {}
 
 
+def test_row_folds_in_a_batched_body_run_on_the_segmented_kernel(kernel_calls):
+    """In a map body that runs batched (it multiplies by a captured matrix), a recognised max (or min, *)
+    of each row and a fold.sum of each row are segmented kernels over (rows, columns), not NumPy's
+    single-threaded reductions along the last axis."""
+    x, w = rng.normal(size=(COMPILE_FROM // 32, 16)), rng.normal(size=(64, 16))
+
+    def f(x):
+        return fold.map(lambda row: (fold.reduce(fold.monoids.max, fold.matmul(w, row)), fold.sum(fold.matmul(w, row))), x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, x), scaled=True)
+    assert kernel_calls == {"segmented_reduce": 2}
+
+
 def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls):
     """map(row -> map(v -> f(v, per-row, per-column, scalar)), X) over a wide matrix is elementwise over
     (rows, columns): written as broadcasts and elementwise statements, it runs as one kernel."""

@@ -23,13 +23,12 @@ from functools import cached_property
 
 import numpy as np
 
-import fold
 from fold.ir import Let, Lit, Primitive, Program, Var
 from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, is_scalar_program
-from .lowering import decline, numba_impls, run_kernel, worth_compiling
+from .lowering import decline, numba_impls, run_kernel, sum_reduce_program, worth_compiling
 
 ELEMENTWISE = (Elementwise, Convert)  # the primitives a run is made of
 
@@ -106,18 +105,8 @@ def _as_fold(stmt: Let) -> Let:
     x = stmt.args[0]
     if x.aval.ndim != 1 or stmt.prim.axes != (0,) or x.aval.dtype.kind != "f" or stmt.outs[0].aval.dtype != x.aval.dtype:
         return stmt
-    (reduce,) = _sum_reduce(x.aval.dtype).stmts
+    (reduce,) = sum_reduce_program(x.aval.dtype).stmts
     return Let(stmt.outs, reduce.prim, (reduce.args[0], x))
-
-
-def _sum_reduce(dtype: np.dtype) -> Program:
-    """reduce(monoids.sum) of a vector of this dtype, traced once per dtype (one statement)."""
-    if dtype not in _SUM_REDUCES:
-        _SUM_REDUCES[dtype] = fold.trace(lambda v: fold.reduce(fold.monoids.sum, v), np.zeros(2, dtype))
-    return _SUM_REDUCES[dtype]
-
-
-_SUM_REDUCES: dict[np.dtype, Program] = {}
 
 
 def fuse_elementwise(program: Program) -> Program:

@@ -13,7 +13,9 @@ from typing import Callable
 
 import numpy as np
 
-from fold.primitives import Map, Reduce, ReduceByIndex, Scan
+import fold
+from fold.ir import Program
+from fold.primitives import Map, Reduce, ReduceByIndex, Scan, SumAxes
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
@@ -137,10 +139,14 @@ _PARALLEL_RECOGNISED = ("mul", "maximum", "minimum", "logaddexp")
 
 
 def _parallel_beats_numpy(op: str, args: list, depth: int) -> bool:
+    """At the top level a 1-D fold; one map deep a fold of each row of a matrix (the segmented kernel: no
+    logaddexp there). NumPy's reduction runs on one thread: the kernels win where they use two or more."""
     x = args[-1]
-    if op not in _PARALLEL_RECOGNISED or depth or x.ndim != 1 or x.shape[0] == 0:
+    if op not in _PARALLEL_RECOGNISED or x.ndim != depth + 1 or x.size == 0 or depth > 1:
         return False
-    return (op != "logaddexp" or x.dtype == np.float64) and _kernels().host.num_chunks(x.shape[0], None) > 1
+    if depth and op == "logaddexp":
+        return False
+    return (op != "logaddexp" or x.dtype == np.float64) and _kernels().host.num_chunks(x.size, None) > 1
 
 
 @numba_impls.register(Reduce)
@@ -162,6 +168,30 @@ def _reduce(prim: Reduce, args: list, depth: int):
     rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
     full = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs]
     return _joined(run_kernel(prim, "segmented_reduce", None, combine, k, ident, _split(full, shapes, 2)), shapes)
+
+
+@numba_impls.register(SumAxes)
+def _sum_rows(prim: SumAxes, args: list, depth: int):
+    """One map deep, each row's sum of a vector of floats: the segmented kernel, where it uses two or more
+    threads (NumPy's row sums run on one)."""
+    (x,) = args
+    if (depth != 1 or prim.axes != (0,) or x.ndim != 2 or x.dtype.kind != "f" or not x.flags.c_contiguous
+            or _kernels().host.num_chunks(x.size, None) < 2):
+        return None
+    combine = compile_scalar_program(sum_reduce_program(x.dtype).stmts[0].prim.body)
+    rows = run_kernel(prim, "segmented_reduce", None, combine, 1, (0.0,), [x])
+    return None if rows is None else [rows[0]]
+
+
+def sum_reduce_program(dtype: np.dtype) -> Program:
+    """reduce(monoids.sum) of a vector of this dtype, traced once per dtype: one statement, whose operator
+    the kernels compile."""
+    if dtype not in _SUM_REDUCES:
+        _SUM_REDUCES[dtype] = fold.trace(lambda v: fold.reduce(fold.monoids.sum, v), np.zeros(2, dtype))
+    return _SUM_REDUCES[dtype]
+
+
+_SUM_REDUCES: dict[np.dtype, Program] = {}
 
 
 @numba_impls.register(Scan)
