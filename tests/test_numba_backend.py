@@ -548,6 +548,41 @@ def test_row_folds_in_a_batched_body_run_on_the_segmented_kernel(kernel_calls):
     assert kernel_calls == {"segmented_reduce": 2}
 
 
+def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_rows(kernel_calls, monkeypatch):
+    """k-means' cost: per point 64 distances, one minimum. Where n rows of the distances exceed twice the
+    block budget, the body runs on blocks of rows (each block's kernels once; the last, short block on
+    NumPy); the results are those of the numpy backend. The gradient's body returns 64-wide values per row:
+    not blocked. Values made from captured ones alone (the transposed centroids) do not count as wide."""
+    from fold.primitives import Map
+    from runtime.numba_backend import lowering
+
+    monkeypatch.setattr(lowering, "BLOCK_BYTES", 1 << 20)
+    rows = lowering.MIN_BLOCK_ROWS
+    points, centroids = rng.normal(size=(3 * rows + 5, 16)), rng.normal(size=(64, 16))
+
+    def cost(p, c):
+        nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q))  # noqa: E731
+        return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(cost, points, centroids), scaled=True)
+        assert kernel_calls == {"segmented_reduce": 6}  # |p|^2 and the minimum, in each of 3 full blocks
+        assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids), scaled=True)
+
+    def body_of(f, *args):
+        return next(s.prim for s in fold.trace(f, *args).stmts if isinstance(s.prim, Map))
+
+    n = 10**6
+    narrow = body_of(lambda p: fold.map(lambda q: fold.sum(fold.matmul(centroids, q)), p), points)
+    wide = body_of(lambda p: fold.map(lambda q: fold.matmul(centroids, q), p), points)
+    constant = body_of(lambda p, c: fold.map(lambda q: fold.sum(q) + fold.sum(fold.transpose(c)), p), points, centroids)
+    assert lowering.block_rows(narrow.body, narrow.num_consts, n) == max(rows, (1 << 20) // (64 * 8))
+    assert lowering.block_rows(narrow.body, narrow.num_consts, 1000) == 1000
+    assert lowering.block_rows(wide.body, wide.num_consts, n) == n
+    assert lowering.block_rows(constant.body, constant.num_consts, n) == n
+
+
 def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls):
     """map(row -> map(v -> f(v, per-row, per-column, scalar)), X) over a wide matrix is elementwise over
     (rows, columns): written as broadcasts and elementwise statements, it runs as one kernel."""
