@@ -9,9 +9,11 @@ cores: attention 4096 x 4096 forward 238 -> 163 ms, k-means forward 200 -> 151 m
 OpenBLAS reads its wait (OPENBLAS_THREAD_TIMEOUT, as a power of two cycles) when it starts its threads. The
 backend therefore sets it, when it is first used, to 2^14 cycles (a few microseconds: back-to-back products
 still find their threads awake), and restarts the threads of every OpenBLAS already loaded in the process
-(NumPy's and SciPy's each bundle one) so that they read it. A value the user has set is left as it is;
-FOLD_QUIET_BLAS=0 leaves OpenBLAS alone. Only OpenBLAS, and only where the process can list its libraries
-(Linux's /proc/self/maps), is touched; elsewhere nothing changes.
+(NumPy's and SciPy's each bundle one) so that they read it. The variable stays set, so an OpenBLAS loaded
+later, and child processes, wait as briefly. A value the user has set is left as it is; FOLD_QUIET_BLAS=0
+leaves OpenBLAS alone. The restart must not overlap a product running in another thread: it happens once,
+when the backend compiles its first program. Only OpenBLAS, and only where the process can list its
+libraries (Linux's /proc/self/maps), is touched; elsewhere nothing changes.
 """
 
 from __future__ import annotations
