@@ -19,6 +19,7 @@ Compiled combines live at module level so each kernel compiles once per dtype fo
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 import zlib
@@ -446,6 +447,31 @@ def test_map_scan(n, chunks):
                 got = kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), xs, exclusive, reverse, post=linrec_tail_post, r=1,
                                   step=linrec_tail, live=(1,), chunks=chunks)
                 _check(got, _map_scan_reference(xs, exclusive, reverse, linrec_tail_post), "linrec", I64, what + " step")
+
+
+def test_map_scan_runs_serially_where_the_totals_pass_costs_too_much(monkeypatch):
+    """With a restricted step, the parallel scan's totals compose whole elements (k leaves) where the serial
+    pass computes only the live ones: parallel only while k / len(live) < 2 * threads (the 2 x 2 matrix
+    recurrence of benchmark 1c, k = 20 with 4 live, runs serially on 2 threads, on 4 in parallel). Where it
+    declines, map_scan runs one serial pass (same exact results); an explicit `chunks` is honoured."""
+    scan_module = importlib.import_module("kernels.cpu.scan")  # the package's `scan` is the function
+
+    assert scan_module.parallel_pays(2, (1,), 2) and scan_module.parallel_pays(6, (4, 5), 2)
+    assert not scan_module.parallel_pays(20, (16, 17, 18, 19), 2) and scan_module.parallel_pays(20, (16, 17, 18, 19), 4)
+    assert scan_module.parallel_pays(20, None, 1)  # no step: nothing to save
+    n = 4 * MIN_CHUNK * THREADS
+    rng = _rng("map_scan serial", n)
+    xs = [rng.integers(-3, 4, n), rng.integers(-5, 6, n)]
+    want = _map_scan_reference(xs, False, False, linrec_tail_post)
+    seen = []
+    original = scan_module.scan_kernel
+    monkeypatch.setattr(scan_module, "scan_kernel", lambda *a, **kw: seen.append(a[2]) or original(*a, **kw))
+    for pays, chunks, parallel in ((True, None, THREADS > 1), (False, None, False), (False, 2, True)):
+        monkeypatch.setattr(scan_module, "parallel_pays", lambda *a, _pays=pays: _pays)
+        got = kc.map_scan(to_linrec, 2, linrec, 2, (1, 0), xs, post=linrec_tail_post, r=1, step=linrec_tail,
+                          live=(1,), chunks=chunks)
+        _check(got, want, "linrec", I64, f"map_scan pays={pays} chunks={chunks}")
+        assert seen.pop() == parallel
 
 
 def test_map_scan_without_mapper_is_scan_with_post():

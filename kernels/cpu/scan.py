@@ -26,13 +26,15 @@ map_scan fuses a map on either side: the elements are mapper(inputs at i), compu
 never stored, and `post` turns the scan's value at i (with the inputs at i) into the outputs, so a map
 reading the scan needs no scan written out. Phase 3 can run a restricted operator, `step`, that computes
 only the leaves an output needs (the matrix part of an affine recurrence is carried between chunks, but
-only its vector part is read).
+only its vector part is read). Where the totals of phase 1 cost many times that step, one serial pass
+beats the three phases on few threads (`parallel_pays`), and map_scan runs it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numba
 import numpy as np
 
 from . import host
@@ -176,8 +178,22 @@ def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
     if post is not None:
         r = host.check_count(r, "r")
         out_dtypes = host.result_dtypes(post, list(dtypes) + in_dtypes, r, "post")
+    if chunks is None and not parallel_pays(k, live, numba.get_num_threads()):
+        chunks = 1
     return _run(combine, k, identity, inputs, dtypes, exclusive, reverse, chunks, out, out_dtypes,
                 mapper=mapper, post=post, r=r, step=step, live=live)
+
+
+def parallel_pays(k: int, live: Sequence[int] | None, threads: int) -> bool:
+    """Whether the parallel scan of map_scan can beat one serial pass on `threads` threads.
+
+    With `live`, the serial pass runs only the restricted step (for an affine recurrence of state size s,
+    k = s^2 + s leaves, s live: matrix-vector products, s^2 per element), while the parallel scan's totals
+    pass composes whole elements (matrix products, s^3): about k / len(live) times the work, on top of the
+    final pass. Measured on 2 threads (benchmarks 1a-1c, generic scan gradients at 10^7 elements): at
+    k / live = 2 and 3 the parallel scan took 0.8x the serial time, at 5 (2 x 2 matrices, s = 4) 1.7x.
+    So: parallel while k / len(live) < 2 * threads."""
+    return live is None or k < 2 * threads * len(live)
 
 
 def _check_live(live: Any, k: int, step: Any) -> tuple | None:
