@@ -507,10 +507,17 @@ def linrec_sandwich(c, a1, b1, a2, b2, y):
     return a1 * a2 * y + b1 - 3 * b2 + c
 
 
+@njit
+def add_sandwich(c, a, b, y):
+    return (a - 2 * b) * y + c
+
+
+# one leaf (four lanes in the block totals), two (two lanes), four (one)
 @pytest.mark.parametrize("parallel", [None, False, True])
 @pytest.mark.parametrize("block", [1, 3, None])
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 1001, 100_003])
-@pytest.mark.parametrize("op_name,mapper,r", [("matmul", sandwich, 2), ("linrec", linrec_sandwich, 1)], ids=["matmul", "linrec"])
+@pytest.mark.parametrize("op_name,mapper,r", [("matmul", sandwich, 2), ("linrec", linrec_sandwich, 1), ("add", add_sandwich, 1)],
+                         ids=["matmul", "linrec", "add"])
 def test_scan_pair_map(op_name, mapper, r, n, block, parallel):
     """Against the two exclusive scans of the scan reference, mapped in NumPy (int64: exact, order-sensitive)."""
     op, xs, ident = _case(op_name, I64, n, "pair")

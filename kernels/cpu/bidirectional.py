@@ -7,7 +7,10 @@
 This is the shape of the generic vjp of a reduction (the cotangent of x_i is the vjp of l . x_i . r at
 l = prefix_i, r = suffix_i), which would otherwise be two scans written out and a map reading them back.
 
-The sequence is cut into blocks of B elements. 1. (parallel) every block's total, folded in order;
+The sequence is cut into blocks of B elements. 1. (parallel) every block's total, folded in order (as
+LANES / k interleaved sub-blocks, as in kernels.cpu.reduce: one chain runs at the operator's latency; more
+lanes of a large element only spill registers: measured at 10^7, the a * b gradient 16.8 -> 14 ms, the
+pairwise one 27 -> 23 ms, the 2 x 2 matrices' unchanged at one lane, 20% slower at four);
 2. (sequential) the exclusive prefix and suffix of the block totals; 3. (parallel) per block, the forward
 scan into a block-sized buffer, then a backward walk carrying the suffix that calls the mapper: the block
 is read the second time from cache. Operand order is kept throughout (non-commutative operators are
@@ -21,7 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import host
-from .codegen import call, compile_kernel, each, names
+from .codegen import call, compile_kernel, each, indent, names
+from .reduce import LANES, _lanes_loop
 
 # Elements per block: the forward scan of a block is still in cache when the backward walk reads it.
 BLOCK = 4096
@@ -40,9 +44,7 @@ def kernel(B, {consts}{names("x", k)}, {others}{names("id", k)}, {names("tot", k
     for b in prange(nb):
         lo = b * B
         hi = min(lo + B, n)
-{each("acc{j} = id{j}", k, 8)}
-        for i in range(lo, hi):
-            {call("acc", "combine", f"{names('acc', k)}, {x_i}", k)}
+{indent(_lanes_loop(k, k, False, max(1, LANES // k)), 8)}
 {each("tot{j}[b] = acc{j}", k, 8)}
 {each("acc{j} = id{j}", k, 4)}
     for b in range(nb):
