@@ -131,12 +131,12 @@ def fuse_elementwise(program: Program) -> Program:
 
     def close() -> None:
         """End the run, then emit what waited for it; the first waiting reader joins the run if it is a
-        reduce that alone reads the run's only result."""
+        reduce (or a sum of a vector) that alone reads the run's only result."""
         nonlocal fused
         reader = next((s for s in waiting if reads(s, produced)), None)
-        folding = reader is not None and _folds_only_result(_as_fold(reader), outside_uses())
-        if folding and members:
-            stmts.append(_region(members + [_as_fold(reader)], set(reader.outs)))
+        fold_stmt = None if reader is None else _as_fold(reader)
+        if fold_stmt is not None and members and _folds_only_result(fold_stmt, outside_uses()):
+            stmts.append(_region(members + [fold_stmt], set(reader.outs)))
             waiting.remove(reader)
             fused = True
         elif sum(isinstance(s.prim, ELEMENTWISE) for s in members) >= 2:
