@@ -269,15 +269,12 @@ def block_rows(body: Program, num_consts: int, n: int) -> int:
     as many as fit, at least MIN_BLOCK_ROWS). k-means' distances to 64 centroids, then their minimum: the
     (n, 64) products and distances are never written to memory. Values computed from the captured ones
     alone (a transposed weight matrix) are the same for every row, held once: they do not count."""
-    def row_bytes(avals) -> int:
-        return sum(int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize for a in avals)
-
     varying = set(body.inputs[num_consts:])
     for stmt in body.stmts:
         if any(isinstance(a, Var) and a in varying for a in stmt.args):
             varying.update(stmt.outs)
-    widest = max((row_bytes([o.aval]) for stmt in body.stmts for o in stmt.outs if o in varying), default=0)
-    if widest * n <= 2 * BLOCK_BYTES or widest < WIDENING * max(row_bytes(body.out_avals), 1):
+    widest = max((o.aval.nbytes for stmt in body.stmts for o in stmt.outs if o in varying), default=0)
+    if widest * n <= 2 * BLOCK_BYTES or widest < WIDENING * max(sum(a.nbytes for a in body.out_avals), 1):
         return max(n, 1)
     return max(MIN_BLOCK_ROWS, BLOCK_BYTES // widest)
 
