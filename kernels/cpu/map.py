@@ -4,7 +4,8 @@ or out[.][i, j] over 2-D arrays, with optional scalar consts c_j passed to every
 2-D inputs may have any strides, zero included: a value broadcast along an axis (np.broadcast_to) is read
 as it is, never expanded. Parallel (prange over the first axis, Numba's own scheduling) once there are at
 least MIN_CHUNK elements for two threads; serial below that, where starting the threads would cost more than
-the work.
+the work. A mapper with a lane form (kernels.cpu.lanes) maps WIDTH consecutive elements per call of it
+(along the last axis), the remainder one at a time.
 """
 
 from __future__ import annotations
@@ -15,17 +16,33 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
+from .lanes import WIDTH, lane_call, lane_form
 
 
-def _map_source(k: int, m: int, c: int, ndim: int) -> str:
-    index = "i" if ndim == 1 else "i, j"
-    args = ", ".join([f"c{j}" for j in range(c)] + [f"x{j}[{index}]" for j in range(m)])
-    body = call("e", "mapper", args, k) + "\n" + each(f"out{{j}}[{index}] = e{{j}}", k)
-    if ndim == 2:
+def _map_source(k: int, m: int, c: int, ndim: int, vector: bool) -> str:
+    outer = "i" if ndim == 1 else "i, j"
+    body = _element_step(k, m, c, outer)
+    if vector:
+        # WIDTH elements per step through the mapper's lane form, the remainder one at a time.
+        step = _lanes_step(k, m, c, "" if ndim == 1 else "i, ", ndim)
+        span = "x0.shape[0]" if ndim == 1 else "x0.shape[1]"
+        wide = f"""for {"b" if ndim == 1 else "jb"} in {{loop}}({span} // {WIDTH}):
+{indent(step, 4)}
+for {"i" if ndim == 1 else "j"} in range({WIDTH} * ({span} // {WIDTH}), {span}):
+{indent(body, 4)}"""
+        if ndim == 1:
+            return f"""
+def kernel(T, {_params(m, k, c)}):
+    if T == 1:  # no parallel region at all
+{indent(wide.format(loop="range"), 8)}
+    else:
+{indent(wide.format(loop="prange"), 8)}
+"""
+        body = wide.format(loop="range")
+    elif ndim == 2:
         body = "for j in range(x0.shape[1]):\n" + indent(body, 4)
-    consts = "".join(f"c{j}, " for j in range(c))
     return f"""
-def kernel(T, {consts}{names("x", m)}, {names("out", k)}):
+def kernel(T, {_params(m, k, c)}):
     n = x0.shape[0]
     if T == 1:  # no parallel region at all
         for i in range(n):
@@ -36,11 +53,31 @@ def kernel(T, {consts}{names("x", m)}, {names("out", k)}):
 """
 
 
+def _params(m: int, k: int, c: int) -> str:
+    return "".join(f"c{j}, " for j in range(c)) + f"{names('x', m)}, {names('out', k)}"
+
+
+def _element_step(k: int, m: int, c: int, index: str) -> str:
+    args = ", ".join([f"c{j}" for j in range(c)] + [f"x{j}[{index}]" for j in range(m)])
+    return call("e", "mapper", args, k) + "\n" + each(f"out{{j}}[{index}] = e{{j}}", k)
+
+
+def _lanes_step(k: int, m: int, c: int, row: str, ndim: int) -> str:
+    """Elements WIDTH * b + lane (1-D) or (i, WIDTH * jb + lane) (2-D) through the mapper's lane form."""
+    first = "b" if ndim == 1 else "jb"
+    index = [f"{row}{WIDTH} * {first} + {lane}" for lane in range(WIDTH)]
+    arguments = [[f"c{j}"] * WIDTH for j in range(c)] + [[f"x{j}[{ix}]" for ix in index] for j in range(m)]
+    targets = [[f"e{j}_{lane}" for lane in range(WIDTH)] for j in range(k)]
+    stores = "\n".join(f"out{j}[{ix}] = e{j}_{lane}" for j in range(k) for lane, ix in enumerate(index))
+    return lane_call(targets, arguments) + "\n" + stores
+
+
 def map_kernel(mapper: Any, k: int, m: int, parallel: bool = True, c: int = 0, ndim: int = 1) -> Any:
     """The compiled kernel(T, c_0..c_{c-1}, x_0..x_{m-1}, out_0..out_{k-1}), filling the out_j in place
-    (T == 1: serially)."""
-    return compile_kernel(("map", mapper, k, m, c, parallel, ndim), lambda: _map_source(k, m, c, ndim), {"mapper": mapper},
-                          parallel=parallel)
+    (T == 1: serially); through the mapper's lane form (kernels.cpu.lanes) where it has one."""
+    vector = lane_form(mapper)
+    return compile_kernel(("map", mapper, k, m, c, parallel, ndim), lambda: _map_source(k, m, c, ndim, vector is not None),
+                          {"mapper": mapper, "mapper_lanes": vector}, parallel=parallel)
 
 
 def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A001 (the combinator's name)

@@ -11,7 +11,8 @@ map_reduce the mapped elements are never stored.
 A fold is a chain of dependent combines, so one accumulator runs at the latency of the operator, not at
 the speed of memory. The parallel kernel therefore folds each chunk as LANES contiguous sub-chunks
 interleaved in one loop (independent chains the CPU overlaps), then combines the lane totals in order:
-the same bracketing freedom as the chunks, never a change of operand order.
+the same bracketing freedom as the chunks, never a change of operand order. A mapper with a lane form
+(kernels.cpu.lanes) maps the LANES elements of a step in one call of it, serially too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
+from .lanes import WIDTH, lane_call, lane_form
 
 
 # Independent accumulators per parallel chunk: enough to hide the latency of a floating-point add.
@@ -47,13 +49,21 @@ for i in range({lo}, {hi}):
     {_combine_into(acc, "e", k)}"""
 
 
-def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "") -> str:
+def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "", vector: bool = False) -> str:
     """Fold lo <= i < hi into acc_0.. as `lanes` interleaved sub-chunks of q elements (the last one also
     takes the remainder), then combine the lane totals in lane order. `row`: an index prefix for 2-D
-    inputs ("r, ": the elements of row r)."""
+    inputs ("r, ": the elements of row r). `vector`: map the `lanes` (== WIDTH) elements of a step with one
+    call of the mapper's lane form."""
     acc = [f"a{lane}_" for lane in range(lanes)]
-    step = "\n".join(_element(k, m, mapped, f"{row}i + {lane} * q", f"e{lane}_") + "\n" + _combine_into(acc[lane], f"e{lane}_", k)
-                      for lane in range(lanes))
+    index = [f"{row}i + {lane} * q" for lane in range(lanes)]
+    combines = [_combine_into(acc[lane], f"e{lane}_", k) for lane in range(lanes)]
+    if vector:
+        assert mapped and lanes == WIDTH, (mapped, lanes, WIDTH)
+        elements = lane_call([[f"e{lane}_{j}" for lane in range(lanes)] for j in range(k)],
+                             [[f"x{j}[{ix}]" for ix in index] for j in range(m)])
+        step = elements + "\n" + "\n".join(combines)
+    else:
+        step = "\n".join(_element(k, m, mapped, index[lane], f"e{lane}_") + "\n" + combines[lane] for lane in range(lanes))
     last = acc[-1]
     merge = "\n".join(_combine_into(acc[0], acc[lane], k) for lane in range(1, lanes))
     return f"""q = (hi - lo) // {lanes}
@@ -67,17 +77,24 @@ for i in range(lo + {lanes} * q, hi):
 {each("acc{j} = " + acc[0] + "{j}", k)}"""
 
 
-def _fold_source(k: int, m: int, mapped: bool) -> str:
+def _fold_source(k: int, m: int, mapped: bool, vector: bool) -> str:
+    if vector:  # the lane form maps LANES elements at a time, each to its own chain
+        serial = f"""lo = 0
+hi = n
+{_lanes_loop(k, m, mapped, LANES, vector=True)}
+return ({names("acc", k)},)"""
+    else:
+        serial = f"""{_fold_loop(k, m, mapped, "0", "n", "s")}
+return ({names("s", k)},)"""
     return f"""
 def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
     n = x0.shape[0]
     if T == 1:  # no parallel region at all
-{indent(_fold_loop(k, m, mapped, "0", "n", "s"), 8)}
-        return ({names("s", k)},)
+{indent(serial, 8)}
     for t in prange(T):
         lo = t * n // T
         hi = (t + 1) * n // T
-{indent(_lanes_loop(k, m, mapped, LANES), 8)}
+{indent(_lanes_loop(k, m, mapped, LANES, vector=vector), 8)}
 {each("p{j}[t] = acc{j}", k, 8)}
 {each("tot{j} = p{j}[0]", k, 4)}
     for t in range(1, T):
@@ -92,9 +109,10 @@ def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, 
     The p_j are T-element scratch arrays for the chunk partials, allocated by the driver.
     """
     m = k if mapper is None else m
+    vector = lane_form(mapper) if LANES == WIDTH else None
     key = ("fold", combine, mapper, k, m, parallel)
-    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None),
-                          {"combine": combine, "mapper": mapper}, parallel=parallel)
+    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None),
+                          {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel)
 
 
 def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], *,

@@ -4,7 +4,8 @@
 
 with f the optional mapper (the identity map when None). Rows run in parallel (prange), each folded in
 column order, so non-commutative operators are correct: a long row as LANES contiguous sub-rows folded in
-one interleaved loop (independent chains, as in kernels.cpu.reduce), their totals combined in order.
+one interleaved loop (independent chains, as in kernels.cpu.reduce), their totals combined in order, the
+mapper's lane form (kernels.cpu.lanes), if it has one, mapping the LANES elements of a step at once.
 Parallelism is over rows only:
 with fewer rows than threads, some threads idle (a single long row is better served by map_reduce).
 Below MIN_CHUNK elements per thread in all (host.num_chunks(rows * n)), the rows run serially.
@@ -18,14 +19,15 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
+from .lanes import WIDTH, lane_form
 from .reduce import LANES, _element, _lanes_loop
 
 
-def _segmented_source(k: int, m: int, mapped: bool, lanes: int) -> str:
+def _segmented_source(k: int, m: int, mapped: bool, lanes: int, vector: bool) -> str:
     if lanes > 1:
         row = f"""lo = 0
 hi = n
-{_lanes_loop(k, m, mapped, lanes, row="r, ")}
+{_lanes_loop(k, m, mapped, lanes, row="r, ", vector=vector)}
 {each("out{j}[r] = acc{j}", k)}"""
     else:
         row = f"""{each("acc{j} = id{j}", k)}
@@ -59,9 +61,10 @@ LANED_FROM = 32
 def segmented_kernel(mapper: Any, combine: Any, k: int, m: int, parallel: bool = True, lanes: int = 1) -> Any:
     """The compiled kernel(T, x_0..x_{m-1}, id_0.., out_0..), filling the rows-element out_j (T == 1: serially),
     each row folded as `lanes` interleaved contiguous sub-rows whose totals are combined in order."""
+    vector = lane_form(mapper) if lanes == WIDTH else None
     key = ("segmented", combine, mapper, k, m, parallel, lanes)
-    return compile_kernel(key, lambda: _segmented_source(k, m, mapper is not None, lanes),
-                          {"combine": combine, "mapper": mapper}, parallel=parallel)
+    return compile_kernel(key, lambda: _segmented_source(k, m, mapper is not None, lanes, vector is not None),
+                          {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel)
 
 
 def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequence[Any],

@@ -1,0 +1,197 @@
+"""Four-lane vector math (kernels.cpu.vector_math) and the kernels' use of lane forms (kernels.cpu.lanes).
+
+- each vector function against NumPy's scalar function, on random values of several scales and on the
+  special values (infinities, NaN, zeros of both signs, overflow and underflow), within 4 ulp as libmvec
+  documents, the special values exactly; the same where vector math is not supported (a subprocess that
+  compiles for a generic CPU: the functions fall back to libm, four calls);
+- map, map_reduce and segmented_reduce with a mapper whose registered lane form marks what it computes:
+  exactly the elements the kernel should map WIDTH at a time are marked, the rest come from the mapper;
+  with a faithful lane form the results are exactly the mapper's;
+- logsumexp's four-lane exp sum against NumPy at sizes around multiples of four and chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import njit
+
+import kernels.cpu as kc
+from kernels.cpu import lanes, vector_math
+
+ROOT = Path(__file__).resolve().parents[1]
+W = lanes.WIDTH
+SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-300, -1e-300, 5e-324, 700.0, 710.0, -745.5, -1.0, 1.0,
+                     -0.999999, 1e300, -1e300, 1e-17, 3.141592653589793, 1e6, -1e6])
+REFERENCES = {"exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "sin": np.sin, "cos": np.cos,
+              "tanh": np.tanh}
+
+
+@njit
+def _apply(name_index, x, out):
+    for i in range(0, x.shape[0] - 3, 4):
+        a, b, c, d = x[i], x[i + 1], x[i + 2], x[i + 3]
+        if name_index == 0:
+            r = vector_math.vexp(a, b, c, d)
+        elif name_index == 1:
+            r = vector_math.vexpm1(a, b, c, d)
+        elif name_index == 2:
+            r = vector_math.vlog(a, b, c, d)
+        elif name_index == 3:
+            r = vector_math.vlog1p(a, b, c, d)
+        elif name_index == 4:
+            r = vector_math.vsin(a, b, c, d)
+        elif name_index == 5:
+            r = vector_math.vcos(a, b, c, d)
+        else:
+            r = vector_math.vtanh(a, b, c, d)
+        out[i], out[i + 1], out[i + 2], out[i + 3] = r
+
+
+def _inputs() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    scales = [rng.uniform(-1, 1, 400) * s for s in (1e-8, 1.0, 30.0, 700.0)] + [rng.uniform(0, 5, 400), SPECIALS]
+    x = np.concatenate(scales)
+    return np.concatenate([x, np.zeros(-len(x) % 4)])
+
+
+def check_against_numpy() -> None:
+    """Every vector function agrees with NumPy: special values exactly, the rest within 4 ulp."""
+    x = _inputs()
+    for index, (name, reference) in enumerate(REFERENCES.items()):
+        out = np.full_like(x, 12345.0)
+        _apply(index, x, out)
+        with np.errstate(all="ignore"):
+            want = reference(x)
+        same = (out == want) | (np.isnan(out) & np.isnan(want))
+        finite = np.isfinite(want) & (want != 0)
+        assert same[~finite].all(), f"{name}: {x[~finite & ~same]} -> {out[~finite & ~same]}, want {want[~finite & ~same]}"
+        ulps = np.abs(out[finite] - want[finite]) / np.spacing(np.abs(want[finite]))
+        assert ulps.max() <= 4, f"{name}: {ulps.max()} ulp at x = {x[finite][np.argmax(ulps)]}"
+
+
+def test_vector_functions_agree_with_numpy():
+    check_against_numpy()
+
+
+def test_without_vector_math_the_functions_fall_back_to_libm():
+    code = ("import os, sys; sys.path[:0] = [os.getcwd(), 'tests']\n"
+            "from kernels.cpu import vector_math\n"
+            "assert not vector_math.SUPPORTED and not vector_math.AVAILABLE\n"
+            "import test_vector_math as t; t.check_against_numpy()\n"
+            "import numpy as np, kernels.cpu as kc\n"
+            "x = np.random.default_rng(1).normal(scale=30.0, size=100_003)\n"
+            "assert abs(kc.logsumexp(x) - np.logaddexp.reduce(x)) <= 1e-13 * abs(np.logaddexp.reduce(x))\n")
+    env = {"NUMBA_CPU_NAME": "generic", "FOLD_CACHE_DIR": "", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_fold_vector_math_0_turns_them_off_for_fold():
+    code = "from kernels.cpu import vector_math as v; print(v.SUPPORTED, v.AVAILABLE)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={"FOLD_VECTOR_MATH": "0", "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == [str(vector_math.SUPPORTED), "False"], done.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- the kernels' use of lane forms
+
+def _affine(x):  # 1 scalar in, 2 out
+    return 3 * x + 1, x * x
+
+
+def _affine_lanes(x0, x1, x2, x3):
+    return 3 * x0 + 1, 3 * x1 + 1, 3 * x2 + 1, 3 * x3 + 1, x0 * x0, x1 * x1, x2 * x2, x3 * x3
+
+
+def _marked_lanes(x0, x1, x2, x3):  # the first result 1000 more than the mapper's: shows who mapped what
+    return 3 * x0 + 1001, 3 * x1 + 1001, 3 * x2 + 1001, 3 * x3 + 1001, x0 * x0, x1 * x1, x2 * x2, x3 * x3
+
+
+faithful = njit(_affine)
+lanes.register(faithful, njit(_affine_lanes))
+marked = njit(_affine)
+lanes.register(marked, njit(_marked_lanes))
+plain = njit(_affine)
+
+
+@njit
+def add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+def test_lane_forms_are_registered_per_function():
+    assert lanes.lane_form(plain) is None and lanes.lane_form(None) is None
+    assert lanes.lane_form(faithful) is not lanes.lane_form(marked)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 11, 1001, 100_003])
+def test_map_maps_width_elements_per_lane_form_call(n, parallel):
+    x = np.random.default_rng(n).integers(-50, 50, n)
+    want = (3 * x + 1, x * x)
+    for mapper in (faithful, plain):
+        got = kc.map(mapper, 1, 2, [x], parallel=parallel)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    got = kc.map(marked, 1, 2, [x], parallel=parallel)
+    vectored = W * (n // W)
+    np.testing.assert_array_equal(got[0][:vectored], want[0][:vectored] + 1000)
+    np.testing.assert_array_equal(got[0][vectored:], want[0][vectored:])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape", [(3, 0), (2, 3), (5, 9), (300, 257)])
+def test_map_2d_maps_width_columns_per_lane_form_call(shape, parallel):
+    rows, cols = shape
+    base = np.random.default_rng(cols).integers(-50, 50, (cols, rows))
+    x = base.T  # a transposed view
+    got = kc.map(marked, 1, 2, [x], parallel=parallel)
+    vectored = W * (cols // W)
+    np.testing.assert_array_equal(got[0][:, :vectored], 3 * x[:, :vectored] + 1001)
+    np.testing.assert_array_equal(got[0][:, vectored:], 3 * x[:, vectored:] + 1)
+    np.testing.assert_array_equal(got[1], x * x)
+
+
+def _chunk_vectored(n: int, chunks: int) -> int:
+    """How many elements map_reduce maps through the lane form: LANES * q of every chunk, q = len // LANES."""
+    chunks = min(chunks, n)
+    return sum(W * (((t + 1) * n // chunks - t * n // chunks) // W) for t in range(chunks))
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 1001, 100_003])
+def test_map_reduce_maps_width_elements_per_lane_form_call(n, chunks):
+    x = np.random.default_rng(n).integers(-50, 50, n)
+    want = (int((3 * x + 1).sum()), int((x * x).sum()))
+    for mapper in (faithful, plain):
+        assert kc.map_reduce(mapper, 1, add2, 2, (0, 0), [x], chunks=chunks) == want
+    got = kc.map_reduce(marked, 1, add2, 2, (0, 0), [x], chunks=chunks)
+    assert got == (want[0] + 1000 * _chunk_vectored(n, chunks), want[1])
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("rows,n", [(3, 31), (5, 32), (7, 35), (64, 1001)])
+def test_segmented_reduce_maps_width_elements_per_lane_form_call(rows, n, parallel):
+    x = np.random.default_rng(rows * n).integers(-50, 50, (rows, n))
+    want = ((3 * x + 1).sum(axis=1), (x * x).sum(axis=1))
+    got = kc.segmented_reduce(faithful, add2, 2, (0, 0), [x], parallel=parallel)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    got = kc.segmented_reduce(marked, add2, 2, (0, 0), [x], parallel=parallel)
+    laned = n >= 32  # shorter rows are one chain, mapped one element at a time
+    np.testing.assert_array_equal(got[0], want[0] + (1000 * W * (n // W) if laned else 0))
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 9, 1001, 100_003])
+def test_logsumexp_of_four_lane_sums(n, chunks):
+    x = np.random.default_rng(n).normal(scale=30.0, size=n)
+    np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), np.logaddexp.reduce(x), rtol=1e-13)
+    np.testing.assert_allclose(kc.logsumexp(x[::-3], chunks=chunks), np.logaddexp.reduce(x[::-3]), rtol=1e-13)
