@@ -690,3 +690,68 @@ def test_a_statement_reading_a_run_waits_and_the_run_goes_on_past_it():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_same(*both(f, x))
+
+
+TRANSCENDENTAL_BODIES = {
+    "exp": lambda x, y: fold.exp(x), "expm1": lambda x, y: fold.expm1(x), "log": lambda x, y: fold.log(x),
+    "log1p": lambda x, y: fold.log1p(x), "sin": lambda x, y: fold.sin(x), "cos": lambda x, y: fold.cos(x),
+    "tanh": lambda x, y: fold.tanh(x), "sigmoid": lambda x, y: fold.sigmoid(x),
+    "logaddexp": lambda x, y: fold.logaddexp(x, y),
+}
+
+
+@pytest.mark.parametrize("op", sorted(TRANSCENDENTAL_BODIES))
+def test_transcendental_maps_run_four_elements_per_vector_call(op, kernel_calls):
+    """A body calling exp, log, sin, ... gets a lane form (kernels.cpu.lanes) calling libmvec four lanes at a
+    time, and agrees with NumPy: special values exactly (the NaNs, infinities and signed zeros where NumPy
+    has them), the rest within a few ulp. At the top level, inside a fused sum, and per row."""
+    from kernels.cpu import lanes, vector_math
+    from runtime.numba_backend.codegen import compile_scalar_program
+
+    n = COMPILE_FROM + 3
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-300, -1.0, -0.5, 700.0, 710.0, -745.5, 3.0, 1e300, -1e300]
+    x = np.concatenate([specials, rng.normal(scale=10.0, size=n - len(specials))])
+    y = np.concatenate([specials[::-1], rng.normal(scale=10.0, size=n - len(specials))])
+    body = TRANSCENDENTAL_BODIES[op]
+    f = lambda x, y: fold.map(body, x, y)  # noqa: E731
+    program = fold.trace(f, x, y)
+    (stmt,) = [s for s in program.stmts if isinstance(s.prim, fold.primitives.Map)]
+    assert (lanes.lane_form(compile_scalar_program(stmt.prim.body)) is not None) == vector_math.AVAILABLE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want, got = both(f, x, y)
+        assert kernel_calls == {"map": 1}
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        exact = ~np.isfinite(want) | (want == 0)
+        np.testing.assert_array_equal(got[exact], want[exact])
+        # logaddexp(x, y) = hi + log1p(...) may cancel: its error is relative to the larger argument
+        scale = np.maximum(np.abs(x), np.abs(y))[~exact] if op == "logaddexp" else 0.0
+        error = np.abs(got[~exact] - want[~exact]) / np.maximum(np.abs(want[~exact]), scale)
+        assert error.max() <= 4e-15, (x[~exact][np.argmax(error)], error.max())
+        finite_x, finite_y = np.nan_to_num(x[20:], posinf=3.0, neginf=-3.0), y[20:]
+        summed = lambda x, y: fold.sum(fold.map(lambda a, b: body(a, b) * 1.0, x, y))  # noqa: E731
+        assert_same(*both(summed, np.abs(finite_x), np.abs(finite_y)), rtol=1e-12, scaled=True)
+        rows = lambda x, y: fold.map(lambda r, s: fold.sum(fold.map(body, r, s)), x, y)  # noqa: E731
+        r, s = np.abs(rng.normal(scale=3.0, size=(2, COMPILE_FROM // 50 + 1, 50)))
+        assert_same(*both(rows, r, s), rtol=1e-12, scaled=True)
+
+
+def test_lane_forms_only_where_a_vector_call_pays():
+    """No lane form for a body without transcendentals, for float32 math (libmvec's variants here are
+    float64), or for a body of so many scalars that a kernel's call of its lane form could not be inlined;
+    a lane form that returns an input and a literal as they are still agrees."""
+    from kernels.cpu import lanes, vector_math
+    from runtime.numba_backend.codegen import compile_scalar_program
+
+    def lane_form_of(f, *args):
+        (stmt,) = [s for s in fold.trace(f, *args).stmts if isinstance(s.prim, fold.primitives.Map)]
+        return lanes.lane_form(compile_scalar_program(stmt.prim.body))
+
+    x = rng.normal(size=COMPILE_FROM + 5)
+    assert lane_form_of(lambda x: fold.map(lambda v: v * 2.0 + 1.0, x), x) is None
+    assert lane_form_of(lambda x: fold.map(fold.exp, x), x.astype(np.float32)) is None
+    wide = rng.normal(size=(1000, 8))
+    assert lane_form_of(lambda w: fold.map(lambda r: fold.exp(r), w), wide) is None  # 4 x 8 parameters
+    mixed = lambda x: fold.map(lambda v: (fold.exp(v), v, 2.0 + 0.0 * v, fold.sin(v) * fold.cos(v)), x)  # noqa: E731
+    assert (lane_form_of(mixed, x) is not None) == vector_math.AVAILABLE
+    assert_same(*both(mixed, x), rtol=1e-14)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import weakref
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,7 @@ import numpy as np
 from fold.ir import Lit, Program, Var
 from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, SumAxes, Transpose)
+from kernels.cpu import lanes, vector_math
 from kernels.cpu.modules import load_module
 from runtime.numpy_impl.structural import index_key
 
@@ -121,23 +123,29 @@ def _lit_names(lit: Lit) -> np.ndarray:
 
 
 class _Writer:
-    """Generates the statements of one function; `emit` names a new scalar and returns its name."""
+    """Generates the statements of one function; `emit` names a new scalar and returns its name.
+
+    A statement may carry a vector form, (operation, argument names): in the function's lane form
+    (lane_source) it is then written with a rule of _LANE_RULES instead of once per lane."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.statements: list[tuple[str, str, tuple[str, tuple[str, ...]] | None]] = []
         self.count = 0
 
-    def emit(self, expr: str) -> str:
+    def emit(self, expr: str, vector: tuple[str, tuple[str, ...]] | None = None) -> str:
         name = f"t{self.count}"
         self.count += 1
         self.lines.append(f"    {name} = {expr}")
+        self.statements.append((name, expr, vector))
         return name
 
-    def elementwise(self, fn, arrays: list[np.ndarray], shape: tuple) -> np.ndarray:
+    def elementwise(self, fn, arrays: list[np.ndarray], shape: tuple, vector_op: str | None = None) -> np.ndarray:
         arrays = [np.broadcast_to(a, shape) for a in arrays]
         out = np.empty(shape, dtype=object)
         for index in np.ndindex(*shape):
-            out[index] = self.emit(fn(*(a[index] for a in arrays)))
+            args = tuple(str(a[index]) for a in arrays)
+            out[index] = self.emit(fn(*args), None if vector_op is None else (vector_op, args))
         return out
 
     def total(self, terms: list[str], dtype: np.dtype) -> str:
@@ -152,7 +160,40 @@ class _Writer:
 def _elementwise(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
     template = _TEMPLATES[prim.op]
     wrap = (lambda e: e) if prim.op in _COMPARISONS else (lambda e: f"np.{out.dtype.name}({e})")
-    return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape)
+    vector_op = prim.op if prim.op in _LANE_RULES and out.dtype == np.float64 else None
+    return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape, vector_op)
+
+
+# The lane form of a statement: four lanes of a transcendental in one call of kernels.cpu.vector_math.
+# operation -> (the result's name in each lane, each argument's names in each lane) -> lines. Each rule
+# computes what the scalar template computes (scalar_helpers' _sigmoid and _logaddexp, with the same
+# branches, taken per lane after the vector calls).
+def _vector_call(function: str, targets: list[str], lanes: list[str]) -> str:
+    return f"{', '.join(targets)} = {function}({', '.join(f'np.float64({x})' for x in lanes)})"
+
+
+def _sigmoid_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
+    (x,) = args
+    u, e = [f"{t}_u" for t in targets], [f"{t}_e" for t in targets]
+    return ([f"{ul} = -abs(np.float64({xl}))" for ul, xl in zip(u, x)] + [_vector_call("vexp", e, u)]
+            + [f"{t} = (1.0 / (1.0 + {el})) if {xl} >= 0 else ({el} / (1.0 + {el}))" for t, el, xl in zip(targets, e, x)])
+
+
+def _logaddexp_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
+    a, b = args
+    hi, d, e, g = ([f"{t}_{suffix}" for t in targets] for suffix in "hdeg")
+    return ([f"{h} = np.float64({al}) if {al} >= {bl} else np.float64({bl})" for h, al, bl in zip(hi, a, b)]
+            + [f"{dl} = -abs(np.float64({al}) - np.float64({bl}))" for dl, al, bl in zip(d, a, b)]
+            + [_vector_call("vexp", e, d), _vector_call("vlog1p", g, e)]
+            + [f"{t} = {h} if {h} == -math.inf else {h} + {gl}" for t, h, gl in zip(targets, hi, g)])
+
+
+_LANE_RULES = {
+    **{op: (lambda function: lambda targets, args: [_vector_call(function, targets, args[0])])(function)
+       for op, function in vector_math.FUNCTIONS.items()},
+    "sigmoid": _sigmoid_lanes,
+    "logaddexp": _logaddexp_lanes,
+}
 
 
 def _matmul(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
@@ -248,30 +289,77 @@ def expand_program(writer: _Writer, program: Program, inputs: list[np.ndarray]) 
     return [np.asarray(names_of(a), dtype=object) for a in program.outputs]
 
 
-def program_source(program: Program, name: str = "scalar_fn") -> str:
-    """`def name(x0_0, x0_1, ..., x1_0, ...)`: each input's scalars in row-major order, returning every
-    output's scalars (one scalar alone, else a tuple)."""
+def _expand(program: Program) -> tuple[_Writer, list[str], list[str]]:
+    """The program written out: the writer, the scalar parameters' names, the results' names."""
     writer = _Writer()
     inputs = [np.array([f"x{i}_{c}" for c in range(components(v.aval))], dtype=object).reshape(v.aval.shape)
               for i, v in enumerate(program.inputs)]
     params = [str(n) for names in inputs for n in names.ravel()]
     outs = [str(n) for names in expand_program(writer, program, inputs) for n in names.ravel()]
+    return writer, params, outs
+
+
+def program_source(program: Program, name: str = "scalar_fn") -> str:
+    """`def name(x0_0, x0_1, ..., x1_0, ...)`: each input's scalars in row-major order, returning every
+    output's scalars (one scalar alone, else a tuple)."""
+    writer, params, outs = _expand(program)
     result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
     return "\n".join([f"def {name}({', '.join(params)}):"] + writer.lines + [f"    return {result}"])
 
 
-def _module_source(program: Program) -> str:
-    """The program as the text of a module: its imports, and `scalar_fn`. The helpers' own source is hashed
-    into it, so the text (which names the module on disk) changes whenever what it calls changes."""
+_SCALAR_NAME = re.compile(r"\b(?:t\d+|x\d+_\d+)\b")
+
+
+def _in_lane(text: str, lane: int) -> str:
+    """The text with every parameter and temporary renamed to its copy in `lane`."""
+    return _SCALAR_NAME.sub(lambda match: f"{match.group(0)}__{lane}", text)
+
+
+def lane_source(program: Program, name: str = "scalar_fn_lanes") -> str | None:
+    """The program's lane form (see kernels.cpu.lanes) as `def name(x0_0__0, ..., x0_0__3, x0_1__0, ...)`,
+    or None where it would not pay: no statement has a vector form, vector math is unavailable, or the
+    lane form takes more parameters than a kernel's call of it can inline."""
+    writer, params, outs = _expand(program)
+    width = lanes.WIDTH
+    if (not vector_math.AVAILABLE or all(vector is None for _, _, vector in writer.statements)
+            or width * len(params) > MAX_INLINED_PARAMETERS):
+        return None
+    lines = []
+    for target, expr, vector in writer.statements:
+        if vector is None:
+            lines += [f"{_in_lane(target, lane)} = {_in_lane(expr, lane)}" for lane in range(width)]
+        else:
+            op, args = vector
+            lines += _LANE_RULES[op]([_in_lane(target, lane) for lane in range(width)],
+                                     [[_in_lane(a, lane) for lane in range(width)] for a in args])
+    lane_params = [_in_lane(p, lane) for p in params for lane in range(width)]
+    results = [_in_lane(out, lane) for out in outs for lane in range(width)]
+    return "\n".join([f"def {name}({', '.join(lane_params)}):"] + [f"    {line}" for line in lines]
+                     + [f"    return ({', '.join(results)},)"])
+
+
+def _module_source(program: Program, lane_form: str | None) -> str:
+    """The program as the text of a module: its imports, `scalar_fn` and its lane form `scalar_fn_lanes`
+    if any. The helpers' own source is hashed into it, so the text (which names the module on disk)
+    changes whenever what it calls changes."""
+    vector_imports = [] if lane_form is None else [
+        f"# vector math {_VECTOR_MATH_DIGEST}",
+        f"from kernels.cpu.vector_math import {', '.join(sorted(set(vector_math.FUNCTIONS.values())))}"]
     return "\n".join([
         f"# scalar helpers {_HELPERS_DIGEST}",
         "import math",
         "import numpy as np",
         f"from runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
-        "", "", program_source(program), ""])
+        *vector_imports,
+        "", "", program_source(program), *([] if lane_form is None else ["", "", lane_form]), ""])
 
 
-_HELPERS_DIGEST = hashlib.sha256(Path(scalar_helpers.__file__).read_bytes()).hexdigest()[:16]
+def _digest(module) -> str:
+    return hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:16]
+
+
+_HELPERS_DIGEST = _digest(scalar_helpers)
+_VECTOR_MATH_DIGEST = _digest(vector_math)
 _compiled: "weakref.WeakKeyDictionary[Program, Callable]" = weakref.WeakKeyDictionary()
 _problems: "weakref.WeakKeyDictionary[Program, str | None]" = weakref.WeakKeyDictionary()
 
@@ -285,5 +373,10 @@ def compile_scalar_program(program: Program) -> Callable:
     if fn is None:
         inline = sum(components(v.aval) for v in program.inputs) <= MAX_INLINED_PARAMETERS
         options = {"inline": "always"} if inline else {}
-        fn = _compiled[program] = load_module(_module_source(program), {"scalar_fn": options}).scalar_fn
+        lane_form = lane_source(program)
+        jit = {"scalar_fn": options} if lane_form is None else {"scalar_fn": options, "scalar_fn_lanes": {"inline": "always"}}
+        module = load_module(_module_source(program, lane_form), jit)
+        fn = _compiled[program] = module.scalar_fn
+        if lane_form is not None:
+            lanes.register(fn, module.scalar_fn_lanes)
     return fn
