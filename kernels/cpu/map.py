@@ -20,25 +20,17 @@ from .lanes import WIDTH, lane_call, lane_form
 
 
 def _map_source(k: int, m: int, c: int, ndim: int, vector: bool) -> str:
-    outer = "i" if ndim == 1 else "i, j"
-    body = _element_step(k, m, c, outer)
-    if vector:
-        # WIDTH elements per step through the mapper's lane form, the remainder one at a time.
-        step = _lanes_step(k, m, c, "" if ndim == 1 else "i, ", ndim)
-        span = "x0.shape[0]" if ndim == 1 else "x0.shape[1]"
-        wide = f"""for {"b" if ndim == 1 else "jb"} in {{loop}}({span} // {WIDTH}):
-{indent(step, 4)}
-for {"i" if ndim == 1 else "j"} in range({WIDTH} * ({span} // {WIDTH}), {span}):
-{indent(body, 4)}"""
-        if ndim == 1:
-            return f"""
+    body = _element_step(k, m, c, "i" if ndim == 1 else "i, j")
+    if vector and ndim == 1:
+        return f"""
 def kernel(T, {_params(m, k, c)}):
     if T == 1:  # no parallel region at all
-{indent(wide.format(loop="range"), 8)}
+{indent(_lanes_then_rest(k, m, c, ndim, "range"), 8)}
     else:
-{indent(wide.format(loop="prange"), 8)}
+{indent(_lanes_then_rest(k, m, c, ndim, "prange"), 8)}
 """
-        body = wide.format(loop="range")
+    if vector:
+        body = _lanes_then_rest(k, m, c, ndim, "range")
     elif ndim == 2:
         body = "for j in range(x0.shape[1]):\n" + indent(body, 4)
     return f"""
@@ -53,6 +45,16 @@ def kernel(T, {_params(m, k, c)}):
 """
 
 
+def _lanes_then_rest(k: int, m: int, c: int, ndim: int, loop: str) -> str:
+    """The elements of a 1-D input (of row i of a 2-D one) WIDTH per call of the lane form, then the
+    remainder one at a time."""
+    block, one, span = ("b", "i", "x0.shape[0]") if ndim == 1 else ("jb", "j", "x0.shape[1]")
+    return f"""for {block} in {loop}({span} // {WIDTH}):
+{indent(_lanes_step(k, m, c, "" if ndim == 1 else "i, ", block), 4)}
+for {one} in range({WIDTH} * ({span} // {WIDTH}), {span}):
+{indent(_element_step(k, m, c, "i" if ndim == 1 else "i, j"), 4)}"""
+
+
 def _params(m: int, k: int, c: int) -> str:
     return "".join(f"c{j}, " for j in range(c)) + f"{names('x', m)}, {names('out', k)}"
 
@@ -62,10 +64,9 @@ def _element_step(k: int, m: int, c: int, index: str) -> str:
     return call("e", "mapper", args, k) + "\n" + each(f"out{{j}}[{index}] = e{{j}}", k)
 
 
-def _lanes_step(k: int, m: int, c: int, row: str, ndim: int) -> str:
-    """Elements WIDTH * b + lane (1-D) or (i, WIDTH * jb + lane) (2-D) through the mapper's lane form."""
-    first = "b" if ndim == 1 else "jb"
-    index = [f"{row}{WIDTH} * {first} + {lane}" for lane in range(WIDTH)]
+def _lanes_step(k: int, m: int, c: int, row: str, block: str) -> str:
+    """The elements WIDTH * block + lane (after the index prefix `row`) through the mapper's lane form."""
+    index = [f"{row}{WIDTH} * {block} + {lane}" for lane in range(WIDTH)]
     arguments = [[f"c{j}"] * WIDTH for j in range(c)] + [[f"x{j}[{ix}]" for ix in index] for j in range(m)]
     targets = [[f"e{j}_{lane}" for lane in range(WIDTH)] for j in range(k)]
     stores = "\n".join(f"out{j}[{ix}] = e{j}_{lane}" for j in range(k) for lane, ix in enumerate(index))
