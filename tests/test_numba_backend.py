@@ -365,6 +365,30 @@ def test_kernels_are_cached_on_disk_between_processes(tmp_path):
     assert any(p.name.startswith("fold_gen_") for p in (tmp_path / "cache" / "kernels").iterdir())
 
 
+_VECTOR_CACHE_SCRIPT = """
+import numpy as np, fold
+from kernels.cpu import codegen, lanes
+from runtime.numba_backend.lowering import COMPILE_FROM
+f = fold.jit(lambda x: fold.map(lambda v: fold.exp(-v) * fold.sin(v), x), backend="numba")
+x = np.linspace(-3.0, 3.0, COMPILE_FROM + 7)
+np.testing.assert_allclose(f(x), np.exp(-x) * np.sin(x), rtol=1e-14)
+((key, kernel),) = [(key, k) for key, k in codegen._KERNELS.items() if key[0] == "map"]
+print(lanes.lane_form(key[1]) is not None, sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values()))
+"""
+
+
+def test_kernels_calling_vector_math_are_cached_on_disk_too(tmp_path):
+    """A map kernel whose mapper has a lane form (libmvec calls) is loaded from disk by a second process,
+    the library loaded before the cached code is linked, with the same results."""
+    from kernels.cpu import vector_math
+
+    env = dict(os.environ, FOLD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    runs = [subprocess.run([sys.executable, "-c", _VECTOR_CACHE_SCRIPT], env=env, capture_output=True, text=True)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
+    assert [r.stdout.split() for r in runs] == [[str(vector_math.AVAILABLE), "0", "1"], [str(vector_math.AVAILABLE), "1", "0"]]
+
+
 def test_backend_is_chosen_by_name_context_and_environment(monkeypatch):
     assert "numba" in fold.available_backends()
     f = fold.jit(lambda x: fold.reduce(compose, (x, x), identity=(1.0, 0.0)))
