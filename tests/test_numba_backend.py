@@ -761,9 +761,9 @@ def test_transcendental_maps_run_four_elements_per_vector_call(op, kernel_calls)
 
 
 def test_lane_forms_only_where_a_vector_call_pays():
-    """No lane form for a body without transcendentals, for float32 math (libmvec's variants here are
-    float64), or for a body of so many scalars that a kernel's call of its lane form could not be inlined;
-    a lane form that returns an input and a literal as they are still agrees."""
+    """No lane form for a body without transcendentals, or for a body of so many scalars that a kernel's
+    call of its lane form could not be inlined; a lane form that returns an input and a value made from a
+    literal as they are still agrees."""
     from kernels.cpu import lanes, vector_math
     from runtime.numba_backend.codegen import compile_scalar_program
 
@@ -773,9 +773,34 @@ def test_lane_forms_only_where_a_vector_call_pays():
 
     x = rng.normal(size=COMPILE_FROM + 5)
     assert lane_form_of(lambda x: fold.map(lambda v: v * 2.0 + 1.0, x), x) is None
-    assert lane_form_of(lambda x: fold.map(fold.exp, x), x.astype(np.float32)) is None
     wide = rng.normal(size=(1000, 8))
     assert lane_form_of(lambda w: fold.map(lambda r: fold.exp(r), w), wide) is None  # 4 x 8 parameters
     mixed = lambda x: fold.map(lambda v: (fold.exp(v), v, 2.0 + 0.0 * v, fold.sin(v) * fold.cos(v)), x)  # noqa: E731
     assert (lane_form_of(mixed, x) is not None) == vector_math.AVAILABLE
     assert_same(*both(mixed, x), rtol=1e-14)
+
+
+@pytest.mark.parametrize("op", ["exp", "expm1", "log", "log1p", "sin", "cos", "tanh"])
+def test_float32_transcendentals_run_four_elements_per_vector_call(op, kernel_calls):
+    """float32 bodies call libmvec's float32 variants: the same special values as NumPy, the rest within
+    libmvec's 4 ulp of the float64 result rounded to float32."""
+    from kernels.cpu import lanes, vector_math
+    from runtime.numba_backend.codegen import compile_scalar_program
+
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -1.0, -0.5, 88.0, 89.0, -104.0, 3.0], np.float32)
+    x = np.concatenate([specials, rng.normal(scale=10.0, size=COMPILE_FROM).astype(np.float32)])
+    body = TRANSCENDENTAL_BODIES[op]
+    f = lambda x: fold.map(lambda v: body(v, v), x)  # noqa: E731
+    (stmt,) = [s for s in fold.trace(f, x).stmts if isinstance(s.prim, fold.primitives.Map)]
+    assert (lanes.lane_form(compile_scalar_program(stmt.prim.body)) is not None) == vector_math.AVAILABLE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want, got = both(f, x)
+    assert kernel_calls == {"map": 1} and got.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    exact = ~np.isfinite(want) | (want == 0)
+    np.testing.assert_array_equal(got[exact], want[exact])
+    with np.errstate(all="ignore"):
+        exact_result = fold.jit(f, backend="numpy")(x.astype(np.float64)).astype(np.float32)
+    ulps = np.abs(got[~exact] - exact_result[~exact]) / np.spacing(np.abs(exact_result[~exact]))
+    assert ulps.max() <= 4, (x[~exact][np.argmax(ulps)], ulps.max())

@@ -125,22 +125,22 @@ def _lit_names(lit: Lit) -> np.ndarray:
 class _Writer:
     """Generates the statements of one function; `emit` names a new scalar and returns its name.
 
-    A statement may carry a vector form, (operation, argument names): in the function's lane form
+    A statement may carry a vector form, ((operation, dtype), argument names): in the function's lane form
     (lane_source) it is then written with a rule of _LANE_RULES instead of once per lane."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.statements: list[tuple[str, str, tuple[str, tuple[str, ...]] | None]] = []
+        self.statements: list[tuple[str, str, tuple[tuple[str, str], tuple[str, ...]] | None]] = []
         self.count = 0
 
-    def emit(self, expr: str, vector: tuple[str, tuple[str, ...]] | None = None) -> str:
+    def emit(self, expr: str, vector: tuple[tuple[str, str], tuple[str, ...]] | None = None) -> str:
         name = f"t{self.count}"
         self.count += 1
         self.lines.append(f"    {name} = {expr}")
         self.statements.append((name, expr, vector))
         return name
 
-    def elementwise(self, fn, arrays: list[np.ndarray], shape: tuple, vector_op: str | None = None) -> np.ndarray:
+    def elementwise(self, fn, arrays: list[np.ndarray], shape: tuple, vector_op: tuple[str, str] | None = None) -> np.ndarray:
         arrays = [np.broadcast_to(a, shape) for a in arrays]
         out = np.empty(shape, dtype=object)
         for index in np.ndindex(*shape):
@@ -160,16 +160,21 @@ class _Writer:
 def _elementwise(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
     template = _TEMPLATES[prim.op]
     wrap = (lambda e: e) if prim.op in _COMPARISONS else (lambda e: f"np.{out.dtype.name}({e})")
-    vector_op = prim.op if prim.op in _LANE_RULES and out.dtype == np.float64 else None
+    vector_op = (prim.op, out.dtype.name) if (prim.op, out.dtype.name) in _LANE_RULES else None
     return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape, vector_op)
 
 
 # The lane form of a statement: four lanes of a transcendental in one call of kernels.cpu.vector_math.
-# operation -> (the result's name in each lane, each argument's names in each lane) -> lines. Each rule
-# computes what the scalar template computes (scalar_helpers' _sigmoid and _logaddexp, with the same
-# branches, taken per lane after the vector calls).
-def _vector_call(function: str, targets: list[str], lanes: list[str]) -> str:
-    return f"{', '.join(targets)} = {function}({', '.join(f'np.float64({x})' for x in lanes)})"
+# (operation, result dtype) -> (the result's name in each lane, each argument's names in each lane) ->
+# lines. Each rule computes what the scalar template computes (scalar_helpers' _sigmoid and _logaddexp,
+# with the same branches, taken per lane after the vector calls). float32 has the plain functions only
+# (the helpers compute in float64 and round).
+def _vector_call(function: str, targets: list[str], lanes: list[str], dtype: str = "float64") -> str:
+    return f"{', '.join(targets)} = {function}({', '.join(f'np.{dtype}({x})' for x in lanes)})"
+
+
+def _plain_rule(function: str, dtype: str):
+    return lambda targets, args: [_vector_call(function, targets, args[0], dtype)]
 
 
 def _sigmoid_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
@@ -189,10 +194,10 @@ def _logaddexp_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
 
 
 _LANE_RULES = {
-    **{op: (lambda function: lambda targets, args: [_vector_call(function, targets, args[0])])(function)
-       for op, function in vector_math.FUNCTIONS.items()},
-    "sigmoid": _sigmoid_lanes,
-    "logaddexp": _logaddexp_lanes,
+    **{(op, "float64"): _plain_rule(function, "float64") for op, function in vector_math.FUNCTIONS.items()},
+    **{(op, "float32"): _plain_rule(function, "float32") for op, function in vector_math.FUNCTIONS_F32.items()},
+    ("sigmoid", "float64"): _sigmoid_lanes,
+    ("logaddexp", "float64"): _logaddexp_lanes,
 }
 
 
@@ -329,9 +334,9 @@ def lane_source(program: Program, name: str = "scalar_fn_lanes") -> str | None:
         if vector is None:
             lines += [f"{_in_lane(target, lane)} = {_in_lane(expr, lane)}" for lane in range(width)]
         else:
-            op, args = vector
-            lines += _LANE_RULES[op]([_in_lane(target, lane) for lane in range(width)],
-                                     [[_in_lane(a, lane) for lane in range(width)] for a in args])
+            rule, args = vector
+            lines += _LANE_RULES[rule]([_in_lane(target, lane) for lane in range(width)],
+                                       [[_in_lane(a, lane) for lane in range(width)] for a in args])
     lane_params = [_in_lane(p, lane) for p in params for lane in range(width)]
     results = [_in_lane(out, lane) for out in outs for lane in range(width)]
     return "\n".join([f"def {name}({', '.join(lane_params)}):"] + [f"    {line}" for line in lines]
@@ -344,7 +349,8 @@ def _module_source(program: Program, lane_form: str | None) -> str:
     changes whenever what it calls changes."""
     vector_imports = [] if lane_form is None else [
         f"# vector math {_VECTOR_MATH_DIGEST}",
-        f"from kernels.cpu.vector_math import {', '.join(sorted(set(vector_math.FUNCTIONS.values())))}"]
+        "from kernels.cpu.vector_math import "
+        + ", ".join(sorted({*vector_math.FUNCTIONS.values(), *vector_math.FUNCTIONS_F32.values()}))]
     return "\n".join([
         f"# scalar helpers {_HELPERS_DIGEST}",
         "import math",
