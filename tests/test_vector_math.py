@@ -194,3 +194,38 @@ def test_logsumexp_of_four_lane_sums(n, chunks):
     x = np.random.default_rng(n).normal(scale=30.0, size=n)
     np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), np.logaddexp.reduce(x), rtol=1e-13)
     np.testing.assert_allclose(kc.logsumexp(x[::-3], chunks=chunks), np.logaddexp.reduce(x[::-3]), rtol=1e-13)
+
+
+def _scan_lane_covered(n: int, chunks: int) -> np.ndarray:
+    """Which elements a forward map_scan maps through the lane form: the first WIDTH * (len // WIDTH) of
+    each of its chunks (T + 1 chunks for T > 1 threads' worth, else one)."""
+    T = min(chunks, n)
+    C = T + 1 if T > 1 else 1
+    covered = np.zeros(n, bool)
+    for c in range(C):
+        lo, hi = c * n // C, (c + 1) * n // C
+        covered[lo: lo + W * ((hi - lo) // W)] = True
+    return covered
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3, 4, 9, 1001, 100_003])
+def test_map_scan_maps_width_elements_per_lane_form_call(n, chunks):
+    x = np.random.default_rng(n).integers(-50, 50, n)
+    elements = [3 * x + 1, x * x]
+    for exclusive in (False, True):
+        for reverse in (False, True):
+            def reference(es):
+                scanned = [np.cumsum(e[::-1])[::-1] if reverse else np.cumsum(e) for e in es]
+                if exclusive:
+                    scanned = [(np.concatenate([s[1:], [0]]) if reverse else np.concatenate([[0], s[:-1]])) for s in scanned]
+                return scanned
+
+            for mapper in (faithful, plain):
+                got = kc.map_scan(mapper, 1, add2, 2, (0, 0), [x], exclusive, reverse, chunks=chunks)
+                for g, w in zip(got, reference(elements), strict=True):
+                    np.testing.assert_array_equal(g, w, err_msg=f"{mapper} exclusive={exclusive} reverse={reverse}")
+    marked_elements = [elements[0] + 1000 * _scan_lane_covered(n, chunks), elements[1]]
+    got = kc.map_scan(marked, 1, add2, 2, (0, 0), [x], chunks=chunks)
+    np.testing.assert_array_equal(got[0], np.cumsum(marked_elements[0]))
+    np.testing.assert_array_equal(got[1], np.cumsum(elements[1]))

@@ -41,12 +41,37 @@ def _combine_into(acc: str, other: str, k: int) -> str:
     return call(acc, "combine", names(acc, k) + ", " + names(other, k), k)
 
 
-def _fold_loop(k: int, m: int, mapped: bool, lo: str, hi: str, acc: str) -> str:
-    """Fold the elements lo <= i < hi into acc_0.., starting from the identity (one chain)."""
+def _fold_loop(k: int, m: int, mapped: bool, lo: str, hi: str, acc: str, vector: bool = False) -> str:
+    """Fold the elements lo <= i < hi into acc_0.., starting from the identity (one chain); `vector`: the
+    elements mapped WIDTH at a time by the mapper's lane form."""
     return f"""{each(acc + "{j} = id{j}", k)}
-for i in range({lo}, {hi}):
-{indent(_element(k, m, mapped, "i", "e"), 4)}
-    {_combine_into(acc, "e", k)}"""
+{_each_element(k, m, mapped, lo, hi, False, vector, _combine_into(acc, "e", k))}"""
+
+
+def _each_element(k: int, m: int, mapped: bool, lo: str, hi: str, reverse: bool, vector: bool, body: str) -> str:
+    """A loop running `body` (which reads i and e_0..) for each element i in [lo, hi), in order (from hi - 1
+    down in reverse). `vector`: WIDTH elements mapped per call of the mapper's lane form, then `body` for
+    each of them in turn; the remainder one at a time."""
+    if not vector:
+        return _one_at_a_time(k, m, mapped, lo, hi, reverse, body)
+    assert mapped
+    sign = "-" if reverse else "+"
+    elements = lane_call([[f"e{j}_{lane}" for lane in range(WIDTH)] for j in range(k)],
+                         [[f"x{j}[i0 {sign} {lane}]" for lane in range(WIDTH)] for j in range(m)])
+    each_lane = "\n".join(f"i = i0 {sign} {lane}\n" + each("e{j} = e{j}_" + str(lane), k) + "\n" + body for lane in range(WIDTH))
+    done = f"{WIDTH} * (({hi} - {lo}) // {WIDTH})"
+    rest = _one_at_a_time(k, m, mapped, lo, f"{hi} - {done}", True, body) if reverse else \
+        _one_at_a_time(k, m, mapped, f"{lo} + {done}", hi, False, body)
+    return f"""for b in range(({hi} - {lo}) // {WIDTH}):
+    i0 = {f"{hi} - 1 - {WIDTH} * b" if reverse else f"{lo} + {WIDTH} * b"}
+{indent(elements, 4)}
+{indent(each_lane, 4)}
+{rest}"""
+
+
+def _one_at_a_time(k: int, m: int, mapped: bool, lo: str, hi: str, reverse: bool, body: str) -> str:
+    header = f"for i in range({hi} - 1, {lo} - 1, -1):" if reverse else f"for i in range({lo}, {hi}):"
+    return header + "\n" + indent(_element(k, m, mapped, "i", "e") + "\n" + body, 4)
 
 
 def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "", vector: bool = False) -> str:

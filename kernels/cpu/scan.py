@@ -23,7 +23,7 @@ Each thread takes one chunk in each parallel phase: with T chunks, the seedless 
 while the totals are folded.
 
 map_scan fuses a map on either side: the elements are mapper(inputs at i), computed in phases 1 and 3 and
-never stored, and `post` turns the scan's value at i (with the inputs at i) into the outputs, so a map
+never stored (WIDTH at a time by the mapper's lane form, kernels.cpu.lanes, if it has one), and `post` turns the scan's value at i (with the inputs at i) into the outputs, so a map
 reading the scan needs no scan written out. Phase 3 can run a restricted operator, `step`, that computes
 only the leaves an output needs (the matrix part of an affine recurrence is carried between chunks, but
 only its vector part is read). Where the totals of phase 1 cost many times that step, one serial pass
@@ -39,7 +39,8 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
-from .reduce import _element, _fold_loop
+from .lanes import lane_form
+from .reduce import _each_element, _fold_loop
 
 
 def _store(k: int, m: int, r: int, post: bool) -> str:
@@ -60,19 +61,17 @@ def _step(k: int, live: tuple | None, reverse: bool) -> str:
 
 
 def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None, exclusive: bool,
-                reverse: bool) -> str:
+                reverse: bool, vector: bool) -> str:
     """Scan the elements lo <= i < hi into out_j, from the seed acc_0.. (one of the four variants: each kernel
     is written for one, which keeps the source, and Numba's compile time, a quarter of all four)."""
-    loop = "for i in range(hi - 1, lo - 1, -1):" if reverse else "for i in range(lo, hi):"
-    store, step = indent(_store(k, m, r, post), 4), "    " + _step(k, live, reverse)
-    body = [indent(_element(k, m, mapped, "i", "e"), 4)] + ([store, step] if exclusive else [step, store])
-    return "\n".join([loop] + body)
+    store, step = _store(k, m, r, post), _step(k, live, reverse)
+    return _each_element(k, m, mapped, "lo", "hi", reverse, vector, "\n".join([store, step] if exclusive else [step, store]))
 
 
 def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None, exclusive: bool,
-                 reverse: bool) -> str:
-    full = _scan_chunk(k, m, mapped, r, post, None, exclusive, reverse)
-    final = _scan_chunk(k, m, mapped, r, post, live, exclusive, reverse)
+                 reverse: bool, vector: bool) -> str:
+    full = _scan_chunk(k, m, mapped, r, post, None, exclusive, reverse, vector)
+    final = _scan_chunk(k, m, mapped, r, post, live, exclusive, reverse, vector)
     if reverse:  # the last chunk needs no seed; the totals of chunks 1 .. T; seeds from the right
         first, seedless, rest, order, far_end = "t + 1", "C - 1", "t", "range(C - 1, 0, -1)", "0"
         fold_in = f"{names('nxt', k)}, {names('seed', k)}"
@@ -104,7 +103,7 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("tot", k)}, {names("out"
 {each("acc{j} = id{j}", k, 12)}
 {indent(full, 12)}
         else:
-{indent(_fold_loop(k, m, mapped, "lo", "hi", "acc"), 12)}
+{indent(_fold_loop(k, m, mapped, "lo", "hi", "acc", vector), 12)}
 {each("tot{j}[ch] = acc{j}", k, 8)}
     # 2. seeds: tot[c] becomes the combination of the totals of the chunks before c (after c in reverse)
 {each("seed{j} = id{j}", k, 4)}
@@ -130,9 +129,12 @@ def scan_kernel(combine: Any, k: int, parallel: bool = True, *, exclusive: bool 
     r = k if post is None else r
     live = None if step is None else tuple(live)
     exclusive, reverse = bool(exclusive), bool(reverse)
+    vector = lane_form(mapper)
     key = ("scan", combine, k, parallel, exclusive, reverse, mapper, m, post, r, step, live)
-    return compile_kernel(key, lambda: _scan_source(k, m, mapper is not None, r, post is not None, live, exclusive, reverse),
-                          {"combine": combine, "mapper": mapper, "post": post, "step": step}, parallel=parallel)
+    return compile_kernel(key, lambda: _scan_source(k, m, mapper is not None, r, post is not None, live, exclusive, reverse,
+                                                    vector is not None),
+                          {"combine": combine, "mapper": mapper, "mapper_lanes": vector, "post": post, "step": step},
+                          parallel=parallel)
 
 
 def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray],
