@@ -407,7 +407,8 @@ def first_call(fn: Callable[[], Any], capture: bool = False) -> tuple[Any, float
     return out, seconds, messages
 
 
-KERNEL_DRIVERS = ("reduce", "map_reduce", "segmented_reduce", "scan", "histogram", "map", "scan_pair_map", "logsumexp")
+KERNEL_DRIVERS = ("reduce", "map_reduce", "segmented_reduce", "scan", "histogram", "map", "scan_pair_map", "logsumexp",
+                  "column_sums", "map_scan")
 
 
 def kernels_used(fn: Callable[[], Any]) -> dict[str, int] | str:

@@ -563,6 +563,27 @@ def test_logsumexp_edges(chunks):
         kc.logsumexp(np.arange(3))
 
 
+# ---------------------------------------------------------------- column sums
+
+@pytest.mark.parametrize("chunks", [None, 1, 3])
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (1, 1), (3, 7), (2, 100_000), (1000, 64), (100_003, 3)])
+def test_column_sums(shape, chunks):
+    x = _rng("columns", *shape).integers(-8, 8, shape).astype(np.float64)  # integers: every order is exact
+    got = kc.column_sums(x, chunks=chunks)
+    assert got.dtype == np.float64 and got.shape == (shape[1],)
+    np.testing.assert_array_equal(got, x.sum(axis=0))
+    assert kc.column_sums(x.astype(np.float32), chunks=chunks).dtype == np.float32
+
+
+def test_column_sums_errors_name_the_problem():
+    with pytest.raises(TypeError, match="x must be a float array, got dtype int64"):
+        kc.column_sums(np.ones((3, 2), np.int64))
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        kc.column_sums(np.ones((3, 4)).T)
+    with pytest.raises(ValueError, match=r"must be 2-D, got shape \(3,\)"):
+        kc.column_sums(np.ones(3))
+
+
 # ---------------------------------------------------------------- histogram
 
 HIST_CASES = [("add", F64), ("max", I64), ("linrec", I64), ("matmul", I64)]

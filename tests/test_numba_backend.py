@@ -93,7 +93,8 @@ def kernel_calls(monkeypatch):
     import kernels.cpu
 
     calls: dict[str, int] = {}
-    for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce", "scan_pair_map", "map_scan", "logsumexp"):
+    for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce", "scan_pair_map", "map_scan", "logsumexp",
+                 "column_sums"):
         original = getattr(kernels.cpu, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -804,3 +805,19 @@ def test_float32_transcendentals_run_four_elements_per_vector_call(op, kernel_ca
         exact_result = fold.jit(f, backend="numpy")(x.astype(np.float64)).astype(np.float32)
     ulps = np.abs(got[~exact] - exact_result[~exact]) / np.spacing(np.abs(exact_result[~exact]))
     assert ulps.max() <= 4, (x[~exact][np.argmax(ulps)], ulps.max())
+
+
+def test_top_level_sums_over_the_first_axis_run_on_the_column_kernel(kernel_calls):
+    """fold.sum(x, axis=0) of a tall float matrix (a gradient's sum over a batch) is kernels.cpu.column_sums
+    on two threads, not NumPy's one; small, integer or non-contiguous inputs stay with NumPy."""
+    x = rng.normal(size=(COMPILE_FROM // 8 + 3, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda x: fold.sum(x, axis=0), x), scaled=True)
+        assert kernel_calls == {"column_sums": 1}
+        kernel_calls.clear()
+        assert_same(*both(lambda x: fold.sum(x, axis=0), x[:100]))
+        i = rng.integers(-5, 5, size=x.shape)
+        numpy_result, numba_result = both(lambda i: fold.sum(i, axis=0), i)
+        np.testing.assert_array_equal(numba_result, i.sum(axis=0))
+        assert kernel_calls == {}

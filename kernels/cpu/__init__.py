@@ -9,6 +9,7 @@
     histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
     map(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)           -> k arrays (n,) or (rows, n)
     logsumexp(x, *, chunks=None)                                               -> a scalar
+    column_sums(x, *, chunks=None)                                             -> an array (columns,)
     scan_pair_map(combine, k, identity, leaves, mapper, r, others=(), consts=(), *, block, parallel)
                                                                                -> r arrays (n,)
 
@@ -24,6 +25,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:  
 
 from . import codegen, host  # noqa: E402 (after the thread policy, which OpenMP reads when it starts)
 from .bidirectional import scan_pair_map  # noqa: E402
+from .columns import column_sums
 from .histogram import histogram
 from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)
@@ -38,4 +40,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["clear_cache", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
+__all__ = ["clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "reduce", "scan", "scan_pair_map", "segmented_reduce"]

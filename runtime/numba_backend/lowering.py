@@ -171,13 +171,17 @@ def _reduce(prim: Reduce, args: list, depth: int):
 
 
 @numba_impls.register(SumAxes)
-def _sum_rows(prim: SumAxes, args: list, depth: int):
-    """One map deep, each row's sum of a vector of floats: the segmented kernel, where it uses two or more
-    threads (NumPy's row sums run on one)."""
+def _sum(prim: SumAxes, args: list, depth: int):
+    """The sum over the first axis of a C-contiguous float matrix, where a kernel uses two or more threads
+    (NumPy's sums run on one): one map deep each row's sum of a vector (the segmented kernel), at the top
+    level its column sums (a gradient's sum over a batch)."""
     (x,) = args
-    if (depth != 1 or prim.axes != (0,) or x.ndim != 2 or x.dtype.kind != "f" or not x.flags.c_contiguous
+    if (depth > 1 or prim.axes != (0,) or x.ndim != 2 or x.dtype.kind != "f" or not x.flags.c_contiguous
             or _kernels().host.num_chunks(x.size, None) < 2):
         return None
+    if depth == 0:
+        sums = run_kernel(prim, "column_sums", x)
+        return None if sums is None else [sums]
     combine = compile_scalar_program(sum_reduce_program(x.dtype).stmts[0].prim.body)
     rows = run_kernel(prim, "segmented_reduce", None, combine, 1, (0.0,), [x])
     return None if rows is None else [rows[0]]
