@@ -714,7 +714,9 @@ def test_a_statement_reading_a_run_waits_and_the_run_goes_on_past_it():
     assert names == [["exp", "mul", "neg", "add"], "sum", "broadcast", ["mul", "add"]], names
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same(*both(f, x))
+        # b = 1 - 2 exp(x) cancels near x = -log 2, and b * s is large: exp's last-ulp differences (libmvec
+        # here, within 4 ulp) show up relative to the terms, not to a result near zero
+        assert_same(*both(f, x), scaled=True)
 
 
 TRANSCENDENTAL_BODIES = {

@@ -126,7 +126,7 @@ class _Writer:
     """Generates the statements of one function; `emit` names a new scalar and returns its name.
 
     A statement may carry a vector form, ((operation, dtype), argument names): in the function's lane form
-    (lane_source) it is then written with a rule of _LANE_RULES instead of once per lane."""
+    (_lane_source) it is then written with a rule of _LANE_RULES instead of once per lane."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -307,7 +307,10 @@ def _expand(program: Program) -> tuple[_Writer, list[str], list[str]]:
 def program_source(program: Program, name: str = "scalar_fn") -> str:
     """`def name(x0_0, x0_1, ..., x1_0, ...)`: each input's scalars in row-major order, returning every
     output's scalars (one scalar alone, else a tuple)."""
-    writer, params, outs = _expand(program)
+    return _scalar_source(*_expand(program), name)
+
+
+def _scalar_source(writer: _Writer, params: list[str], outs: list[str], name: str) -> str:
     result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
     return "\n".join([f"def {name}({', '.join(params)}):"] + writer.lines + [f"    return {result}"])
 
@@ -320,11 +323,10 @@ def _in_lane(text: str, lane: int) -> str:
     return _SCALAR_NAME.sub(lambda match: f"{match.group(0)}__{lane}", text)
 
 
-def lane_source(program: Program, name: str = "scalar_fn_lanes") -> str | None:
-    """The program's lane form (see kernels.cpu.lanes) as `def name(x0_0__0, ..., x0_0__3, x0_1__0, ...)`,
-    or None where it would not pay: no statement has a vector form, vector math is unavailable, or the
-    lane form takes more parameters than a kernel's call of it can inline."""
-    writer, params, outs = _expand(program)
+def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str) -> str | None:
+    """The written-out program's lane form (see kernels.cpu.lanes) as `def name(x0_0__0, ..., x0_0__3,
+    x0_1__0, ...)`, or None where it would not pay: no statement has a vector form, vector math is
+    unavailable, or the lane form takes more parameters than a kernel's call of it can inline."""
     width = lanes.WIDTH
     if (not vector_math.AVAILABLE or all(vector is None for _, _, vector in writer.statements)
             or width * len(params) > MAX_INLINED_PARAMETERS):
@@ -343,10 +345,12 @@ def lane_source(program: Program, name: str = "scalar_fn_lanes") -> str | None:
                      + [f"    return ({', '.join(results)},)"])
 
 
-def _module_source(program: Program, lane_form: str | None) -> str:
+def _module_source(program: Program) -> tuple[str, bool]:
     """The program as the text of a module: its imports, `scalar_fn` and its lane form `scalar_fn_lanes`
-    if any. The helpers' own source is hashed into it, so the text (which names the module on disk)
-    changes whenever what it calls changes."""
+    if any (and whether there is one). The helpers' own source is hashed into it, so the text (which names
+    the module on disk) changes whenever what it calls changes."""
+    expanded = _expand(program)
+    lane_form = _lane_source(*expanded, "scalar_fn_lanes")
     vector_imports = [] if lane_form is None else [
         f"# vector math {_VECTOR_MATH_DIGEST}",
         "from kernels.cpu.vector_math import "
@@ -357,7 +361,8 @@ def _module_source(program: Program, lane_form: str | None) -> str:
         "import numpy as np",
         f"from runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
         *vector_imports,
-        "", "", program_source(program), *([] if lane_form is None else ["", "", lane_form]), ""])
+        "", "", _scalar_source(*expanded, "scalar_fn"), *([] if lane_form is None else ["", "", lane_form]), ""]), \
+        lane_form is not None
 
 
 def _digest(module) -> str:
@@ -379,10 +384,10 @@ def compile_scalar_program(program: Program) -> Callable:
     if fn is None:
         inline = sum(components(v.aval) for v in program.inputs) <= MAX_INLINED_PARAMETERS
         options = {"inline": "always"} if inline else {}
-        lane_form = lane_source(program)
-        jit = {"scalar_fn": options} if lane_form is None else {"scalar_fn": options, "scalar_fn_lanes": {"inline": "always"}}
-        module = load_module(_module_source(program, lane_form), jit)
+        source, has_lane_form = _module_source(program)
+        jit = {"scalar_fn": options, **({"scalar_fn_lanes": {"inline": "always"}} if has_lane_form else {})}
+        module = load_module(source, jit)
         fn = _compiled[program] = module.scalar_fn
-        if lane_form is not None:
+        if has_lane_form:
             lanes.register(fn, module.scalar_fn_lanes)
     return fn
