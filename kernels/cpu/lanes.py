@@ -3,7 +3,7 @@
 A mapper whose body calls a transcendental function (exp, log, sin, ...) spends most of its time in libm,
 one call per element. Its lane form computes WIDTH elements at once and calls the vector variants of
 kernels.cpu.vector_math, one call per WIDTH elements. Kernels that map (map, map_reduce, the segmented
-reduce) use a mapper's lane form, when it has one, for WIDTH elements per step, and the mapper itself for
+reduce, map_scan) use a mapper's lane form, when it has one, for WIDTH elements per step, and the mapper itself for
 what is left over; the elements, and the order in which they are combined, are the same either way.
 
 The lane form of a mapper of p scalar arguments and r scalar results takes WIDTH * p scalars, each
