@@ -75,8 +75,9 @@ def row_max(x):
     return fold_map(lambda row: fold_reduce(monoids.max, row), x)
 
 
-def stable_logsumexp_rows(z):
-    """(row totals, normalised weights exp(z - total)) of a (bi, bj) block; rows of -inf give (-inf, 0)."""
+def _log_weights(z):
+    """(row totals, e = exp(z - row max), the rows' sums of e, whether each row has weight) of a (bi, bj)
+    block; rows of -inf give (-inf, 0, 0, False)."""
     m = ops.stop_gradient(row_max(z))  # the shift cancels, so its derivative is zero: do not compute it
     m_safe = ops.where(m == -np.inf, 0.0, m)
     e = ops.exp(z - _column_vector(m_safe))
@@ -84,8 +85,22 @@ def stable_logsumexp_rows(z):
     nonempty = total_weight > 0
     safe_weight = ops.where(nonempty, total_weight, 1.0)
     total = ops.where(nonempty, m_safe + ops.log(safe_weight), -np.inf)
-    weights = ops.where(_column_vector(nonempty), e / _column_vector(safe_weight), 0.0)
-    return total, weights
+    return total, e, nonempty, safe_weight
+
+
+def stable_logsumexp_rows(z):
+    """The row totals log sum_j exp(z_ij) of a (bi, bj) block; rows of -inf give -inf."""
+    return _log_weights(z)[0]
+
+
+def softmax_weighted_sum(z, field):
+    """(row totals of z, sum_j softmax(z_i)_j field_ij): the unnormalised weights summed with the field (a
+    matrix product when it is factored), then divided by their row sums, once per row and field entry
+    rather than over the (bi, bj) block. Rows of -inf give (-inf, 0)."""
+    total, e, nonempty, safe_weight = _log_weights(z)
+    summed = weighted_column_sum(e, field)
+    scale = ops.where(nonempty, 1.0 / safe_weight, 0.0)
+    return total, summed * ops.reshape(scale, (scale.shape[0],) + (1,) * (summed.ndim - 1))
 
 
 def _sum_field(field, bi: int):
@@ -112,27 +127,27 @@ def _vsum_block(fields, bi):
 @block_fold_rule(monoids.logaddexp)
 def _logaddexp_block(fields, bi):
     (f,) = fields
-    return [stable_logsumexp_rows(expand(f, bi))[0]]
+    return [stable_logsumexp_rows(expand(f, bi))]
 
 
 @block_fold_rule(monoids.logwsum)
 def _logwsum_block(fields, bi):
     v, z = fields  # dict leaves are sorted: "v", "z"
-    total, weights = stable_logsumexp_rows(expand(z, bi))
-    return [weighted_column_sum(weights, v), total]
+    total, summed = softmax_weighted_sum(expand(z, bi), v)
+    return [summed, total]
 
 
 @block_fold_rule(monoids.cross_entropy)
 def _cross_entropy_block(fields, bi):
     n, p = fields
-    return [_sum_field(n, bi), stable_logsumexp_rows(expand(p, bi))[0]]
+    return [_sum_field(n, bi), stable_logsumexp_rows(expand(p, bi))]
 
 
 @block_fold_rule(monoids.cross_entropy_dist)
 def _cross_entropy_dist_block(fields, bi):
     n, p, q = fields
-    p_total, p_weights = stable_logsumexp_rows(expand(p, bi))
-    return [weighted_column_sum(p_weights, n), p_total, stable_logsumexp_rows(expand(q, bi))[0]]
+    p_total, n_summed = softmax_weighted_sum(expand(p, bi), n)
+    return [n_summed, p_total, stable_logsumexp_rows(expand(q, bi))]
 
 
 def generic_block_fold(monoid, fields: list, treedef, bi: int) -> list:

@@ -483,6 +483,26 @@ def test_column_fields_are_not_broadcast_to_block_by_d(name):
     _assert_no_broadcast_block(grad_program, bi, bj, d, f"{name} vjp")
 
 
+@pytest.mark.parametrize("name", ["attention", "causal_attention", "distillation"])
+def test_softmax_weighted_sums_divide_once_per_row_not_over_the_block(name):
+    """logwsum and cross_entropy_dist fold a block as (exp(z - max) @ column data) / row sums: no division
+    over the bi x bj block in the forward or the backward block programs."""
+    from fold.primitives import Elementwise
+
+    bi, bj = 6, 8
+    rng = np.random.default_rng(21)
+    args, cot = LAYERS[name].make(rng, 12, 16, "float64")
+    fn = lambda *a: LAYERS[name].fold_fn(*a, block=(bi, bj))  # noqa: E731
+    program = fold.trace(fn, *args)
+    grad_program, _ = ad.vjp_program(program)
+    for what, p in (("forward", program), ("vjp", grad_program)):
+        blocks = _block_programs(p)
+        assert blocks, what
+        for (ri, rj), block in blocks:
+            divisions = [st.outs[0].aval.shape for st in block.stmts if isinstance(st.prim, Elementwise) and st.prim.op == "div"]
+            assert divisions and all(shape in ((ri,), (ri, 1)) for shape in divisions), (what, divisions)
+
+
 def test_the_check_would_see_a_broadcast_field():
     """The generic block fold (a monoid without a block rule) expands column fields: the walker finds it."""
     vsum_user = fold.Monoid(lambda a, b: {"v": a["v"] + b["v"]}, {"v": 0.0}, commutative=True, name="user_vsum")
