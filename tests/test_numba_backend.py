@@ -823,3 +823,54 @@ def test_top_level_sums_over_the_first_axis_run_on_the_column_kernel(kernel_call
         numpy_result, numba_result = both(lambda i: fold.sum(i, axis=0), i)
         np.testing.assert_array_equal(numba_result, i.sum(axis=0))
         assert kernel_calls == {}
+
+
+def _scaled_operands(program) -> list[tuple]:
+    """The shapes of the prepared program's matrix-product operands that are a value times a literal."""
+    from fold.ir import Lit
+    from fold.primitives import Elementwise, MatMul
+    from runtime.numba_backend.passes import prepare
+
+    prepared = prepare(program)
+    scaled = {s.outs[0] for s in prepared.stmts if isinstance(s.prim, Elementwise) and s.prim.op == "mul"
+              and any(isinstance(a, Lit) for a in s.args)}
+    return [a.aval.shape for s in prepared.stmts if isinstance(s.prim, MatMul) for a in s.args if a in scaled]
+
+
+@pytest.mark.parametrize("lhs, rhs, scaled", [((3, 4), (4, 50), (3, 4)), ((50, 4), (4, 3), (4, 3))])
+@pytest.mark.parametrize("scale", [0.5, 0.3])
+def test_a_scaled_matrix_product_scales_its_smaller_operand(lhs, rhs, scaled, scale):
+    """(A @ B) * c runs as (A * c) @ B or A @ (B * c), whichever operand is smaller: exactly the same
+    result for a power of two, the same to rounding otherwise."""
+    a, b = rng.normal(size=lhs), rng.normal(size=rhs)
+    f = lambda a, b: fold.matmul(a, b) * scale  # noqa: E731
+    assert _scaled_operands(fold.trace(f, a, b)) == [scaled]
+    assert_same(*both(f, a, b), rtol=0.0 if scale == 0.5 else 1e-14)
+
+
+def test_a_product_read_twice_or_scaled_by_a_computed_value_keeps_its_scaling():
+    """Only a product whose one reader multiplies it by a scalar literal is rewritten."""
+    a, b, w = rng.normal(size=(3, 4)), rng.normal(size=(4, 50)), rng.normal(size=50)
+    cases = {
+        "read twice": lambda a, b: (lambda p: p * 0.5 + p)(fold.matmul(a, b)),
+        "computed scale": lambda a, b: fold.matmul(a, b) * fold.sum(a),
+        "per-column literal": lambda a, b: fold.matmul(a, b) * w,
+    }
+    for name, f in cases.items():
+        assert _scaled_operands(fold.trace(f, a, b)) == [], name
+        assert_same(*both(f, a, b))
+
+
+def test_attention_blocks_scale_the_queries_not_the_scores():
+    """attention's s / sqrt(F) over a bi x bj block is read by the row maximum and the exponentials: the
+    backend scales the bi x F queries instead, in the forward blocks and in the gradient's."""
+    from examples import gemm_layers
+
+    Q, K, V = rng.normal(size=(40, 16)), rng.normal(size=(60, 16)), rng.normal(size=(60, 8))
+    fn = lambda Q, K, V: gemm_layers.attention(Q, K, V, block=(20, 30))  # noqa: E731
+    program = fold.trace(lambda Q, K, V: fold.vjp(fn, (Q, K, V), np.ones((40, 8))), Q, K, V)
+    blocks = [p for s in program.stmts if hasattr(s.prim, "blocks") for _, p in s.prim.blocks]
+    assert len(blocks) == 2
+    for block in blocks:
+        assert _scaled_operands(block) == [(20, 16)], str(block)
+    assert_same(*both(fn, Q, K, V))

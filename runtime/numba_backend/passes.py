@@ -9,6 +9,7 @@ from fold.ir import Program
 from .elementwise_fusion import fuse_elementwise
 from .fusion import fuse
 from .scan_fusion import fuse_map_scans
+from .scale_hoisting import hoist_scales
 from .scan_pair_fusion import fuse_scan_pairs
 from .unnest import unnest_maps
 
@@ -18,9 +19,9 @@ _prepared: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictio
 def prepare(program: Program) -> Program:
     """The program with the backend's fusions applied to its top level (scan pairs read by a map, scans
     with the maps that make their elements and read their results, maps read by a reduce, maps of scalar maps
-    as elementwise statements, runs of elementwise statements); memoised, since gemm block programs are run
-    many times."""
+    as elementwise statements, scaled matrix products as products of a scaled operand, runs of elementwise
+    statements); memoised, since gemm block programs are run many times."""
     found = _prepared.get(program)
     if found is None:
-        found = _prepared[program] = fuse_elementwise(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))
+        found = _prepared[program] = fuse_elementwise(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program))))))
     return found
