@@ -8,8 +8,8 @@ from fold.ir import Program
 
 from .elementwise_fusion import fuse_elementwise
 from .fusion import fuse
-from .scan_fusion import fuse_map_scans
 from .scale_hoisting import hoist_scales
+from .scan_fusion import fuse_map_scans
 from .scan_pair_fusion import fuse_scan_pairs
 from .unnest import unnest_maps
 

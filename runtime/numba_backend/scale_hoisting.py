@@ -38,7 +38,7 @@ def hoist_scales(program: Program) -> Program:
     removed: set[int] = set()
     for stmt in program.stmts:
         found = _scaled_product(stmt, producer, uses)
-        if found is None or id(found[0]) in rewritten:
+        if found is None:
             continue
         product, scale = found
         a, b = product.args
