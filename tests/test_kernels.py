@@ -34,7 +34,7 @@ from numba import njit
 import kernels.cpu as kc
 from kernels.cpu import host
 from kernels.cpu.histogram import histogram_threads
-from kernels.cpu.reduce import fold_kernel
+from kernels.cpu.reduce import TILE, fold_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = numba.get_num_threads()
@@ -78,6 +78,13 @@ def linrec(a1, b1, a2, b2):
 @njit
 def argmax(v1, i1, v2, i2):  # leaves of two dtypes; on ties the first index wins (not commutative)
     if v2 > v1:
+        return v2, i2
+    return v1, i1
+
+
+@njit
+def argmax_lowest(v1, i1, v2, i2):  # on ties the lower index wins wherever it is: commutative
+    if v2 > v1 or (v2 == v1 and i2 < i1):
         return v2, i2
     return v1, i1
 
@@ -300,6 +307,32 @@ def test_reduce_follows_the_thread_count():
             _check(kc.reduce(matmul2, 4, (1, 0, 0, 1), xs), want, "matmul", I64, f"threads={threads}")
     finally:
         numba.set_num_threads(THREADS)
+
+
+# Commutative folds run in TILE lanes of consecutive elements: sizes either side of a tile and of the chunks
+TILED_SIZES = sorted({(n, c) for c in (None, 1, 3) for n in (0, 1, TILE - 1, TILE, TILE + 1, 3 * TILE + 5, 1001, 100_003)},
+                     key=lambda nc: (nc[0], nc[1] or 0))
+COMMUTATIVE_CASES = [(o, d) for o, d in REDUCE_CASES if o in ("add", "mul", "max")]
+
+
+@pytest.mark.parametrize("n,chunks", TILED_SIZES, ids=[f"n{n}-{'auto' if c is None else f'c{c}'}" for n, c in TILED_SIZES])
+@pytest.mark.parametrize("op_name,dtype", COMMUTATIVE_CASES, ids=[f"{o}-{d}" for o, d in COMMUTATIVE_CASES])
+def test_commutative_reduce(op_name, dtype, n, chunks):
+    op, xs, ident = _case(op_name, dtype, n)
+    got = kc.reduce(op.fn, op.k, op.identity(dtype), xs, chunks=chunks, commutative=True)
+    _check(got, fold_reference(op.fn.py_func, ident, xs), op_name, dtype, f"commutative reduce {op_name} n={n} chunks={chunks}")
+
+
+@pytest.mark.parametrize("n,chunks", TILED_SIZES, ids=[f"n{n}-{'auto' if c is None else f'c{c}'}" for n, c in TILED_SIZES])
+def test_commutative_fold_of_two_leaves_and_of_mapped_elements(n, chunks):
+    values = _rng("argmax_lowest", n).integers(-20, 20, n).astype(np.float64)  # many ties
+    index = np.arange(n, dtype=np.int64)
+    v, i = kc.reduce(argmax_lowest, 2, (-np.inf, -1), [values, index], chunks=chunks, commutative=True)
+    assert (v.dtype, i.dtype) == (np.float64, np.int64)
+    assert (v, i) == ((values.max(), values.argmax()) if n else (-np.inf, -1))
+    x = _rng("square-add", n).standard_normal(n)
+    (total,) = kc.map_reduce(square, 1, add, 1, (0.0,), [x], chunks=chunks, commutative=True)
+    np.testing.assert_allclose(total, np.sum(x * x), rtol=1e-12, atol=1e-300)
 
 
 # ---------------------------------------------------------------- map_reduce and map

@@ -56,6 +56,27 @@ def test_non_commutative_matrix_product_keeps_order():
     assert_same(numpy_result, numba_result, rtol=1e-9)
 
 
+def test_only_operators_known_to_commute_are_folded_in_any_order():
+    """The kernels fold a commutative operator's elements in lanes of consecutive elements (vectorised),
+    which reorders them: that is for monoids declared commutative and recognised operators, never for a
+    user operator that merely happens to commute."""
+    from fold.primitives import Reduce
+    from runtime.numba_backend.lowering import is_commutative
+
+    def reduce_prim(f, *args):
+        (stmt,) = [s for s in fold.trace(f, *args).stmts if isinstance(s.prim, Reduce)]
+        return stmt.prim
+
+    x = rng.normal(size=8)
+    flip = fold.Monoid(lambda a, b: a - b + 0.0 * a, 0.0, name="not commutative")
+    assert is_commutative(reduce_prim(lambda x: fold.reduce(fold.monoids.sum, x), x))
+    assert is_commutative(reduce_prim(lambda x: fold.reduce(lambda a, b: a * b, x, identity=1.0), x))
+    assert is_commutative(reduce_prim(lambda x: fold.reduce(fold.Monoid(lambda a, b: a * b + a * b, 0.0, commutative=True), x), x))
+    assert not is_commutative(reduce_prim(lambda x: fold.reduce(flip, x), x))
+    assert not is_commutative(reduce_prim(lambda x: fold.reduce(lambda a, b: a * b + 1.0, x, identity=0.0), x))
+    assert not is_commutative(reduce_prim(lambda *m: fold.reduce(matmul2, m, identity=(1.0, 0.0, 0.0, 1.0)), *rng.normal(size=(4, 8))))
+
+
 def test_histogram_with_user_operator_and_out_of_range_indices():
     idx = rng.integers(-3, 40, 30_000)
     v = rng.normal(size=30_000)

@@ -13,6 +13,13 @@ the speed of memory. The parallel kernel therefore folds each chunk as LANES con
 interleaved in one loop (independent chains the CPU overlaps), then combines the lane totals in order:
 the same bracketing freedom as the chunks, never a change of operand order. A mapper with a lane form
 (kernels.cpu.lanes) maps the LANES elements of a step in one call of it, serially too.
+
+A commutative operator (the caller says so) may take the elements in any order, so each chunk is folded
+in TILE lanes of consecutive elements instead: element i goes to lane i % TILE, the lanes live in a small
+array, and the loop over one tile of TILE elements is a plain elementwise loop that LLVM's loop vectoriser
+turns into SIMD instructions (Numba leaves its SLP vectoriser off, so scalar accumulators stay scalar).
+Measured at 10^7 float64 with a five-operation arithmetic body, on one thread: 7.8 ms -> 5.7 ms, the
+time of reading the input; four scalar chains were compute-bound.
 """
 
 from __future__ import annotations
@@ -28,13 +35,16 @@ from .lanes import WIDTH, lane_call, lane_form
 
 # Independent accumulators per parallel chunk: enough to hide the latency of a floating-point add.
 LANES = 4
+# Lanes of a commutative fold: the loop vectoriser leaves loops of 16 or fewer iterations to the (disabled)
+# SLP vectoriser after unrolling them, and vectorises 32.
+TILE = 32
 
 
-def _element(k: int, m: int, mapped: bool, index: str, prefix: str) -> str:
-    """prefix0.. = the element at `index` (mapped or read)."""
+def _element(k: int, m: int, mapped: bool, index: str, prefix: str, source: str = "x") -> str:
+    """prefix0.. = the element at `index` of the arrays source0.. (mapped or read)."""
     if mapped:
-        return call(prefix, "mapper", ", ".join(f"x{j}[{index}]" for j in range(m)), k)
-    return each(prefix + "{j} = x{j}[" + index + "]", k)
+        return call(prefix, "mapper", ", ".join(f"{source}{j}[{index}]" for j in range(m)), k)
+    return each(prefix + "{j} = " + source + "{j}[" + index + "]", k)
 
 
 def _combine_into(acc: str, other: str, k: int) -> str:
@@ -102,7 +112,48 @@ for i in range(lo + {lanes} * q, hi):
 {each("acc{j} = " + acc[0] + "{j}", k)}"""
 
 
-def _fold_source(k: int, m: int, mapped: bool, vector: bool) -> str:
+def _tiled_loop(k: int, m: int, mapped: bool) -> str:
+    """Fold lo <= i < hi into acc_0.. in TILE lanes of consecutive elements (lane i % TILE), then the lanes
+    and the remainder: any order, so for commutative operators only. The views y0.. of [lo, hi) start at
+    index 0, so the loop's indices are provably non-negative (no wraparound test to stop vectorisation)."""
+    combine = call("c", "combine", ", ".join([f"t{j}[l]" for j in range(k)] + [f"e{j}" for j in range(k)]), k)
+    return f"""{each("y{j} = x{j}[lo:hi]", m)}
+q = (hi - lo) // {TILE}
+{each("t{j} = np.full(" + str(TILE) + ", id{j})", k)}
+for b in range(q):
+    for l in range({TILE}):
+{indent(_element(k, m, mapped, f"b * {TILE} + l", "e", "y"), 8)}
+        {combine}
+{each("t{j}[l] = c{j}", k, 8)}
+{each("acc{j} = t{j}[0]", k)}
+for l in range(1, {TILE}):
+    {call("acc", "combine", names("acc", k) + ", " + ", ".join(f"t{j}[l]" for j in range(k)), k)}
+for i in range({TILE} * q, hi - lo):
+{indent(_element(k, m, mapped, "i", "e", "y"), 4)}
+    {_combine_into("acc", "e", k)}"""
+
+
+def _fold_source(k: int, m: int, mapped: bool, vector: bool, tiled: bool = False) -> str:
+    if tiled:
+        chunk = _tiled_loop(k, m, mapped)
+        return f"""
+def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
+    n = x0.shape[0]
+    if T == 1:  # no parallel region at all
+        lo = 0
+        hi = n
+{indent(chunk, 8)}
+        return ({names("acc", k)},)
+    for t in prange(T):
+        lo = t * n // T
+        hi = (t + 1) * n // T
+{indent(chunk, 8)}
+{each("p{j}[t] = acc{j}", k, 8)}
+{each("tot{j} = p{j}[0]", k, 4)}
+    for t in range(1, T):
+        {call("tot", "combine", names("tot", k) + ", " + ", ".join(f"p{j}[t]" for j in range(k)), k)}
+    return ({names("tot", k)},)
+"""
     if vector:  # the lane form maps LANES elements at a time, each to its own chain
         serial = f"""lo = 0
 hi = n
@@ -128,39 +179,46 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
 """
 
 
-def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, parallel: bool = True) -> Any:
+def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, parallel: bool = True,
+                commutative: bool = False) -> Any:
     """The compiled kernel(T, x_0..x_{m-1}, id_0..id_{k-1}, p_0..p_{k-1}) -> k-tuple (m = k without mapper).
 
-    The p_j are T-element scratch arrays for the chunk partials, allocated by the driver.
+    The p_j are T-element scratch arrays for the chunk partials, allocated by the driver. `commutative`:
+    the elements may be folded in any order (TILE lanes of consecutive elements), unless the mapper has a
+    lane form, whose vector calls serve better.
     """
     m = k if mapper is None else m
     vector = lane_form(mapper) if LANES == WIDTH else None
-    key = ("fold", combine, mapper, k, m, parallel)
-    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None),
+    tiled = commutative and vector is None
+    key = ("fold", combine, mapper, k, m, parallel, tiled)
+    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None, tiled),
                           {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel)
 
 
 def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], *,
-           chunks: int | None = None) -> tuple:
+           chunks: int | None = None, commutative: bool = False) -> tuple:
     """Reduce k 1-D arrays of one length n (the leaves of n elements) with `combine`.
 
     Returns a tuple of k NumPy scalars of the leaves' dtypes; the identity when n == 0.
     `chunks` overrides the number of parallel chunks (default: one per Numba thread, see host.num_chunks).
+    `commutative`: `combine` is commutative, so the elements may be folded in any order (faster).
     """
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
     dtypes = [a.dtype for a in leaves]
     ident = host.cast_identity(identity, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel), combine, ident, dtypes, leaves, chunks)
+    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel, commutative=commutative), combine, ident,
+                dtypes, leaves, chunks)
 
 
 def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
-               inputs: Sequence[np.ndarray], *, chunks: int | None = None) -> tuple:
+               inputs: Sequence[np.ndarray], *, chunks: int | None = None, commutative: bool = False) -> tuple:
     """Reduce the elements mapper(inputs[0][i], ..., inputs[m-1][i]), i < n, without materialising them.
 
     `mapper` takes m scalars and returns k (a scalar when k == 1); the element dtypes are its result
-    types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes.
+    types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes. `commutative`: as
+    for reduce.
     """
     host.check_function(mapper, "mapper")
     host.check_function(combine, "combine")
@@ -168,7 +226,8 @@ def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any
     inputs = host.check_arrays(inputs, m, 1, "inputs")
     dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
     ident = host.cast_identity(identity, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel), combine, ident, dtypes, inputs, chunks)
+    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel, commutative), combine, ident, dtypes,
+                inputs, chunks)
 
 
 def _run(kernel_for: Callable[[bool], Any], combine: Any, ident: tuple, dtypes: list[np.dtype], xs: list[np.ndarray],

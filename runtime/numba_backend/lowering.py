@@ -149,6 +149,12 @@ def _parallel_beats_numpy(op: str, args: list, depth: int) -> bool:
     return (op != "logaddexp" or x.dtype == np.float64) and _kernels().host.num_chunks(x.size, None) > 1
 
 
+def is_commutative(prim: Reduce) -> bool:
+    """Whether a reduce's operator is commutative, so a kernel may fold its elements in any order: its monoid
+    says so, or it is a recognised operator (+, *, maximum, minimum, logaddexp: commutative in IEEE arithmetic)."""
+    return bool(getattr(prim.monoid, "commutative", False)) or recognize_binary_op(prim.body, prim.num_consts) is not None
+
+
 @numba_impls.register(Reduce)
 def _reduce(prim: Reduce, args: list, depth: int):
     op = recognize_binary_op(prim.body, prim.num_consts)
@@ -164,7 +170,8 @@ def _reduce(prim: Reduce, args: list, depth: int):
     shapes, k = _element_shapes(prim), len(ident)
     xs = args[prim.num_consts + prim.num_leaves:]
     if depth == 0:
-        return _joined(run_kernel(prim, "reduce", combine, k, ident, _split(xs, shapes, 1)), shapes)
+        return _joined(run_kernel(prim, "reduce", combine, k, ident, _split(xs, shapes, 1), commutative=is_commutative(prim)),
+                       shapes)
     rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
     full = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs]
     return _joined(run_kernel(prim, "segmented_reduce", None, combine, k, ident, _split(full, shapes, 2)), shapes)
