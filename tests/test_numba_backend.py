@@ -534,6 +534,53 @@ def test_a_reduce_that_alone_reads_a_run_joins_it(kernel_calls):
     assert kernel_calls == {"map_reduce": 1, "map": 1, **parallel_min}  # shared: the run writes d, then min reads it
 
 
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+def test_folds_recompute_the_cheap_values_they_share(zeros, kernel_calls):
+    """The prod monoid's gradient tests a == 0 once and reads the test three times: to count the zeros, to
+    multiply the non-zero factors and to divide by each. Each fold gets its own copy of the cheap statements
+    it reads and joins them as a map_reduce kernel; the division is one map kernel. No array of n values is
+    written but the gradient."""
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from runtime.numba_backend.passes import prepare
+
+    n = COMPILE_FROM + 9
+    a = rng.uniform(0.999, 1.001, n)
+    a[rng.choice(n, zeros, replace=False)] = 0.0
+
+    def grad(a):
+        return fold.vjp(lambda a: fold.reduce(lambda p, q: p * q, a, identity=1.0), (a,), 1.0)
+
+    prepared = prepare(fold.trace(grad, a))
+    kinds = [("fold" if s.prim.reduce is not None else "map") if isinstance(s.prim, FusedElementwise) else s.prim.name
+             for s in prepared.stmts if s.prim.name != "broadcast"]  # broadcasts are views, never written
+    assert kinds == ["fold", "fold", "eq", "eq", "map"], str(prepared)  # eq: tests of the count, on scalars
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(grad, a), rtol=1e-9)
+    assert kernel_calls == {"map_reduce": 2, "map": 1}
+
+
+def test_a_fold_copies_no_statement_that_reads_a_costly_shared_value():
+    """Where the cheap statements a fold reads start from an exponential that other statements read too, a
+    copy would still read the exponential from memory: the program is left as it is."""
+    from runtime.numba_backend.fold_producers import private_fold_producers
+
+    def f(x):
+        e = fold.exp(x)
+        return fold.sum(e * 2.0 + 1.0), e * 3.0
+
+    def g(x):
+        t = x * 2.0
+        return fold.sum(t + 1.0), t - 1.0
+
+    x = rng.normal(size=50)
+    costly = fold.trace(f, x)
+    assert private_fold_producers(costly) is costly
+    cheap = private_fold_producers(fold.trace(g, x))
+    assert [s.prim.name for s in cheap.stmts] == ["mul", "mul", "add", "sum", "sub"], str(cheap)  # t, then the copy
+    assert_same(*both(g, x))
+
+
 def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(kernel_calls):
     """A map whose body cannot be one scalar function (it multiplies by a captured 64 x 16 matrix) runs
     batched, with the backend's fusions inside the body: its distances-then-minimum is one segmented kernel
@@ -550,13 +597,14 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
         assert_same(*both(cost, points, centroids))
         assert kernel_calls == {"segmented_reduce": 1}
         assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
-    assert kernel_calls["map"] >= 2, kernel_calls
+    # the gradient: its runs are kernels, and its row sums fold private copies of the cheap values they read
+    assert kernel_calls["map"] >= 1 and kernel_calls["segmented_reduce"] >= 3, kernel_calls
 
 
 def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
     """fold.sum over an elementwise run, even of one statement, joins it: at the top level one map_reduce,
     in a batched map body (k-means' |p|^2 beside its distances) one segmented reduce per row; the products
-    are never stored. Integer sums stay with NumPy (exact there; the kernels are for floats)."""
+    are never stored. Integer sums too (exact either way: wrap-around arithmetic is associative)."""
     n = COMPILE_FROM + 3
     x, y = rng.normal(size=n), rng.normal(size=n)
     points, centroids = rng.normal(size=(COMPILE_FROM // 16 + 7, 16)), rng.normal(size=(64, 16))
@@ -576,7 +624,7 @@ def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
         i = rng.integers(-1000, 1000, size=n)
         numpy_result, numba_result = both(lambda i: fold.sum(i * i), i)
         assert numba_result == numpy_result == int(np.sum(i * i))
-        assert kernel_calls == {}
+        assert kernel_calls == {"map_reduce": 1}
 
 
 def test_row_folds_in_a_batched_body_run_on_the_segmented_kernel(kernel_calls):

@@ -28,7 +28,7 @@ from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, is_scalar_program
-from .lowering import decline, numba_impls, run_kernel, sum_reduce_program, worth_compiling
+from .lowering import decline, is_commutative, numba_impls, run_kernel, sum_reduce_program, worth_compiling
 
 ELEMENTWISE = (Elementwise, Convert)  # the primitives a run is made of
 
@@ -98,12 +98,12 @@ def _folds_only_result(stmt: Let, results: Counter) -> bool:
 
 
 def _as_fold(stmt: Let) -> Let:
-    """A sum over the whole of a vector of floats (`fold.sum(p * p)` in a map body) as the equivalent
+    """A sum over the whole of a vector of numbers (`fold.sum(p * p)` in a map body) as the equivalent
     reduce with the sum monoid, which a run can join; any other statement as it is."""
     if not isinstance(stmt.prim, SumAxes) or not isinstance(stmt.args[0], Var):
         return stmt
     x = stmt.args[0]
-    if x.aval.ndim != 1 or stmt.prim.axes != (0,) or x.aval.dtype.kind != "f" or stmt.outs[0].aval.dtype != x.aval.dtype:
+    if x.aval.ndim != 1 or stmt.prim.axes != (0,) or x.aval.dtype.kind not in "fiu" or stmt.outs[0].aval.dtype != x.aval.dtype:
         return stmt
     (reduce,) = sum_reduce_program(x.aval.dtype).stmts
     return Let(stmt.outs, reduce.prim, (reduce.args[0], x))
@@ -150,6 +150,32 @@ def fuse_elementwise(program: Program) -> Program:
         for found in (produced, waiting_outs):
             found.clear()
 
+    def split_off_fold(stmt: Let) -> bool:
+        """If `stmt` folds a value of the open run that it alone reads, made by members nothing else reads:
+        emit those members with the fold as one statement now, and go on with the rest of the run."""
+        nonlocal fused
+        fold_stmt = _as_fold(stmt)
+        x = fold_stmt.args[-1] if fold_stmt.args else None
+        if not isinstance(x, Var) or x not in produced or reads(stmt, waiting_outs):
+            return False
+        maker = {o: m for m in members for o in m.outs}
+        own, pending = {}, [x]
+        while pending:
+            m = maker.get(pending.pop())
+            if m is not None and id(m) not in own:
+                own[id(m)] = m
+                pending.extend(a for a in m.args if isinstance(a, Var))
+        own_stmts = [m for m in members if id(m) in own]
+        inside = Counter(a for m in own_stmts for a in m.args if isinstance(a, Var))
+        outside = Counter({o: uses[o] - inside[o] for m in own_stmts for o in m.outs if uses[o] > inside[o]})
+        if not _folds_only_result(fold_stmt, outside):
+            return False
+        stmts.append(_region(own_stmts + [fold_stmt], set(stmt.outs)))
+        members[:] = [m for m in members if id(m) not in own]
+        produced.difference_update(o for m in own_stmts for o in m.outs)
+        fused = True
+        return True
+
     def reads(stmt: Let, values: set[Var]) -> bool:
         return any(isinstance(a, Var) and a in values for a in stmt.args)
 
@@ -165,6 +191,9 @@ def fuse_elementwise(program: Program) -> Program:
         elif reads(stmt, produced) or reads(stmt, waiting_outs):
             waiting.append(stmt)
             waiting_outs.update(stmt.outs)
+            if split_off_fold(stmt):
+                waiting.pop()
+                waiting_outs.difference_update(stmt.outs)
         else:
             stmts.append(stmt)  # independent of the open run: it runs before the run's statement
     close()
@@ -206,7 +235,8 @@ def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: i
         return decline(prim, f"its reduce operator does not compile: {type(err).__name__}")
     identity = (prim.region.stmts[-1].args[0].value[()],)
     if depth == 0:  # the whole run folded to one value
-        total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs)
+        total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs,
+                           commutative=is_commutative(prim.reduce))
         return None if total is None else [np.asarray(total[0])]
     rows = run_kernel(prim, "segmented_reduce", fn, combine, 1, identity, inputs)  # one fold per row
     return None if rows is None else [rows[0]]
