@@ -9,7 +9,9 @@ reshapes and broadcasts the tracer inserts, a row maximum of an earlier value) a
 
 Broadcast operands (a per-row value against a block) are read as NumPy's zero-stride views, never expanded.
 A reduce that is the only reader of the run's only result joins it (the run's value is then never stored),
-as does a `fold.sum` of a vector of floats (as the sum monoid's reduce), even after a single statement:
+as does a `fold.sum` of a vector (as the sum monoid's reduce), even after a single statement; where the run
+makes other values too, the reduce takes with it the members that only it reads (fold_producers.py gives
+folds private copies of shared cheap members, so that this applies):
 at the top level the whole array is folded (kernels.cpu.map_reduce), one map deep (a batched body, such as
 k-means' minimum over the distances to every centroid, or its |p|^2) each row (kernels.cpu.segmented_reduce).
 The primitive's numpy implementation runs the statements it replaced, so declining is always possible.
