@@ -10,6 +10,7 @@ closed: whatever a body uses from an enclosing scope is passed to it explicitly 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
@@ -115,6 +116,14 @@ def count_statements(program: Program) -> int:
     for stmt in program.stmts:
         total += 1 + sum(count_statements(body) for body in stmt.prim.bodies())
     return total
+
+
+def use_counts(program: Program) -> Counter:
+    """How many times each variable is read at the top level: as a statement's argument or as an output.
+    Rewrites use it to tell a value with one reader (which may be fused away) from a shared one."""
+    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
+    uses.update(a for a in program.outputs if isinstance(a, Var))
+    return uses
 
 
 def reorder_inputs(program: Program, order: list[int]) -> Program:

@@ -312,10 +312,11 @@ def test_reduce_follows_the_thread_count():
 # Commutative folds run in TILE lanes of consecutive elements: sizes either side of a tile and of the chunks
 TILED_SIZES = sorted({(n, c) for c in (None, 1, 3) for n in (0, 1, TILE - 1, TILE, TILE + 1, 3 * TILE + 5, 1001, 100_003)},
                      key=lambda nc: (nc[0], nc[1] or 0))
+TILED_IDS = [f"n{n}-{'auto' if c is None else f'c{c}'}" for n, c in TILED_SIZES]
 COMMUTATIVE_CASES = [(o, d) for o, d in REDUCE_CASES if o in ("add", "mul", "max")]
 
 
-@pytest.mark.parametrize("n,chunks", TILED_SIZES, ids=[f"n{n}-{'auto' if c is None else f'c{c}'}" for n, c in TILED_SIZES])
+@pytest.mark.parametrize("n,chunks", TILED_SIZES, ids=TILED_IDS)
 @pytest.mark.parametrize("op_name,dtype", COMMUTATIVE_CASES, ids=[f"{o}-{d}" for o, d in COMMUTATIVE_CASES])
 def test_commutative_reduce(op_name, dtype, n, chunks):
     op, xs, ident = _case(op_name, dtype, n)
@@ -323,7 +324,7 @@ def test_commutative_reduce(op_name, dtype, n, chunks):
     _check(got, fold_reference(op.fn.py_func, ident, xs), op_name, dtype, f"commutative reduce {op_name} n={n} chunks={chunks}")
 
 
-@pytest.mark.parametrize("n,chunks", TILED_SIZES, ids=[f"n{n}-{'auto' if c is None else f'c{c}'}" for n, c in TILED_SIZES])
+@pytest.mark.parametrize("n,chunks", TILED_SIZES, ids=TILED_IDS)
 def test_commutative_fold_of_two_leaves_and_of_mapped_elements(n, chunks):
     values = _rng("argmax_lowest", n).integers(-20, 20, n).astype(np.float64)  # many ties
     index = np.arange(n, dtype=np.int64)

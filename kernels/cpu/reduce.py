@@ -134,27 +134,12 @@ for i in range({TILE} * q, hi - lo):
 
 
 def _fold_source(k: int, m: int, mapped: bool, vector: bool, tiled: bool = False) -> str:
-    if tiled:
-        chunk = _tiled_loop(k, m, mapped)
-        return f"""
-def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
-    n = x0.shape[0]
-    if T == 1:  # no parallel region at all
-        lo = 0
-        hi = n
-{indent(chunk, 8)}
-        return ({names("acc", k)},)
-    for t in prange(T):
-        lo = t * n // T
-        hi = (t + 1) * n // T
-{indent(chunk, 8)}
-{each("p{j}[t] = acc{j}", k, 8)}
-{each("tot{j} = p{j}[0]", k, 4)}
-    for t in range(1, T):
-        {call("tot", "combine", names("tot", k) + ", " + ", ".join(f"p{j}[t]" for j in range(k)), k)}
-    return ({names("tot", k)},)
-"""
-    if vector:  # the lane form maps LANES elements at a time, each to its own chain
+    if tiled:  # TILE lanes of consecutive elements, serially too
+        serial = f"""lo = 0
+hi = n
+{_tiled_loop(k, m, mapped)}
+return ({names("acc", k)},)"""
+    elif vector:  # the lane form maps LANES elements at a time, each to its own chain
         serial = f"""lo = 0
 hi = n
 {_lanes_loop(k, m, mapped, LANES, vector=True)}
@@ -162,6 +147,7 @@ return ({names("acc", k)},)"""
     else:
         serial = f"""{_fold_loop(k, m, mapped, "0", "n", "s")}
 return ({names("s", k)},)"""
+    chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, LANES, vector=vector)
     return f"""
 def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
     n = x0.shape[0]
@@ -170,7 +156,7 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
     for t in prange(T):
         lo = t * n // T
         hi = (t + 1) * n // T
-{indent(_lanes_loop(k, m, mapped, LANES, vector=vector), 8)}
+{indent(chunk, 8)}
 {each("p{j}[t] = acc{j}", k, 8)}
 {each("tot{j} = p{j}[0]", k, 4)}
     for t in range(1, T):

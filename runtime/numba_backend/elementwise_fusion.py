@@ -25,7 +25,7 @@ from functools import cached_property
 
 import numpy as np
 
-from fold.ir import Let, Lit, Primitive, Program, Var
+from fold.ir import Let, Lit, Primitive, Program, Var, use_counts
 from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
@@ -88,20 +88,27 @@ def _shape(stmt: Let) -> tuple | None:
     return stmt.outs[0].aval.shape
 
 
-def _folds_only_result(stmt: Let, results: Counter) -> bool:
-    """Whether `stmt` is a reduce of scalar elements whose input is the run's only result and read by nothing
-    else (then the run's value is never needed whole), with an identity known when the program is written.
-    `results`: the run's values read after it, with their numbers of readers."""
-    prim = stmt.prim
+def joinable_fold(stmt: Let) -> Let | None:
+    """`stmt` as a reduce a run can join — of scalar elements, one leaf, an identity known when the program
+    is written; a sum over the whole of a vector (`fold.sum(p * p)` in a map body) as the sum monoid's
+    reduce — or None."""
+    fold = _as_sum_reduce(stmt)
+    prim = fold.prim
     if not isinstance(prim, Reduce) or prim.num_consts or prim.num_leaves != 1 or not is_scalar_program(prim.body):
-        return False
-    identity, xs = stmt.args[0], stmt.args[-1]
-    return isinstance(identity, Lit) and identity.value.shape == () and results == Counter({xs: 1})
+        return None
+    identity = fold.args[0]
+    return fold if isinstance(identity, Lit) and identity.value.shape == () else None
 
 
-def _as_fold(stmt: Let) -> Let:
-    """A sum over the whole of a vector of numbers (`fold.sum(p * p)` in a map body) as the equivalent
-    reduce with the sum monoid, which a run can join; any other statement as it is."""
+def _folds_only_result(fold: Let, results: Counter) -> bool:
+    """Whether a joinable fold's input is the run's only result and read by nothing else (then the run's
+    value is never needed whole). `results`: the run's values read after it, with their numbers of readers."""
+    return results == Counter({fold.args[-1]: 1})
+
+
+def _as_sum_reduce(stmt: Let) -> Let:
+    """A sum over the whole of a vector of numbers as the equivalent reduce with the sum monoid; any other
+    statement as it is."""
     if not isinstance(stmt.prim, SumAxes) or not isinstance(stmt.args[0], Var):
         return stmt
     x = stmt.args[0]
@@ -118,8 +125,7 @@ def fuse_elementwise(program: Program) -> Program:
     While a run is open, a statement that reads none of it runs before it; one that reads it (a sum of one
     of its values, say) waits until the run ends, and the run goes on past it as long as no later member
     needs what waits."""
-    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
-    uses.update(a for a in program.outputs if isinstance(a, Var))
+    uses = use_counts(program)
     stmts: list[Let] = []
     members: list[Let] = []
     produced: set[Var] = set()
@@ -136,7 +142,7 @@ def fuse_elementwise(program: Program) -> Program:
         reduce (or a sum of a vector) that alone reads the run's only result."""
         nonlocal fused
         reader = next((s for s in waiting if reads(s, produced)), None)
-        fold_stmt = None if reader is None else _as_fold(reader)
+        fold_stmt = None if reader is None else joinable_fold(reader)
         if fold_stmt is not None and members and _folds_only_result(fold_stmt, outside_uses()):
             stmts.append(_region(members + [fold_stmt], set(reader.outs)))
             waiting.remove(reader)
@@ -156,8 +162,8 @@ def fuse_elementwise(program: Program) -> Program:
         """If `stmt` folds a value of the open run that it alone reads, made by members nothing else reads:
         emit those members with the fold as one statement now, and go on with the rest of the run."""
         nonlocal fused
-        fold_stmt = _as_fold(stmt)
-        x = fold_stmt.args[-1] if fold_stmt.args else None
+        fold_stmt = joinable_fold(stmt)
+        x = None if fold_stmt is None else fold_stmt.args[-1]
         if not isinstance(x, Var) or x not in produced or reads(stmt, waiting_outs):
             return False
         maker = {o: m for m in members for o in m.outs}

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections import Counter
 
 from fold.dce import dce
-from fold.ir import Let, Program, Var
-from fold.primitives import Convert, Elementwise, Reduce, SumAxes
+from fold.ir import Let, Program, Var, use_counts
+from fold.primitives import Convert, Elementwise
 from fold.primitives.elementwise import SCALAR_OPS
+
+from .elementwise_fusion import joinable_fold
 
 CHEAP_OPS = frozenset(name for name, op in SCALAR_OPS.items() if op.kind in ("compare", "logical", "select")) | {
     "add", "sub", "mul", "div", "neg", "abs", "sign", "maximum", "minimum"}
@@ -33,14 +35,9 @@ def _cheap(stmt: Let, shape: tuple) -> bool:
 
 
 def folded_input(stmt: Let) -> Var | None:
-    """The array a fold of scalar elements reads: a reduce's (one leaf, no constants) or a sum of a vector's."""
-    prim = stmt.prim
-    if isinstance(prim, Reduce) and prim.num_consts == 0 and prim.num_leaves == 1:
-        x = stmt.args[-1]
-    elif isinstance(prim, SumAxes) and prim.axes == (0,):
-        x = stmt.args[0]
-    else:
-        return None
+    """The vector a fold reads, if elementwise fusion could join the fold to the statements making it."""
+    fold = joinable_fold(stmt)
+    x = None if fold is None else fold.args[-1]
     return x if isinstance(x, Var) and x.aval.ndim == 1 else None
 
 
@@ -73,8 +70,7 @@ def _copy(stmts: list[Let]) -> dict[Var, Var]:
 def private_fold_producers(program: Program) -> Program:
     """The program with every fold whose cheap elementwise producers are also read elsewhere given copies of
     them of its own, just before it (see the module docstring)."""
-    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
-    uses.update(a for a in program.outputs if isinstance(a, Var))
+    uses = use_counts(program)
     producer = {o: s for s in program.stmts for o in s.outs}
     position = {id(s): i for i, s in enumerate(program.stmts)}
     stmts: list[Let] = []

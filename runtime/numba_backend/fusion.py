@@ -6,12 +6,11 @@ implementation runs the two statements it replaced, so declining is always possi
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from fold.ir import Let, Primitive, Program, Var
+from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.primitives import Map, Reduce
 
 from ..interpreter import numpy_impls
@@ -41,8 +40,7 @@ def _fusable(map_stmt: Let, reduce_stmt: Let) -> bool:
 
 
 def fuse(program: Program) -> Program:
-    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
-    uses.update(a for a in program.outputs if isinstance(a, Var))
+    uses = use_counts(program)
     producer = {v: s for s in program.stmts for v in s.outs}
     fused_maps: set[int] = set()
     stmts: list[Let] = []

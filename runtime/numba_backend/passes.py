@@ -20,8 +20,9 @@ _prepared: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictio
 def prepare(program: Program) -> Program:
     """The program with the backend's fusions applied to its top level (scan pairs read by a map, scans
     with the maps that make their elements and read their results, maps read by a reduce, maps of scalar maps
-    as elementwise statements, scaled matrix products as products of a scaled operand, folds with private copies of the cheap values
-    they read, runs of elementwise statements); memoised, since gemm block programs are run many times."""
+    as elementwise statements, scaled matrix products as products of a scaled operand, folds with private
+    copies of the cheap values they read, runs of elementwise statements); memoised, since gemm block
+    programs are run many times."""
     found = _prepared.get(program)
     if found is None:
         found = _prepared[program] = fuse_elementwise(private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fold.ir import Let, Lit, Program, Var
+from fold.ir import Let, Lit, Program, Var, use_counts
 from fold.primitives import Elementwise, MatMul
 
 
@@ -31,8 +31,7 @@ def _scaled_product(stmt: Let, producer: dict, uses: Counter) -> tuple[Let, Lit]
 def hoist_scales(program: Program) -> Program:
     """`program` with each matmul whose only reader scales it by a scalar literal computing the scaled product
     directly, the scale applied to the operand with fewer entries (top level only)."""
-    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
-    uses.update(a for a in program.outputs if isinstance(a, Var))
+    uses = use_counts(program)
     producer = {v: s for s in program.stmts for v in s.outs}
     rewritten: dict[int, list[Let]] = {}
     removed: set[int] = set()

@@ -21,7 +21,7 @@ import numpy as np
 
 from fold.dce import dce
 from fold.inline import inline_program
-from fold.ir import Let, Lit, Primitive, Program, Var
+from fold.ir import Let, Lit, Primitive, Program, Var, use_counts
 from fold.primitives import Map, Scan
 from fold.recognize import recognize_binary_op
 from fold.tracing import trace_body
@@ -186,8 +186,7 @@ def _group(scan: Let, producer: dict, uses: Counter, outputs: set) -> tuple[list
 def fuse_map_scans(program: Program) -> Program:
     """`program` with each scan that has maps making its elements or a map reading it, and those maps, as one
     FusedMapScan statement in the place of the group's last statement (top level only; a map joins one group)."""
-    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
-    uses.update(a for a in program.outputs if isinstance(a, Var))
+    uses = use_counts(program)
     outputs = {a for a in program.outputs if isinstance(a, Var)}
     producer = {v: s for s in program.stmts for v in s.outs}
     replaced: dict[int, Let] = {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fold.ir import Let, Primitive, Program, Var, reorder_inputs
+from fold.ir import Let, Primitive, Program, Var, reorder_inputs, use_counts
 from fold.primitives import Map, Scan
 
 from ..interpreter import numpy_impls
@@ -101,8 +101,7 @@ def _fused(map_stmt: Let, producer: dict, uses: Counter) -> tuple[Let, set[int]]
 
 
 def fuse_scan_pairs(program: Program) -> Program:
-    uses = Counter(a for s in program.stmts for a in s.args if isinstance(a, Var))
-    uses.update(a for a in program.outputs if isinstance(a, Var))
+    uses = use_counts(program)
     producer = {v: s for s in program.stmts for v in s.outs}
     replaced: dict[int, Let] = {}
     removed: set[int] = set()
