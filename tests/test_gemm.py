@@ -115,6 +115,19 @@ def test_layer_with_one_row_or_column(name, block, mn):
     _check_layer(layer, args, cot, block, "float64")
 
 
+@pytest.mark.parametrize("block", [None, (2, 3)], ids=str)
+def test_no_columns_gives_the_identity_in_every_row_and_no_rows_an_empty_result(block):
+    """The running totals of a row block start from its first column block's totals, not from the identity:
+    with no column at all they must still be the identity."""
+    rng = np.random.default_rng(9)
+    Q, V = rng.standard_normal((5, 4)), rng.standard_normal((0, 3))
+    out = fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, v: {"z": s, "v": v}, Q, np.zeros((0, 4)), cols=(V,), block=block)
+    assert out["z"].shape == (5,) and out["v"].shape == (5, 3)
+    assert np.all(out["z"] == -np.inf) and np.all(out["v"] == 0.0)
+    lse = fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, np.zeros((0, 4)), rng.standard_normal((6, 4)), block=block)
+    assert lse.shape == (0,)
+
+
 def test_default_block_covers_a_small_matrix_in_one_block():
     Q, K, V = _attention_args(np.random.default_rng(0), M, N, "float64")[0]
     program = fold.trace(L.attention, Q, K, V)

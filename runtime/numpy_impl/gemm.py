@@ -1,8 +1,9 @@
 """gemm_map_reduce on the numpy backend: a walk over (row block, column block) pairs.
 
-For each row block, the running totals start at the identity; each column block's program (a BLAS matrix
-product, the map, the block fold) gives the block totals, folded in with the monoid's operator. Only one
-block's intermediates are alive at a time.
+For each row block, each column block's program (a BLAS matrix product, the map, the block fold) gives the
+block totals, folded into the running totals with the monoid's operator; the first block's totals are the
+running totals (identity . T = T, so the operator is not run on the identity). Only one block's
+intermediates are alive at a time.
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = 
     _at_top_level(prim, depth)
     consts, identity, rows, cols = split_gemm_args(prim, args)
     m, n = rows[0].shape[0], cols[0].shape[0]
-    totals = [np.array(np.broadcast_to(e, (m,) + e.shape)) for e in identity]
+    totals = [np.empty((m,) + np.shape(e), np.asarray(e).dtype) for e in identity]
     for i0, i1, col_blocks in _blocks(m, n, prim.block):
-        running = [t[i0:i1] for t in totals]
+        running = None
         row_blk = [r[i0:i1] for r in rows]
         for j0, j1 in col_blocks:
             block_totals = run_block(prim.block_program((i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
-            running = eval_program(prim.op, running + block_totals, depth=1)
-        for t, r in zip(totals, running, strict=True):
+            running = block_totals if running is None else eval_program(prim.op, running + block_totals, depth=1)
+        for t, r in zip(totals, identity if running is None else running, strict=True):
             t[i0:i1] = r
     return totals
 
