@@ -45,8 +45,13 @@ def _matrices(where: str, name: str, xs: tuple) -> tuple[list, list[ShapedArray]
 
 
 def choose_block(m: int, n: int, per_pair_bytes: int, budget: int) -> tuple[int, int]:
-    side = max(int(math.sqrt(budget / max(per_pair_bytes, 1))), 32)
-    return max(min(m, side), 1), max(min(n, side * 2), 1)
+    """(rows, columns) of a block whose intermediates take about `budget` bytes: side x 2 side pairs, and
+    where there are fewer columns than that (k-means' 64 centroids), as many more rows as the budget holds,
+    so that few columns do not mean a thousand small blocks, each paying its per-block overhead."""
+    per_pair = max(per_pair_bytes, 1)
+    side = max(int(math.sqrt(budget / per_pair)), 32)
+    cols = max(min(n, side * 2), 1)
+    return max(min(m, max(side, budget // (per_pair * cols))), 1), cols
 
 
 def _check_block(where: str, block: Any) -> tuple[int, int] | None:

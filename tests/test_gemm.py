@@ -642,3 +642,23 @@ def test_block_size_follows_the_memory_budget():
     run = lambda budget: fold.run(lambda Q, K, V: fold.gemm_map_reduce(  # noqa: E731
         fold.monoids.logwsum, lambda s, v: {"z": s, "v": v}, Q, K, cols=(V,), budget=budget)["v"], Q, K, V)
     np.testing.assert_allclose(run(2**16), run(2**26), rtol=1e-12, atol=1e-13)  # blocks reassociate the fold
+
+
+def test_few_columns_give_taller_blocks_within_the_same_budget():
+    """With fewer columns than a block's width (k-means' centroids), blocks take more rows instead, about as
+    many pairs as a wide problem's blocks under the same budget, rather than a square block's worth of rows."""
+    rng = np.random.default_rng(14)
+    P, wide, narrow = rng.normal(size=(20000, 8)), rng.normal(size=(20000, 8)), rng.normal(size=(16, 8))
+
+    def block(C, budget=2**20):
+        program = fold.trace(lambda P, C: fold.gemm_map_reduce(fold.monoids.min, lambda s: s, P, C, budget=budget), P, C)
+        (stmt,) = [s for s in program.stmts if isinstance(s.prim, GemmMapReduce)]
+        return stmt.prim.block
+
+    (wide_rows, wide_cols), (rows, cols) = block(wide), block(narrow)
+    assert cols == 16 and wide_cols < 20000, (wide_rows, wide_cols, rows, cols)
+    assert rows > 4 * wide_rows and 0.5 * wide_rows * wide_cols <= rows * cols <= 2 * wide_rows * wide_cols, \
+        (wide_rows, wide_cols, rows, cols)
+    assert block(narrow, budget=2**30)[0] == 20000  # never more rows than there are
+    got = fold.run(lambda P, C: fold.gemm_map_reduce(fold.monoids.min, lambda s: s, P, C, budget=2**20), P, narrow)
+    np.testing.assert_allclose(got, (P @ narrow.T).min(axis=1), rtol=1e-12, atol=1e-12)  # BLAS may round differently
