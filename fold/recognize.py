@@ -5,14 +5,27 @@
 
 from __future__ import annotations
 
+import weakref
+
 from .ir import Program, Var
 from .primitives import Elementwise
 
 KNOWN_BINARY_OPS = ("add", "mul", "maximum", "minimum", "logaddexp")
 
 
+_recognized: "weakref.WeakKeyDictionary[Program, dict[int, str | None]]" = weakref.WeakKeyDictionary()
+
+
 def recognize_binary_op(body: Program, num_consts: int = 0) -> str | None:
-    """The name of the elementwise op the body applies to its two (single-leaf) arguments, if that is all it does."""
+    """The name of the elementwise op the body applies to its two (single-leaf) arguments, if that is all it does.
+    Memoised per body: backends ask on every call of a fold."""
+    per_body = _recognized.setdefault(body, {})
+    if num_consts not in per_body:
+        per_body[num_consts] = _recognize(body, num_consts)
+    return per_body[num_consts]
+
+
+def _recognize(body: Program, num_consts: int) -> str | None:
     if num_consts or len(body.inputs) != 2 or len(body.outputs) != 1 or len(body.stmts) != 1:
         return None
     (stmt,) = body.stmts

@@ -81,24 +81,30 @@ def read_atom(env: dict, atom: Atom, depth: int) -> np.ndarray:
 def eval_program(program: Program, args: Sequence[np.ndarray], depth: int = 0) -> list[np.ndarray]:
     """Run `program` on `args` (each with `depth` leading batch dimensions) and return its outputs."""
     env: dict = dict(zip(program.inputs, args, strict=True))
-    for stmt, dead in zip(program.stmts, _dead_after(program), strict=True):
-        values = [read_atom(env, a, depth) for a in stmt.args]
-        outs = run_statement(stmt.prim, values, depth, [v.aval for v in stmt.outs])
-        for var, value in zip(stmt.outs, outs, strict=True):
-            env[var] = value
-        for var in dead:
-            env.pop(var, None)
+    with np.errstate(all="ignore"):  # once per program, not per statement: it costs as much as a small one
+        for stmt, dead in zip(program.stmts, _dead_after(program), strict=True):
+            values = [read_atom(env, a, depth) for a in stmt.args]
+            outs = _run(stmt.prim, values, depth, [v.aval for v in stmt.outs])
+            for var, value in zip(stmt.outs, outs, strict=True):
+                env[var] = value
+            for var in dead:
+                env.pop(var, None)
     return [read_atom(env, a, depth) for a in program.outputs]
 
 
 def run_statement(prim, values: list[np.ndarray], depth: int, out_avals: list) -> list[np.ndarray]:
     """One primitive on batched arrays, with NumPy's own errors turned into a FoldRuntimeError."""
+    with np.errstate(all="ignore"):
+        return _run(prim, values, depth, out_avals)
+
+
+def _run(prim, values: list[np.ndarray], depth: int, out_avals: list) -> list[np.ndarray]:
+    """run_statement for callers already inside np.errstate(all="ignore")."""
     override = _override(prim)
     try:
-        with np.errstate(all="ignore"):
-            outs = override(prim, values, depth) if override is not None else None
-            if outs is None:
-                outs = numpy_impls.lookup(prim)(prim, values, depth)
+        outs = override(prim, values, depth) if override is not None else None
+        if outs is None:
+            outs = numpy_impls.lookup(prim)(prim, values, depth)
     except FoldError:
         raise
     except Exception as err:  # a NumPy failure deep inside: name the statement instead of leaking a traceback

@@ -353,6 +353,25 @@ def test_compile_time_is_reported_apart_from_run_time():
     assert f.compile_seconds == first  # a second call compiles nothing
 
 
+def test_numba_compile_time_is_charged_to_the_program_that_compiles():
+    """The backend's own clock (Numba's compile events) counts a kernel compiled during a program's call, and
+    only for that program: a constant no other test uses makes sure the kernel is new to the disk cache too."""
+    from runtime.backends import get_backend
+
+    unique = float(np.random.default_rng().integers(1, 2**40)) + 0.5
+    x = rng.normal(size=COMPILE_FROM)
+    backend = get_backend("numba")
+    compiling = backend.compile(fold.trace(lambda x: fold.reduce(lambda a, b: a * b + unique * a * b, x, identity=1.0), x))
+    bystander = backend.compile(fold.trace(lambda x: x * 2.0, x))
+    bystander([x])
+    untouched = bystander.compile_seconds
+    compiling([x])
+    first = compiling.compile_seconds
+    assert first > 0.0 and bystander.compile_seconds == untouched
+    compiling([x])
+    assert compiling.compile_seconds == first
+
+
 _CACHE_SCRIPT = """
 import sys, numpy as np, fold
 from kernels.cpu import codegen

@@ -145,4 +145,6 @@ def num_chunks(n: int, chunks: int | None, min_chunk: int = MIN_CHUNK) -> int:
     """
     if chunks is not None:
         return min(check_count(chunks, "chunks"), n)
+    if n < 2 * min_chunk:  # one chunk whatever the thread count (asking Numba for it costs a microsecond)
+        return 1
     return max(1, min(numba.get_num_threads(), n // min_chunk))

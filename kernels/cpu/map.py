@@ -10,6 +10,7 @@ the work. A mapper with a lane form (kernels.cpu.lanes) maps WIDTH consecutive e
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -99,7 +100,7 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     dtypes = host.result_dtypes(mapper, [np.asarray(c).dtype for c in consts] + [a.dtype for a in inputs], k, "mapper")
     shape = inputs[0].shape
     outs = host.outputs(out, dtypes, shape, "out")
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     if size > 0:
         T = host.num_chunks(size, None) if parallel is None else 1 + bool(parallel)
         map_kernel(mapper, k, m, T > 1, len(consts), ndim)(T, *consts, *inputs, *outs)

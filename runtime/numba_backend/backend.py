@@ -3,6 +3,8 @@ then interpret with the kernel lowerings tried before the numpy implementations.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Sequence
 
 import numpy as np
@@ -19,6 +21,31 @@ from .passes import prepare
 from .lowering import numba_impls
 
 
+class _CompileClock(event.Listener):
+    """Charges the time of Numba's compile events to the program this thread is running. Registered once:
+    installing a timer per call cost as much as running a small program. Compile events nest; only the
+    outermost is timed."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def on_start(self, _event) -> None:
+        depth = getattr(self.local, "depth", 0)
+        if depth == 0:
+            self.local.start = time.perf_counter()
+        self.local.depth = depth + 1
+
+    def on_end(self, _event) -> None:
+        self.local.depth -= 1
+        program = getattr(self.local, "program", None)
+        if self.local.depth == 0 and program is not None:
+            program.compile_seconds += time.perf_counter() - self.local.start
+
+
+_clock = _CompileClock()
+event.register("numba:compile", _clock)
+
+
 class CompiledNumbaProgram:
     """A fused program run with the numba lowerings. Kernels compile (or load from the disk cache) when a
     call first needs them, for the dtypes it brings; `compile_seconds` is the time Numba spent on that,
@@ -28,12 +55,14 @@ class CompiledNumbaProgram:
         self.program = prepare(program)
         self.compile_seconds = 0.0
 
-    def _add_compile_time(self, seconds: float) -> None:
-        self.compile_seconds += seconds
-
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-        with event.install_timer("numba:compile", self._add_compile_time), lowering(numba_impls):
-            return eval_program(self.program, list(args))
+        outer = getattr(_clock.local, "program", None)
+        _clock.local.program = self
+        try:
+            with lowering(numba_impls):
+                return eval_program(self.program, list(args))
+        finally:
+            _clock.local.program = outer
 
 
 class NumbaBackend:

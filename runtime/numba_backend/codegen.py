@@ -106,7 +106,7 @@ def is_scalar_program(program: Program) -> bool:
 
 def components(aval) -> int:
     """How many scalars a value of this aval is written as."""
-    return int(np.prod(aval.shape, dtype=np.int64))
+    return aval.size
 
 
 def _literal(value) -> str:

@@ -19,6 +19,7 @@ The primitive's numpy implementation runs the statements it replaced, so declini
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -222,7 +223,7 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
         return None
     shape = np.broadcast_shapes(*[x.shape for x in args])
     run_ndim = prim.region.stmts[0].outs[0].aval.ndim  # the shape the elementwise statements run over
-    if len(shape) not in (1, 2) or len(shape) != depth + run_ndim or not worth_compiling(int(np.prod(shape))):
+    if len(shape) not in (1, 2) or len(shape) != depth + run_ndim or not worth_compiling(math.prod(shape)):
         return None  # NumPy's passes are cheap at this size; the kernel is for large arrays
     try:
         fn = compile_scalar_program(prim.body)

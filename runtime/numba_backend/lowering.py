@@ -8,7 +8,9 @@ that captures values, a typing failure), the rule declines with one warning nami
 
 from __future__ import annotations
 
+import math
 import warnings
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -103,7 +105,7 @@ def _joined(parts, shapes: list[tuple]) -> list[np.ndarray] | None:
 
 
 def components_of(shape: tuple) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(int(s) for s in shape)
 
 
 def run_kernel(prim, kernel: str, *args, **kwargs):
@@ -280,14 +282,28 @@ def block_rows(body: Program, num_consts: int, n: int) -> int:
     as many as fit, at least MIN_BLOCK_ROWS). k-means' distances to 64 centroids, then their minimum: the
     (n, 64) products and distances are never written to memory. Values computed from the captured ones
     alone (a transposed weight matrix) are the same for every row, held once: they do not count."""
-    varying = set(body.inputs[num_consts:])
-    for stmt in body.stmts:
-        if any(isinstance(a, Var) and a in varying for a in stmt.args):
-            varying.update(stmt.outs)
-    widest = max((o.aval.nbytes for stmt in body.stmts for o in stmt.outs if o in varying), default=0)
-    if widest * n <= 2 * BLOCK_BYTES or widest < WIDENING * max(sum(a.nbytes for a in body.out_avals), 1):
+    widest, results = _row_widths(body, num_consts)
+    if widest * n <= 2 * BLOCK_BYTES or widest < WIDENING * results:
         return max(n, 1)
     return max(MIN_BLOCK_ROWS, BLOCK_BYTES // widest)
+
+
+def _row_widths(body: Program, num_consts: int) -> tuple[int, int]:
+    """(bytes per row of the body's widest value that varies with the row, bytes per row of its results, at
+    least 1); memoised, since a blocked map asks once per call."""
+    per_body = _widths.setdefault(body, {})
+    found = per_body.get(num_consts)
+    if found is None:
+        varying = set(body.inputs[num_consts:])
+        for stmt in body.stmts:
+            if any(isinstance(a, Var) and a in varying for a in stmt.args):
+                varying.update(stmt.outs)
+        widest = max((o.aval.nbytes for stmt in body.stmts for o in stmt.outs if o in varying), default=0)
+        found = per_body[num_consts] = (widest, max(sum(a.nbytes for a in body.out_avals), 1))
+    return found
+
+
+_widths: "weakref.WeakKeyDictionary[Program, dict[int, tuple[int, int]]]" = weakref.WeakKeyDictionary()
 
 
 # Measured on k-means' cost (10^6 points, 64 centroids, 2 cores): blocks of 8 MiB of the widest value
