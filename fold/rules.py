@@ -35,6 +35,10 @@ class RuleTable:
             raise MissingRuleError(f"no {self.name} rule for primitive '{name}' ({type(prim).__name__})")
         return rule
 
+    def get(self, prim: object) -> Callable | None:
+        """The rule for `prim`'s type, or None (lookup without the error, for tables tried in turn)."""
+        return self._rules.get(type(prim))
+
     def __contains__(self, prim_type: type) -> bool:
         return prim_type in self._rules
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -39,12 +40,10 @@ def lowering(table: RuleTable):
 
 def _override(prim):
     for table in reversed(getattr(_overrides, "stack", ())):
-        if type(prim) in table:
-            return table.lookup(prim)
+        rule = table.get(prim)
+        if rule is not None:
+            return rule
     return None
-
-_last_uses: "weakref.WeakKeyDictionary[Program, list[list[Var]]]" = weakref.WeakKeyDictionary()
-
 
 def last_use(program: Program) -> dict[Var, int]:
     """The index of the last statement that reads each variable."""
@@ -56,19 +55,36 @@ def last_use(program: Program) -> dict[Var, int]:
     return last
 
 
-def _dead_after(program: Program) -> list[list[Var]]:
-    """For each statement, the variables whose last use it is (so their arrays can be freed after it)."""
-    cached = _last_uses.get(program)
-    if cached is not None:
-        return cached
-    last = last_use(program)
-    keep = {a for a in program.outputs if isinstance(a, Var)}
-    dead: list[list[Var]] = [[] for _ in program.stmts]
-    for var, i in last.items():
-        if var not in keep:
-            dead[i].append(var)
-    _last_uses[program] = dead
-    return dead
+@dataclass(frozen=True)
+class _Step:
+    """One statement as eval_program runs it, worked out once per program: the arguments (all variables, or
+    not), the result avals, and the variables whose last use it is (their arrays are freed after it)."""
+
+    prim: object
+    args: tuple
+    all_vars: bool
+    outs: tuple
+    out_avals: list
+    dead: tuple
+
+
+_plans: "weakref.WeakKeyDictionary[Program, tuple[_Step, ...]]" = weakref.WeakKeyDictionary()
+
+
+def _plan(program: Program) -> tuple[_Step, ...]:
+    found = _plans.get(program)
+    if found is None:
+        last = last_use(program)
+        keep = {a for a in program.outputs if isinstance(a, Var)}
+        dead: list[list[Var]] = [[] for _ in program.stmts]
+        for var, i in last.items():
+            if var not in keep:
+                dead[i].append(var)
+        found = _plans[program] = tuple(
+            _Step(stmt.prim, tuple(stmt.args), all(isinstance(a, Var) for a in stmt.args), tuple(stmt.outs),
+                  [v.aval for v in stmt.outs], tuple(d))
+            for stmt, d in zip(program.stmts, dead, strict=True))
+    return found
 
 
 def read_atom(env: dict, atom: Atom, depth: int) -> np.ndarray:
@@ -82,12 +98,12 @@ def eval_program(program: Program, args: Sequence[np.ndarray], depth: int = 0) -
     """Run `program` on `args` (each with `depth` leading batch dimensions) and return its outputs."""
     env: dict = dict(zip(program.inputs, args, strict=True))
     with np.errstate(all="ignore"):  # once per program, not per statement: it costs as much as a small one
-        for stmt, dead in zip(program.stmts, _dead_after(program), strict=True):
-            values = [read_atom(env, a, depth) for a in stmt.args]
-            outs = _run(stmt.prim, values, depth, [v.aval for v in stmt.outs])
-            for var, value in zip(stmt.outs, outs, strict=True):
+        for step in _plan(program):
+            values = [env[a] for a in step.args] if step.all_vars else [read_atom(env, a, depth) for a in step.args]
+            outs = _run(step.prim, values, depth, step.out_avals)
+            for var, value in zip(step.outs, outs, strict=True):
                 env[var] = value
-            for var in dead:
+            for var in step.dead:
                 env.pop(var, None)
     return [read_atom(env, a, depth) for a in program.outputs]
 
