@@ -483,6 +483,28 @@ def test_elementwise_runs_become_one_statement_writing_only_what_is_used_later()
         assert_same(*both(_softmax_rows, x, r))
 
 
+def test_a_jitted_program_leaves_runs_too_small_to_compile_unfused():
+    """A jitted program's shapes are its arrays': a run smaller than COMPILE_FROM elements would only decline
+    to the statements it replaced, so it is not fused, while a map body's (rows on top) and a large run are."""
+    from runtime.backends import get_backend
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from runtime.numba_backend.passes import prepare
+
+    f = lambda x: fold.where(x > 0.0, fold.exp(-x) * x, fold.sin(x) + 1.0)  # noqa: E731
+
+    def fused_runs(program):
+        return sum(isinstance(s.prim, FusedElementwise) for s in program.stmts)
+
+    small, large = rng.normal(size=COMPILE_FROM - 1), rng.normal(size=COMPILE_FROM)
+    backend = get_backend("numba")
+    assert fused_runs(backend.compile(fold.trace(f, small)).program) == 0
+    assert fused_runs(backend.compile(fold.trace(f, large)).program) == 1
+    assert fused_runs(prepare(fold.trace(f, small))) == 1  # as a map body: its rows multiply the size
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, small))
+
+
 @pytest.mark.parametrize("shape", [(COMPILE_FROM // 100 + 1, 100), (COMPILE_FROM + 1,)], ids=["2-D", "1-D"])
 def test_elementwise_runs_of_large_arrays_are_one_parallel_kernel(shape, kernel_calls):
     x = rng.normal(size=shape)

@@ -52,7 +52,7 @@ class CompiledNumbaProgram:
     which `fold.jit` reports apart from run time."""
 
     def __init__(self, program: Program):
-        self.program = prepare(program)
+        self.program = prepare(program, whole_arrays=True)
         self.compile_seconds = 0.0
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:

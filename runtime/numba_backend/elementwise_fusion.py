@@ -119,13 +119,15 @@ def _as_sum_reduce(stmt: Let) -> Let:
     return Let(stmt.outs, reduce.prim, (reduce.args[0], x))
 
 
-def fuse_elementwise(program: Program) -> Program:
+def fuse_elementwise(program: Program, min_size: int = 0) -> Program:
     """The program with each run of at least two elementwise statements of one shape as one statement, and
     each run (of one statement or more) that a reduce alone reads as one statement with that reduce.
 
     While a run is open, a statement that reads none of it runs before it; one that reads it (a sum of one
     of its values, say) waits until the run ends, and the run goes on past it as long as no later member
-    needs what waits."""
+    needs what waits. `min_size`: statements over fewer elements are left alone, for programs whose shapes
+    are the arrays' own (not a map body's, whose rows come on top), where the fused statement would only
+    decline to run them one by one."""
     uses = use_counts(program)
     stmts: list[Let] = []
     members: list[Let] = []
@@ -190,6 +192,8 @@ def fuse_elementwise(program: Program) -> Program:
 
     for stmt in program.stmts:
         shape = _shape(stmt)
+        if shape is not None and math.prod(shape) < min_size:
+            shape = None
         if shape is not None and members and shape == members[0].outs[0].aval.shape and not reads(stmt, waiting_outs):
             members.append(stmt)
             produced.update(stmt.outs)

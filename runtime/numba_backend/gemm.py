@@ -14,7 +14,7 @@ from .passes import prepare
 
 
 def _run_block(program: Program, inputs: list) -> list:
-    return eval_program(prepare(program), inputs)
+    return eval_program(prepare(program, whole_arrays=True), inputs)
 
 
 @numba_impls.register(GemmMapReduce)
