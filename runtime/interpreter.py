@@ -64,7 +64,7 @@ class _Step:
     args: tuple
     all_vars: bool
     outs: tuple
-    out_avals: list
+    out_avals: tuple
     dead: tuple
 
 
@@ -82,7 +82,7 @@ def _plan(program: Program) -> tuple[_Step, ...]:
                 dead[i].append(var)
         found = _plans[program] = tuple(
             _Step(stmt.prim, tuple(stmt.args), all(isinstance(a, Var) for a in stmt.args), tuple(stmt.outs),
-                  [v.aval for v in stmt.outs], tuple(d))
+                  tuple(v.aval for v in stmt.outs), tuple(d))
             for stmt, d in zip(program.stmts, dead, strict=True))
     return found
 
@@ -114,7 +114,7 @@ def run_statement(prim, values: list[np.ndarray], depth: int, out_avals: list) -
         return _run(prim, values, depth, out_avals)
 
 
-def _run(prim, values: list[np.ndarray], depth: int, out_avals: list) -> list[np.ndarray]:
+def _run(prim, values: list[np.ndarray], depth: int, out_avals: Sequence) -> list[np.ndarray]:
     """run_statement for callers already inside np.errstate(all="ignore")."""
     override = _override(prim)
     try:
