@@ -285,6 +285,36 @@ def test_runtime_numpy_failures_are_fold_errors_naming_the_statement() -> None:
     assert isinstance(err, RuntimeError)
 
 
+def test_rule_tables_name_the_missing_rule_and_refuse_a_second_one() -> None:
+    """get() answers None where lookup() raises a MissingRuleError naming the primitive and the table (the
+    interpreter tries the backend's table with get(), then the numpy table's lookup())."""
+    from dataclasses import dataclass
+
+    from fold.ir import Primitive
+    from fold.primitives import Elementwise
+    from fold.rules import RuleTable
+
+    @dataclass(frozen=True)
+    class Unruled(Primitive):
+        name = "unruled"
+        backend_internal = True  # kept out of the coverage tests that list every primitive of the language
+
+    table = RuleTable("test table")
+
+    @table.register(Elementwise)
+    def rule(*_):
+        return "elementwise"
+
+    elementwise = Elementwise("add")
+    assert table.get(elementwise) is rule and table.lookup(elementwise) is rule
+    other = Unruled()
+    assert table.get(other) is None and Unruled not in table
+    with pytest.raises(fold.MissingRuleError, match=r"no test table rule for primitive 'unruled' \(Unruled\)"):
+        table.lookup(other)
+    with pytest.raises(ValueError, match="already registered"):
+        table.register(Elementwise)(rule)
+
+
 def test_every_fold_error_class_derives_from_fold_error() -> None:
     for name in ["ConcretizationError", "EscapedTracerError", "FoldIndexError", "FoldRuntimeError", "FoldTypeError",
                  "MissingRuleError", "MonoidLawError", "ProgramError", "ShapeError", "StructureError"]:
