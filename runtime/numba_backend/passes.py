@@ -13,6 +13,7 @@ from .lowering import COMPILE_FROM
 from .scale_hoisting import hoist_scales
 from .scan_fusion import fuse_map_scans
 from .scan_pair_fusion import fuse_scan_pairs
+from .shared_views import share_views
 from .unnest import unnest_maps
 
 _prepared: "weakref.WeakKeyDictionary[Program, dict[bool, Program]]" = weakref.WeakKeyDictionary()
@@ -22,12 +23,12 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     """The program with the backend's fusions applied to its top level (scan pairs read by a map, scans
     with the maps that make their elements and read their results, maps read by a reduce, maps of scalar maps
     as elementwise statements, scaled matrix products as products of a scaled operand, folds with private
-    copies of the cheap values they read, runs of elementwise statements); memoised, since gemm block
+    copies of the cheap values they read, repeated views merged, runs of elementwise statements); memoised, since gemm block
     programs are run many times. `whole_arrays`: the program runs on arrays of its own shapes (a jitted
     program, a gemm block; not a map body), so elementwise runs too small to compile stay unfused."""
     per_program = _prepared.setdefault(program, {})
     found = per_program.get(whole_arrays)
     if found is None:
-        fused = private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program))))))
+        fused = share_views(private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))))
         found = per_program[whole_arrays] = fuse_elementwise(fused, COMPILE_FROM if whole_arrays else 0)
     return found

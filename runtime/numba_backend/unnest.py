@@ -25,16 +25,21 @@ def _inner_map(stmt: Let) -> Let | None:
         return None
     inner = body.stmts[0]
     ib = inner.prim.body
-    used = {a for s in ib.stmts for a in s.args if isinstance(a, Var)}
+    used = _used(ib)
     scalar = all(v.aval.shape == () for v in ib.inputs if v in used) and all(o.aval.shape == () for s in ib.stmts for o in s.outs)
     if not scalar or not all(isinstance(s.prim, ELEMENTWISE) for s in ib.stmts):
         return None
-    produced = [o for s in ib.stmts for o in s.outs]
-    if tuple(body.outputs) != tuple(inner.outs) or not all(isinstance(o, Var) and o in produced for o in ib.outputs):
+    known = {o for s in ib.stmts for o in s.outs} | set(ib.inputs)
+    if tuple(body.outputs) != tuple(inner.outs) or not all(isinstance(o, Var) and o in known for o in ib.outputs):
         return None
     if len(set(ib.outputs)) != len(ib.outputs):
         return None
     return inner
+
+
+def _used(body: Program) -> set[Var]:
+    """The inner body's inputs and values that its statements read or that it returns."""
+    return {a for s in body.stmts for a in s.args if isinstance(a, Var)} | {o for o in body.outputs if isinstance(o, Var)}
 
 
 def _view(stmts: list[Let], value, shape: tuple[int, int], axis: int | None):
@@ -67,7 +72,7 @@ def _unnest(stmt: Let) -> list[Let] | None:
     shape = (rows, cols)
     # each outer-body input: the top-level value it comes from, and whether it is captured (whole) or a row
     source = {v: (a, i >= nc) for i, (v, a) in enumerate(zip(outer_body.inputs, stmt.args, strict=True))}
-    used = {a for s in inner.prim.body.stmts for a in s.args if isinstance(a, Var)}
+    used = _used(inner.prim.body)
     stmts: list[Let] = []
     operand = {}
     for k, (param, arg) in enumerate(zip(inner.prim.body.inputs, inner.args, strict=True)):
@@ -92,6 +97,9 @@ def _unnest(stmt: Let) -> list[Let] | None:
         outs = tuple(final.get(o) or Var(o.aval.update(shape=shape), o.hint) for o in s.outs)
         operand.update(zip(s.outs, outs, strict=True))
         stmts.append(Let(outs, s.prim, tuple(a if isinstance(a, Lit) else operand[a] for a in s.args)))
+    for param in (o for o in inner.prim.body.outputs if o in inner.prim.body.inputs):  # an operand returned as it is
+        value = operand[param]
+        stmts.append(Let((final[param],), BroadcastTo(shape), (value,)))
     return stmts
 
 

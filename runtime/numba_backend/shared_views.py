@@ -1,0 +1,41 @@
+"""One variable per view: repeated broadcasts and reshapes of a value merged, identity ones dropped.
+
+Rewrites that each write their own operands (unnest.py gives every nested map its own per-row and
+per-column broadcasts) leave several variables for one view of one value. Elementwise fusion then passes
+each as a separate kernel input, and a kernel of many inputs loses its four-lane form (codegen's
+MAX_INLINED_PARAMETERS): gemm_map_reduce's backward, whose fields and cotangents broadcast the same row
+and column data, ran its exponentials one lane at a time. Views are free to merge: they copy nothing.
+"""
+
+from __future__ import annotations
+
+from fold.ir import Let, Program, Var
+from fold.primitives import BroadcastTo, Reshape
+
+VIEWS = (BroadcastTo, Reshape)
+
+
+def share_views(program: Program) -> Program:
+    """The program with each view statement that repeats an earlier one (same primitive, same operand), or
+    leaves its operand's shape as it is, replaced by that earlier result or by the operand."""
+    rename: dict[Var, Var] = {}
+    seen: dict[tuple, Var] = {}
+    stmts: list[Let] = []
+    for stmt in program.stmts:
+        args = tuple(rename.get(a, a) if isinstance(a, Var) else a for a in stmt.args)
+        if isinstance(stmt.prim, VIEWS) and isinstance(args[0], Var):
+            (out,) = stmt.outs
+            source = args[0]
+            if source.aval == out.aval:
+                rename[out] = source
+                continue
+            key = (stmt.prim, source)
+            if key in seen:
+                rename[out] = seen[key]
+                continue
+            seen[key] = out
+        stmts.append(stmt if all(a is b for a, b in zip(args, stmt.args)) else Let(stmt.outs, stmt.prim, args))
+    if not rename:
+        return program
+    outputs = tuple(rename.get(o, o) if isinstance(o, Var) else o for o in program.outputs)
+    return Program(program.inputs, tuple(stmts), outputs, program.in_tree, program.out_tree, dict(program.meta))
