@@ -1,11 +1,14 @@
 """jvp and vjp of gemm_map_reduce: no rule per layer, only per construct.
 
-vjp, for a commutative monoid with d (Corollaries 2.1.1 and 2.1.3): the backward primitive walks the same
-blocks, recomputes each block's totals T, takes their cotangent D(A, T, Abar) — the block is a part of the
-fold — and runs the vjp of the block program (made here by ad/, matrix products included), accumulating
-the cotangents of row and column operands block by block. Memory stays O(M * |T| + block). That backward
-is a GemmBlockSum, a linear sum of block programs, whose jvp and vjp are again block sums (of the blocks'
-jvp and vjp programs): Hessian-vector products and reverse over reverse come with no further rule.
+vjp, for a commutative monoid with d: the backward primitive walks the same blocks and, per block, either
+takes every pair as a part of its row's fold (Theorem 2.1: the pair's cotangent is D(A, h_ij, Abar); the
+"pairs" rule, ad/gemm_element_rules.py) or the whole block (Corollary 2.1.1: recompute the block's totals T,
+take their cotangent D(A, T, Abar), run the vjp of the block program; the "blocks" rule, and the fallback
+where the pairs rule has no form for the block's fields). Either way ad/ derives the return sweep, matrix
+products included, and the cotangents of row and column operands accumulate block by block: memory stays
+O(M * |T| + block). That backward is a GemmBlockSum, a linear sum of block programs, whose jvp and vjp are
+again block sums (of the blocks' jvp and vjp programs): Hessian-vector products and reverse over reverse
+come with no further rule.
 
 For a monoid without d the nested map/reduce the primitive abbreviates is differentiated instead, with the
 generic rule, after one warning: that materialises M x N values.
@@ -25,14 +28,17 @@ from fold.combinators import map as fold_map
 from fold.combinators import reduce as fold_reduce
 from fold.dce import dce
 from fold.inline import inline_program
+from fold.gemm import fields_of_block
+from fold.gemm_folds import Factored, Full
 from fold.primitives import GemmBlockSum, GemmMapReduce
 from fold.primitives.gemm import split_gemm_args
 from fold.pytree import tree_flatten
 from fold.tracing import bind, trace_body
 
 from .fn_vjp import vjp_of_function
+from .gemm_element_rules import element_rule
 from .jvp import jvp_inline, jvp_rules
-from .vjp import vjp_inline, vjp_rules
+from .vjp import current_gemm_rule, vjp_inline, vjp_rules
 from .zeros import Zero, aval_of, differentiable, instantiate
 
 _warned: set[str] = set()
@@ -58,7 +64,7 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
         return _nested_vjp(prim, args, dense)
     d = _d_program(prim)
     in_roles = ("whole",) * len(consts) + ("row",) * len(rows) + ("col",) * len(cols)
-    backward = GemmBlockSum(tuple((shape, _block_backward(prim, program, d)) for shape, program in prim.blocks), prim.block,
+    backward = GemmBlockSum(tuple((shape, _block_backward(prim, program, d, shape)) for shape, program in prim.blocks), prim.block,
                             in_roles + ("row",) * (2 * prim.num_leaves), in_roles, f"gemm_map_reduce_vjp[{prim.monoid.name}]")
     results = bind(backward, *consts, *rows, *cols, *outs, *dense)
     nc = len(consts)
@@ -66,7 +72,67 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
     return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, arg_cts, strict=True)]
 
 
-def _block_backward(prim, program, d):
+def _block_backward(prim, program, d, shape):
+    """One block's backward: (block operands, A rows, Abar rows) -> operand cotangents, by the current gemm
+    rule: pair by pair where ad/gemm_element_rules.py has a rule for the block's fields, else the block as
+    one part of the fold."""
+    if current_gemm_rule() == "pairs":
+        fields_program, layout = _fields_program(prim, program)
+        rule = element_rule(prim.monoid, layout, d)
+        if rule is not None:
+            return _pairs_backward(prim, program, fields_program, layout, rule, shape[0])
+    return _blocks_backward(prim, program, d)
+
+
+def _fields_program(prim, program):
+    """The block's fields as a program of the block operands (Full values; Factored weights and columns),
+    and the fields with its outputs' positions in place of their values (their layout)."""
+    layout: list = []
+
+    def fn(*flat):
+        fields = fields_of_block(prim, flat)
+        outs: list = []
+        for f in fields:
+            if isinstance(f, Full):
+                layout.append(Full(len(outs)))
+                outs.append(f.value)
+            else:
+                layout.append(Factored(None if f.weight is None else len(outs), len(outs) + (f.weight is not None)))
+                outs += ([] if f.weight is None else [f.weight]) + [f.column]
+        return outs
+
+    return trace_body(fn, [v.aval for v in program.inputs], "gemm block fields").program, layout
+
+
+def _pairs_backward(prim, program, fields_program, layout, rule, bi: int):
+    """Theorem 2.1 with each pair a part: the fields' cotangents from `rule`, then the return sweep of the
+    block's fields (the map and the matrix products), with no block totals recomputed."""
+    n_in, k = len(program.inputs), prim.num_leaves
+
+    def fn(*flat):
+        inputs, totals, total_cts = list(flat[:n_in]), list(flat[n_in: n_in + k]), list(flat[n_in + k:])
+
+        def field_cts(values):
+            fields = [Full(values[f.value]) if isinstance(f, Full) else
+                      Factored(None if f.weight is None else values[f.weight], values[f.column]) for f in layout]
+            cts: list = [None] * len(values)
+            for f, ct in zip(layout, rule(fields, totals, total_cts, bi), strict=True):
+                if isinstance(f, Full):
+                    cts[f.value] = ct
+                else:
+                    weight_ct, cts[f.column] = ct
+                    if f.weight is not None:
+                        cts[f.weight] = weight_ct
+            return cts
+
+        _, in_cts = vjp_inline(fields_program, inputs, field_cts)
+        return [instantiate(c, v.aval) for c, v in zip(in_cts, program.inputs, strict=True)]
+
+    avals = [v.aval for v in program.inputs] + list(program.out_avals) * 2
+    return dce(trace_body(fn, avals, "gemm block backward (pairs)").program)
+
+
+def _blocks_backward(prim, program, d):
     """One block's backward, one forward sweep: (block operands, A rows, Abar rows) -> operand cotangents.
 
     The block's totals T come out of the forward sweep, their cotangent is D(A, T, Abar) row by row, and

@@ -28,6 +28,9 @@ vjp_rules = RuleTable("vjp")
 vjp_forward_rules = RuleTable("vjp forward")
 
 REDUCE_RULES = ("auto", "generic", "monoid")
+# gemm_map_reduce's block backward: each pair a part of its row's fold where a rule allows ("pairs"), or
+# each block a part, its totals recomputed ("blocks"); see ad/gemm_element_rules.py
+GEMM_RULES = ("pairs", "blocks")
 _config = threading.local()
 
 
@@ -45,6 +48,23 @@ def reduce_rule_scope(rule: str) -> Iterator[None]:
         yield
     finally:
         _config.reduce_rule = previous
+
+
+def current_gemm_rule() -> str:
+    return getattr(_config, "gemm_rule", "pairs")
+
+
+@contextlib.contextmanager
+def gemm_rule_scope(rule: str) -> Iterator[None]:
+    """Within it, vjp differentiates gemm_map_reduce blocks with `rule`, one of GEMM_RULES."""
+    if rule not in GEMM_RULES:
+        raise FoldTypeError(f"gemm_rule must be one of {', '.join(map(repr, GEMM_RULES))}, got {rule!r}")
+    previous = current_gemm_rule()
+    _config.gemm_rule = rule
+    try:
+        yield
+    finally:
+        _config.gemm_rule = previous
 
 
 def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] | Callable[[list], Sequence[Any]]) -> tuple[list, list]:
@@ -110,7 +130,7 @@ def vjp_program(
     if ct_mask is None:
         ct_mask = [differentiable(a.aval) for a in program.outputs]
     ct_mask = tuple(bool(m) and differentiable(a.aval) for m, a in zip(ct_mask, program.outputs, strict=True))
-    key = (ct_mask, with_primal_outputs, current_reduce_rule())
+    key = (ct_mask, with_primal_outputs, current_reduce_rule(), current_gemm_rule())
     per_program = _cache.setdefault(program, {})
     if key in per_program:
         return per_program[key]

@@ -165,6 +165,13 @@ def _check_leading(where: str, name: str, treedef, avals: list[ShapedArray], siz
 
 def _fold_one_block(monoid, out_tree, fn_program, factorization, consts, ls, rs, row_blk, col_blk, bi: int, elems) -> list:
     """Inside a block program: s = L R^T, the map over the block, the block folded along j."""
+    fields = block_fields(fn_program, factorization, consts, ls, rs, row_blk, col_blk, elems)
+    return fold_block(monoid, fields, out_tree, bi)
+
+
+def block_fields(fn_program, factorization, consts, ls, rs, row_blk, col_blk, elems) -> list:
+    """The map over one block as its fields (one per leaf of the monoid's element): `Full` (bi x bj values)
+    or `Factored` (a bi x bj weight, or none, times bj column values)."""
     npairs = len(ls)
     s_blocks = [ops.matmul(lhs, ops.transpose(rhs)) for lhs, rhs in zip(ls, rs, strict=True)]
 
@@ -186,4 +193,18 @@ def _fold_one_block(monoid, out_tree, fn_program, factorization, consts, ls, rs,
     for k, f in enumerate(factorization.factored):
         weight = None if f.weight_output is None else pointwise[f.weight_output]
         fields[f.leaf] = Factored(weight, columns[k])
-    return fold_block(monoid, fields, out_tree, bi)
+    return fields
+
+
+def fields_of_block(prim: GemmMapReduce, flat: Sequence[Any]) -> list:
+    """`block_fields` for a block of `prim`, from the block program's inputs (consts, lhs blocks, row data,
+    rhs blocks, column data): what a backward pass that takes each pair as a part of the fold differentiates."""
+    nc = prim.num_consts
+    npairs = prim.num_row_args + prim.num_col_args - (len(prim.fn.inputs) - nc)
+    n_rows = prim.num_row_args - npairs
+    inputs = list(prim.fn.inputs)
+    factorization = factorize(prim.fn, inputs[nc + npairs + n_rows:], inputs[:nc])
+    flat = list(flat)
+    consts, ls = flat[:nc], flat[nc: nc + npairs]
+    row_blk, rs, col_blk = flat[nc + npairs: nc + npairs + n_rows], flat[nc + npairs + n_rows: nc + 2 * npairs + n_rows], flat[nc + 2 * npairs + n_rows:]
+    return block_fields(prim.fn, factorization, consts, ls, rs, row_blk, col_blk, list(prim.fn.out_avals))

@@ -34,7 +34,7 @@ from . import ops
 from .monoid import Monoid
 
 
-def _safe_weight(a, c):
+def exp_weight(a, c):
     """exp(a - c), and 0 where c = -inf (then a = -inf too): no NaN, and no NaN in its derivatives."""
     empty = c == -np.inf
     return ops.where(empty, 0.0, ops.exp(ops.where(empty, 0.0, a - c)))
@@ -65,7 +65,7 @@ max = Monoid(lambda a, b: ops.maximum(a, b), -np.inf, commutative=True,  # noqa:
              d=lambda c, a, g: ops.where(a == c, g, 0.0), name="max")
 
 logaddexp = Monoid(lambda a, b: ops.logaddexp(a, b), -np.inf, commutative=True,
-                   d=lambda c, a, g: g * _safe_weight(a, c), name="logaddexp")
+                   d=lambda c, a, g: g * exp_weight(a, c), name="logaddexp")
 
 
 # ------------------------------------------------------------------------------------------ record monoids
@@ -93,12 +93,12 @@ wsum = Monoid(_wsum_op, {"v": 0.0, "w": 0.0}, commutative=True, d=_wsum_d, name=
 
 def _logwsum_op(x, y):
     z = ops.logaddexp(x["z"], y["z"])
-    v = _scale(_safe_weight(x["z"], z), x["v"]) + _scale(_safe_weight(y["z"], z), y["v"])
+    v = _scale(exp_weight(x["z"], z), x["v"]) + _scale(exp_weight(y["z"], z), y["v"])
     return {"z": z, "v": v}
 
 
 def _logwsum_d(c, a, g):
-    weight = _safe_weight(a["z"], c["z"])
+    weight = exp_weight(a["z"], c["z"])
     return {"z": (g["z"] + _inner(g["v"], a["v"] - c["v"])) * weight, "v": _scale(weight, g["v"])}
 
 
@@ -110,19 +110,19 @@ def _cross_entropy_op(x, y):
 
 
 cross_entropy = Monoid(_cross_entropy_op, {"p": -np.inf, "n": 0.0}, commutative=True,
-                       d=lambda c, a, g: {"p": g["p"] * _safe_weight(a["p"], c["p"]), "n": g["n"]},
+                       d=lambda c, a, g: {"p": g["p"] * exp_weight(a["p"], c["p"]), "n": g["n"]},
                        name="cross_entropy")
 
 
 def _cross_entropy_dist_op(x, y):
     p = ops.logaddexp(x["p"], y["p"])
-    n = x["n"] * _safe_weight(x["p"], p) + y["n"] * _safe_weight(y["p"], p)
+    n = x["n"] * exp_weight(x["p"], p) + y["n"] * exp_weight(y["p"], p)
     return {"q": ops.logaddexp(x["q"], y["q"]), "p": p, "n": n}
 
 
 def _cross_entropy_dist_d(c, a, g):
-    wp = _safe_weight(a["p"], c["p"])
-    return {"q": g["q"] * _safe_weight(a["q"], c["q"]), "p": (g["p"] + g["n"] * (a["n"] - c["n"])) * wp, "n": g["n"] * wp}
+    wp = exp_weight(a["p"], c["p"])
+    return {"q": g["q"] * exp_weight(a["q"], c["q"]), "p": (g["p"] + g["n"] * (a["n"] - c["n"])) * wp, "n": g["n"] * wp}
 
 
 cross_entropy_dist = Monoid(_cross_entropy_dist_op, {"q": -np.inf, "p": -np.inf, "n": 0.0}, commutative=True,

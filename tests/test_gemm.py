@@ -213,6 +213,119 @@ def test_hessian_vector_products_forward_and_reverse_over_reverse_agree():
         np.testing.assert_allclose(rr, (p_ - m_) / (2 * eps), rtol=1e-6, atol=1e-8)
 
 
+# ------------------------------------------------------------------------------------------ pairs against blocks
+
+def _count(program: Program, name: str) -> int:
+    """Statements of primitive `name` in `program` and every body inside it."""
+    return sum((s.prim.name == name) + sum(_count(b, name) for b in s.prim.bodies()) for s in program.stmts)
+
+
+def _backward_blocks(program: Program, rule: str) -> list[Program]:
+    with ad.gemm_rule_scope(rule):
+        grad_program, _ = ad.vjp_program(program)
+    return [p for s in grad_program.stmts if isinstance(s.prim, GemmBlockSum) for _, p in s.prim.blocks]
+
+
+@pytest.mark.parametrize("block", [1, (2, 3), (4, 7), (6, 1), None], ids=str)
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_pairs_and_blocks_rules_give_the_same_cotangents(name, block):
+    """Rule against rule: each pair a part of its row's fold (Theorem 2.1) or each block (Corollary 2.1.1),
+    on full and ragged block grids; the pairs rule, the default, is also checked against the naive formulas
+    by test_layer_against_naive_formula."""
+    layer = LAYERS[name]
+    args, cot = layer.make(np.random.default_rng(31), M, N, "float64")
+    fn = lambda *a: layer.fold_fn(*a, block=block)  # noqa: E731
+    results = {}
+    for rule in ad.GEMM_RULES:
+        with ad.gemm_rule_scope(rule):
+            results[rule] = fold.vjp(fn, tuple(args), cot)[: layer.float_args]
+    for k, (p, b) in enumerate(zip(results["pairs"], results["blocks"], strict=True)):
+        _assert_rel(p, b, 1e-12, f"{name} cotangent of input {k}: pairs against blocks")
+    _, ref_grads = layer.naive(*args, cot)
+    for k, (b, rg) in enumerate(zip(results["blocks"], ref_grads, strict=True)):
+        _assert_rel(b, rg, 1e-10, f"{name} cotangent of input {k} (blocks rule) against the naive backward")
+
+
+def test_pairs_rule_skips_the_block_numerator_and_the_block_totals():
+    """Attention's block backward under the pairs rule is FlashAttention-2's: five matrix products (S, dP, dV,
+    dQ, dK) against six (the block's own numerator exp(S) V, which cancels), and no row maximum or
+    logarithm; cross-entropy's recomputes no log-sum-exp of the block."""
+    args, _ = _attention_args(np.random.default_rng(0), 12, 16, "float64")
+    program = fold.trace(lambda *a: L.attention(*a, block=(6, 8)), *args)
+    for rule, products in (("pairs", 5), ("blocks", 6)):
+        for block in _backward_blocks(program, rule):
+            assert _count(block, "matmul") == products, (rule, _count(block, "matmul"))
+            assert (_count(block, "log") == 0) == (rule == "pairs"), rule
+    ce_args, _ = _cross_entropy_args(np.random.default_rng(0), 12, 16, "float64")
+    ce = fold.trace(lambda *a: L.cross_entropy(*a, block=(6, 8)), *ce_args)
+    assert all(_count(b, "log") == 0 and _count(b, "max") == 0 for b in _backward_blocks(ce, "pairs"))
+    assert all(_count(b, "log") > 0 for b in _backward_blocks(ce, "blocks"))
+
+
+@pytest.mark.parametrize("rule", ad.GEMM_RULES)
+def test_rows_that_see_no_column_get_zero_cotangents_without_nan(rule):
+    """Query 0 of a strictly causal mask sees no key: its total is the identity (z = -inf), and neither rule
+    may divide by its zero weight or take exp(-inf - -inf)."""
+    Q, K, V = _attention_args(np.random.default_rng(13), M, N, "float64")[0]
+    G = np.random.default_rng(14).standard_normal((M, 3))
+
+    def strict(Q, K, V):
+        i, j = fold.iota(M), fold.iota(N)
+        return fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, i, v, j: {"z": fold.where(j < i, s, -np.inf), "v": v},
+                                    Q, K, rows=(i,), cols=(V, j), block=(2, 3))["v"]
+
+    with ad.gemm_rule_scope(rule):
+        dQ, dK, dV = fold.vjp(strict, (Q, K, V), G)
+    assert np.all(np.isfinite(dQ)) and np.all(np.isfinite(dK)) and np.all(np.isfinite(dV))
+    assert np.all(dQ[0] == 0.0)
+    mask = np.arange(N)[None, :] < np.arange(M)[:, None]
+    s = np.where(mask, Q @ K.T, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True, initial=-1e300, where=mask))
+    p = np.where(mask, p, 0.0)
+    p = p / np.where(p.sum(axis=1, keepdims=True) > 0, p.sum(axis=1, keepdims=True), 1.0)
+    dp = G @ V.T
+    ds = p * (dp - np.sum(G * (p @ V), axis=1, keepdims=True))
+    _assert_rel(dV, p.T @ G, 1e-12, "dV")
+    _assert_rel(dQ, ds @ K, 1e-12, "dQ")
+    _assert_rel(dK, ds.T @ Q, 1e-12, "dK")
+
+
+@pytest.mark.parametrize("monoid", ["max", "logaddexp", "sum"])
+def test_generic_pairs_rule_for_monoids_of_full_fields(monoid):
+    """Monoids whose fields are all held per pair take D pair by pair with no rule of their own; against the
+    blocks rule and finite differences (max: continuous inputs, so no ties)."""
+    m = getattr(fold.monoids, monoid)
+    rng = np.random.default_rng(15)
+    X, Y = rng.standard_normal((M, 4)), rng.standard_normal((N, 4))
+    fn = lambda x, y: fold.gemm_map_reduce(m, lambda s: fold.sin(s) * s, x, y, block=(4, 3))  # noqa: E731
+    fn.__name__ = f"gemm {monoid}"
+    assert _count(_backward_blocks(fold.trace(fn, X, Y), "pairs")[0], "reduce") == 0  # no block totals
+    g = rng.standard_normal(M)
+    results = {}
+    for rule in ad.GEMM_RULES:
+        with ad.gemm_rule_scope(rule):
+            results[rule] = fold.vjp(fn, (X, Y), g)
+    for p, b in zip(results["pairs"], results["blocks"], strict=True):
+        _assert_rel(p, b, 1e-12, f"{monoid}: pairs against blocks")
+    check_grads(fn, (X, Y))
+
+
+@pytest.mark.parametrize("rule", ad.GEMM_RULES)
+def test_second_order_attention_under_each_gemm_rule(rule):
+    """jvp of grad and grad of grad go through either block backward (its own block programs differentiated)."""
+    args, _ = _attention_args(np.random.default_rng(11), 4, 5, "float64")
+    fn = lambda *a: L.causal_attention(*a, block=(2, 3))  # noqa: E731
+    fn.__name__ = f"causal attention [{rule}]"
+    with ad.gemm_rule_scope(rule):
+        check_grads(fn, tuple(args), order=2)
+
+
+def test_gemm_rule_scope_refuses_an_unknown_rule():
+    with pytest.raises(fold.FoldTypeError, match="gemm_rule must be one of 'pairs', 'blocks', got 'rows'"):
+        with ad.gemm_rule_scope("rows"):
+            pass
+
+
 def test_block_sum_refuses_roles_that_do_not_fit_its_programs():
     program = fold.trace(lambda a, b: a * b, np.ones((2, 3)), np.ones((2, 3)))
     with pytest.raises(fold.ShapeError, match="2 inputs and 1 outputs for 3 input roles"):
@@ -496,10 +609,12 @@ def test_column_fields_are_not_broadcast_to_block_by_d(name):
     _assert_no_broadcast_block(grad_program, bi, bj, d, f"{name} vjp")
 
 
+@pytest.mark.parametrize("gemm_rule", ad.GEMM_RULES)
 @pytest.mark.parametrize("name", ["attention", "causal_attention", "distillation"])
-def test_softmax_weighted_sums_divide_once_per_row_not_over_the_block(name):
+def test_softmax_weighted_sums_divide_once_per_row_not_over_the_block(name, gemm_rule):
     """logwsum and cross_entropy_dist fold a block as (exp(z - max) @ column data) / row sums: no division
-    over the bi x bj block in the forward or the backward block programs."""
+    over the bi x bj block in the forward or the backward block programs (the pairs rule divides nowhere:
+    its weights are exp(z - A_z) with the row totals A)."""
     from fold.primitives import Elementwise
 
     bi, bj = 6, 8
@@ -507,13 +622,16 @@ def test_softmax_weighted_sums_divide_once_per_row_not_over_the_block(name):
     args, cot = LAYERS[name].make(rng, 12, 16, "float64")
     fn = lambda *a: LAYERS[name].fold_fn(*a, block=(bi, bj))  # noqa: E731
     program = fold.trace(fn, *args)
-    grad_program, _ = ad.vjp_program(program)
-    for what, p in (("forward", program), ("vjp", grad_program)):
-        blocks = _block_programs(p)
-        assert blocks, what
+    with ad.gemm_rule_scope(gemm_rule):
+        grad_program, _ = ad.vjp_program(program)
+    forward = _block_programs(program)
+    backward = [block for stmt in grad_program.stmts if isinstance(stmt.prim, GemmBlockSum) for block in stmt.prim.blocks]
+    assert forward and backward
+    for what, blocks in (("forward", forward), ("backward", backward)):
         for (ri, rj), block in blocks:
             divisions = [st.outs[0].aval.shape for st in block.stmts if isinstance(st.prim, Elementwise) and st.prim.op == "div"]
-            assert divisions and all(shape in ((ri,), (ri, 1)) for shape in divisions), (what, divisions)
+            assert all(shape in ((ri,), (ri, 1)) for shape in divisions), (what, divisions)
+            assert divisions or (what, gemm_rule) == ("backward", "pairs"), what
 
 
 def test_the_check_would_see_a_broadcast_field():

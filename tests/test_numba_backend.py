@@ -547,6 +547,67 @@ def test_gemm_blocks_run_their_elementwise_work_in_kernels(layer, kernel_calls):
     assert forward_kernels >= 2 and kernel_calls["map"] > forward_kernels, kernel_calls
 
 
+def test_repeated_and_identity_views_are_merged():
+    """share_views: two broadcasts of one value become one, an identity reshape disappears, and the
+    program computes the same."""
+    from fold.primitives import BroadcastTo
+    from runtime.interpreter import eval_program
+    from runtime.numba_backend.shared_views import share_views
+
+    x, r = rng.normal(size=(5, 7)), rng.normal(size=5)
+
+    def f(x, r):
+        a = fold.broadcast_to(fold.reshape(r, (5, 1)), (5, 7))
+        b = fold.broadcast_to(fold.reshape(r, (5, 1)), (5, 7))
+        return fold.reshape(x * a, (5, 7)) + fold.exp(b)
+
+    program = fold.trace(f, x, r)
+    shared = share_views(program)
+    names = [s.prim.name for s in shared.stmts]
+    assert names.count("broadcast") == 1 and names.count("reshape") == 1, names
+    assert sum(isinstance(s.prim, BroadcastTo) for s in program.stmts) == 2
+    np.testing.assert_array_equal(eval_program(shared, [x, r])[0], eval_program(program, [x, r])[0])
+
+
+def test_nested_map_returning_an_operand_is_unnested():
+    """A map over rows of a scalar map that returns one of its operands as it is (d = g of a sum monoid, the
+    per-row cotangent) is still written as elementwise statements over the (rows, columns) block."""
+    from fold.primitives import Map
+    from runtime.interpreter import eval_program
+    from runtime.numba_backend.unnest import unnest_maps
+
+    x, g = rng.normal(size=(6, 40)), rng.normal(size=6)
+    program = fold.trace(lambda x, g: fold.map(lambda row, gi: fold.map(lambda v: (fold.exp(v) * gi, gi), row), x, g), x, g)
+    unnested = unnest_maps(program)
+    assert not any(isinstance(s.prim, Map) for s in unnested.stmts), str(unnested)
+    for a, b in zip(eval_program(unnested, [x, g]), eval_program(program, [x, g]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-15)
+        assert a.shape == (6, 40)
+
+
+def test_gemm_pairs_backward_is_one_kernel_of_few_inputs():
+    """Cross-entropy's backward block under the pairs rule: its fields and D pair by pair are one elementwise
+    kernel, each view of the row and column data passed once, so that the kernel keeps its four-lane form
+    (at most codegen.MAX_INLINED_PARAMETERS / 4 inputs)."""
+    import ad
+    from examples import gemm_layers
+    from fold.primitives import GemmBlockSum
+    from kernels.cpu.lanes import WIDTH
+    from runtime.numba_backend.codegen import MAX_INLINED_PARAMETERS
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from runtime.numba_backend.passes import prepare
+
+    P, C, t = rng.normal(size=(256, 16)), rng.normal(size=(512, 16)), rng.integers(0, 512, 256)
+    program = fold.trace(lambda P, C: gemm_layers.cross_entropy(P, C, t, block=(128, 256)), P, C)
+    with ad.gemm_rule_scope("pairs"):
+        grad_program, _ = ad.vjp_program(program)
+    (backward,) = [s.prim for s in grad_program.stmts if isinstance(s.prim, GemmBlockSum)]
+    block = prepare(backward.blocks[0][1], whole_arrays=True)
+    (kernel,) = [s for s in block.stmts if isinstance(s.prim, FusedElementwise)]
+    assert len(kernel.args) * WIDTH <= MAX_INLINED_PARAMETERS, [str(a) for a in kernel.args]
+    assert len(set(kernel.args)) == len(kernel.args)
+
+
 def test_a_reduce_that_alone_reads_a_run_joins_it(kernel_calls):
     """reduce(min, <elementwise run>) is one map_reduce kernel; when the run's value is also read elsewhere
     the reduce stays a statement of its own (the value must then exist whole)."""

@@ -58,8 +58,9 @@ class GemmBlockSum(Primitive):
     """The sum, over the blocks (i, j) of an M x N grid, of a block program's outputs, each added whole, into
     row block i, or into column block j.
 
-    gemm_map_reduce's vjp is one (each block: recompute the block's totals T, take their cotangent from
-    D(A, T, Abar) by Corollary 2.1.1, run the block program's return sweep). Because the sum is linear, the
+    gemm_map_reduce's vjp is one (each block: recompute the block's fields, take each pair's cotangent from
+    D(A, h_ij, Abar) by Theorem 2.1 and run the return sweep of the fields; or recompute the block's totals T,
+    take their cotangent from D(A, T, Abar) by Corollary 2.1.1 and run the block program's return sweep). Because the sum is linear, the
     jvp and vjp of a block sum are block sums of its block programs' jvp and vjp: the construct is closed
     under differentiation, to any order, without materialising the M x N grid.
 
