@@ -1,4 +1,5 @@
-"""`fold.compare_rules`: the same gradient computed under every reduce rule that applies, side by side.
+"""`fold.compare_rules`: the same gradient computed under every reduce rule that applies, side by side
+(and, for programs with gemm_map_reduce, under its "blocks" rule beside the default "pairs").
 
 For each rule: the cotangents, the time (median of repeats, compiled once), the peak memory (fold.memory's
 estimate of the gradient program and the tracemalloc peak of one run), and the gradient program's size.
@@ -16,11 +17,11 @@ import numpy as np
 
 from fold.errors import FoldError
 from fold.ir import Program, count_statements
-from fold.primitives import Reduce
+from fold.primitives import GemmMapReduce, Reduce
 from fold.pytree import tree_flatten
 
 from .reduce_rules import choose_rule
-from .vjp import REDUCE_RULES, reduce_rule_scope, vjp_program
+from .vjp import GEMM_RULES, REDUCE_RULES, gemm_rule_scope, reduce_rule_scope, vjp_program
 
 
 @dataclass
@@ -44,10 +45,10 @@ class RuleComparison:
         return self.runs[rule]
 
     def __str__(self) -> str:
-        header = f"{'rule':<9}{'reduces differentiated by':<28}{'time':>11}{'peak (est.)':>14}{'peak (meas.)':>14}{'statements':>12}"
+        header = f"{'rule':<13}{'reduces differentiated by':<28}{'time':>11}{'peak (est.)':>14}{'peak (meas.)':>14}{'statements':>12}"
         lines = [header, "-" * len(header)]
         for run in self.runs.values():
-            lines.append(f"{run.rule:<9}{', '.join(run.reduce_rules_used) or '-':<28}{run.seconds * 1e3:>9.3f}ms"
+            lines.append(f"{run.rule:<13}{', '.join(run.reduce_rules_used) or '-':<28}{run.seconds * 1e3:>9.3f}ms"
                          f"{_mib(run.estimated_bytes):>14}{_mib(run.measured_bytes):>14}{run.program_size:>12}")
         lines.append(f"largest difference between rules: {self.max_abs_diff:.3g} absolute, {self.max_rel_diff:.3g} relative")
         return "\n".join(lines)
@@ -67,8 +68,13 @@ def _reduces(program: Program) -> list[Reduce]:
     return found
 
 
+def _has_gemm(program: Program) -> bool:
+    return any(isinstance(s.prim, GemmMapReduce) or any(_has_gemm(b) for b in s.prim.bodies()) for s in program.stmts)
+
+
 def compare_rules(f: Callable[..., Any], primals: tuple, ybar: Any, *, repeats: int = 5) -> RuleComparison:
-    """Run `fold.vjp(f, primals, ybar)` under each reduce rule that applies and compare them.
+    """Run `fold.vjp(f, primals, ybar)` under each reduce rule that applies and compare them; a program with
+    gemm_map_reduce also runs under its "blocks" rule (as "gemm-blocks", reduces by "auto").
 
     >>> import numpy as np, fold
     >>> result = fold.compare_rules(lambda x: fold.reduce(fold.monoids.logaddexp, x), (np.arange(4.0),), 1.0)
@@ -78,16 +84,20 @@ def compare_rules(f: Callable[..., Any], primals: tuple, ybar: Any, *, repeats: 
     import fold
 
     program = fold.trace(f, *primals)
+    has_gemm = _has_gemm(program)
+    settings = [(rule, rule, GEMM_RULES[0]) for rule in REDUCE_RULES] + ([("gemm-blocks", "auto", "blocks")] if has_gemm else [])
     runs: dict[str, RuleRun] = {}
-    for rule in REDUCE_RULES:
+    for label, rule, gemm_rule in settings:
         try:
-            with reduce_rule_scope(rule):
+            with reduce_rule_scope(rule), gemm_rule_scope(gemm_rule):
                 grad_program, _ = vjp_program(program)
                 used = sorted({choose_rule(r, rule).name for r in _reduces(program)})
         except FoldError:
             continue  # this rule does not apply to the program (the monoid rule without a d, say)
+        used += [f"gemm {gemm_rule}"] if has_gemm else []
         run = fold.jit(lambda *args, _rule=rule: fold.vjp(f, args, ybar, reduce_rule=_rule))
-        cotangents = run(*primals)
+        with gemm_rule_scope(gemm_rule):  # the first call traces the gradient program
+            cotangents = run(*primals)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
@@ -97,8 +107,8 @@ def compare_rules(f: Callable[..., Any], primals: tuple, ybar: Any, *, repeats: 
         run(*primals)
         measured = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        runs[rule] = RuleRun(rule, used, cotangents, float(np.median(times)), fold.memory(grad_program),
-                             measured, count_statements(grad_program))
+        runs[label] = RuleRun(label, used, cotangents, float(np.median(times)), fold.memory(grad_program),
+                              measured, count_statements(grad_program))
     max_abs, max_rel = 0.0, 0.0
     names = list(runs)
     for i, a in enumerate(names):

@@ -740,6 +740,22 @@ def test_compare_rules_pairwise() -> None:
     np.testing.assert_allclose(result["monoid"].cotangents[0], w.sum() - w, rtol=1e-12)
 
 
+def test_compare_rules_runs_gemm_map_reduce_under_both_of_its_rules() -> None:
+    rng = _rng("compare-gemm")
+    Q, K, V, G = (rng.normal(size=(12, 4)) for _ in range(4))
+
+    def attention(Q, K, V):
+        return fold.gemm_map_reduce(M.logwsum, lambda s, v: {"z": s, "v": v}, Q, K, cols=(V,), block=(4, 5))["v"]
+
+    result = fold.compare_rules(attention, (Q, K, V), G, repeats=2)
+    _check_comparison(result, {"auto", "generic", "monoid", "gemm-blocks"})
+    assert "gemm pairs" in result["auto"].reduce_rules_used and "gemm blocks" in result["gemm-blocks"].reduce_rules_used
+    assert result["gemm-blocks"].program_size > result["auto"].program_size  # the block totals recomputed
+    want = fold.vjp(attention, (Q, K, V), G)
+    for a, b in zip(result["gemm-blocks"].cotangents, want, strict=True):
+        np.testing.assert_allclose(a, b, **RULE_TOL)
+
+
 def test_compare_rules_plain_lambda_has_no_monoid_rule() -> None:
     x = _rng("compare-lambda").uniform(0.5, 1.5, 20)
     f = lambda x: fold.reduce(lambda a, b: a * b + a + b, x, identity=0.0)  # noqa: E731
