@@ -310,6 +310,28 @@ def test_generic_pairs_rule_for_monoids_of_full_fields(monoid):
     check_grads(fn, (X, Y))
 
 
+@pytest.mark.parametrize("v_form", ["weighted column", "per pair"])
+def test_logwsum_pairs_rule_with_a_weighted_or_per_pair_value_field(v_form):
+    """The logwsum pair rule for v = w_ij V_j (factored with a weight: the weight's cotangent is p_ij <g_i, V_j>)
+    and for a v that depends on the pair (held in full), against the blocks rule and finite differences."""
+    rng = np.random.default_rng(16)
+    Q, K, V = rng.standard_normal((M, 4)), rng.standard_normal((N, 4)), rng.standard_normal((N, 3))
+    if v_form == "weighted column":
+        fn_map = lambda s, v: {"z": s, "v": fold.sigmoid(s) * v}  # noqa: E731
+    else:
+        fn_map = lambda s, v: {"z": s, "v": fold.sin(s + v)}  # noqa: E731
+    fn = lambda q, k, v: fold.gemm_map_reduce(fold.monoids.logwsum, fn_map, q, k, cols=(v,), block=(4, 3))["v"]  # noqa: E731
+    fn.__name__ = f"logwsum with v {v_form}"
+    G = rng.standard_normal((M, 3))
+    results = {}
+    for rule in ad.GEMM_RULES:
+        with ad.gemm_rule_scope(rule):
+            results[rule] = fold.vjp(fn, (Q, K, V), G)
+    for p, b in zip(results["pairs"], results["blocks"], strict=True):
+        _assert_rel(p, b, 1e-12, f"{v_form}: pairs against blocks")
+    check_grads(fn, (Q, K, V))
+
+
 @pytest.mark.parametrize("rule", ad.GEMM_RULES)
 def test_second_order_attention_under_each_gemm_rule(rule):
     """jvp of grad and grad of grad go through either block backward (its own block programs differentiated)."""
