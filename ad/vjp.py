@@ -35,36 +35,34 @@ _config = threading.local()
 
 
 def current_reduce_rule() -> str:
-    return getattr(_config, "reduce_rule", "auto")
-
-
-@contextlib.contextmanager
-def reduce_rule_scope(rule: str) -> Iterator[None]:
-    if rule not in REDUCE_RULES:
-        raise FoldTypeError(f"reduce_rule must be one of {', '.join(map(repr, REDUCE_RULES))}, got {rule!r}")
-    previous = current_reduce_rule()
-    _config.reduce_rule = rule
-    try:
-        yield
-    finally:
-        _config.reduce_rule = previous
+    return getattr(_config, "reduce_rule", REDUCE_RULES[0])
 
 
 def current_gemm_rule() -> str:
-    return getattr(_config, "gemm_rule", "pairs")
+    return getattr(_config, "gemm_rule", GEMM_RULES[0])
 
 
 @contextlib.contextmanager
-def gemm_rule_scope(rule: str) -> Iterator[None]:
-    """Within it, vjp differentiates gemm_map_reduce blocks with `rule`, one of GEMM_RULES."""
-    if rule not in GEMM_RULES:
-        raise FoldTypeError(f"gemm_rule must be one of {', '.join(map(repr, GEMM_RULES))}, got {rule!r}")
-    previous = current_gemm_rule()
-    _config.gemm_rule = rule
+def _setting(name: str, choices: tuple[str, ...], value: str) -> Iterator[None]:
+    """`name` set to `value` (one of `choices`) in this thread for the duration, then restored."""
+    if value not in choices:
+        raise FoldTypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    previous = getattr(_config, name, choices[0])
+    setattr(_config, name, value)
     try:
         yield
     finally:
-        _config.gemm_rule = previous
+        setattr(_config, name, previous)
+
+
+def reduce_rule_scope(rule: str) -> contextlib.AbstractContextManager[None]:
+    """Within it, vjp differentiates reductions with `rule`, one of REDUCE_RULES."""
+    return _setting("reduce_rule", REDUCE_RULES, rule)
+
+
+def gemm_rule_scope(rule: str) -> contextlib.AbstractContextManager[None]:
+    """Within it, vjp differentiates gemm_map_reduce blocks with `rule`, one of GEMM_RULES."""
+    return _setting("gemm_rule", GEMM_RULES, rule)
 
 
 def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] | Callable[[list], Sequence[Any]]) -> tuple[list, list]:
