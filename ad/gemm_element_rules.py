@@ -21,23 +21,16 @@ from fold import monoids, ops
 from fold.combinators import map as fold_map
 from fold.gemm_folds import Factored, Full, expand
 from fold.inline import inline_program
+from fold.rules import MonoidTable
 
 FieldCotangents = list  # per field: bi x bj values (Full) or (weight cotangent | None, column cotangent)
 ElementRule = Callable[[list, list, list, int], FieldCotangents]
-FACTORED_RULES: dict[int, ElementRule] = {}
-
-
-def factored_rule(monoid) -> Callable[[ElementRule], ElementRule]:
-    def register(fn: ElementRule) -> ElementRule:
-        FACTORED_RULES[id(monoid)] = fn
-        return fn
-
-    return register
+FACTORED_RULES = MonoidTable("gemm pair rule")
 
 
 def element_rule(monoid, fields: list, d_program) -> ElementRule | None:
     """The rule that differentiates a block of `monoid` pair by pair, or None (then the block form)."""
-    rule = FACTORED_RULES.get(id(monoid))
+    rule = FACTORED_RULES.get(monoid)
     if rule is not None:
         return rule
     if all(isinstance(f, Full) for f in fields):
@@ -87,7 +80,7 @@ def _row_scaled(p, g, field, dots) -> Any:
     return ops.reshape(p, tuple(p.shape) + (1,) * (value.ndim - 2)) * ops.reshape(g, (g.shape[0], 1) + tuple(g.shape[1:]))
 
 
-@factored_rule(monoids.logwsum)
+@FACTORED_RULES.register(monoids.logwsum)
 def _logwsum(fields, totals, cts, bi):
     """abar_z = (g_z + <g_v, a_v - c_v>) exp(a_z - c_z), abar_v = g_v exp(a_z - c_z), per pair."""
     v, z = fields  # dict leaves are sorted: "v", "z"; z is a scalar per pair, so never factored

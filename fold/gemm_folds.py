@@ -17,6 +17,7 @@ import numpy as np
 from . import monoids, ops
 from .combinators import map as fold_map
 from .combinators import reduce as fold_reduce
+from .rules import MonoidTable
 
 
 @dataclass
@@ -31,15 +32,7 @@ class Factored:
 
 
 BlockFold = Callable[[list, int], list]  # (fields, rows in the block) -> row totals
-BLOCK_FOLDS: dict[int, BlockFold] = {}
-
-
-def block_fold_rule(monoid) -> Callable[[BlockFold], BlockFold]:
-    def register(fn: BlockFold) -> BlockFold:
-        BLOCK_FOLDS[id(monoid)] = fn
-        return fn
-
-    return register
+BLOCK_FOLDS = MonoidTable("gemm block fold")
 
 
 def _column_vector(x):
@@ -112,38 +105,38 @@ def _sum_field(field, bi: int):
     return ops.sum(field.value, axis=1)
 
 
-@block_fold_rule(monoids.sum)
+@BLOCK_FOLDS.register(monoids.sum)
 def _sum_block(fields, bi):
     (f,) = fields
     return [_sum_field(f, bi)]
 
 
-@block_fold_rule(monoids.vsum)
+@BLOCK_FOLDS.register(monoids.vsum)
 def _vsum_block(fields, bi):
     (f,) = fields
     return [_sum_field(f, bi)]
 
 
-@block_fold_rule(monoids.logaddexp)
+@BLOCK_FOLDS.register(monoids.logaddexp)
 def _logaddexp_block(fields, bi):
     (f,) = fields
     return [stable_logsumexp_rows(expand(f, bi))]
 
 
-@block_fold_rule(monoids.logwsum)
+@BLOCK_FOLDS.register(monoids.logwsum)
 def _logwsum_block(fields, bi):
     v, z = fields  # dict leaves are sorted: "v", "z"
     total, summed = softmax_weighted_sum(expand(z, bi), v)
     return [summed, total]
 
 
-@block_fold_rule(monoids.cross_entropy)
+@BLOCK_FOLDS.register(monoids.cross_entropy)
 def _cross_entropy_block(fields, bi):
     n, p = fields
     return [_sum_field(n, bi), stable_logsumexp_rows(expand(p, bi))]
 
 
-@block_fold_rule(monoids.cross_entropy_dist)
+@BLOCK_FOLDS.register(monoids.cross_entropy_dist)
 def _cross_entropy_dist_block(fields, bi):
     n, p, q = fields
     p_total, n_summed = softmax_weighted_sum(expand(p, bi), n)
@@ -160,7 +153,7 @@ def generic_block_fold(monoid, fields: list, treedef, bi: int) -> list:
 
 
 def fold_block(monoid, fields: list, treedef, bi: int) -> list:
-    rule = BLOCK_FOLDS.get(id(monoid))
+    rule = BLOCK_FOLDS.get(monoid)
     if rule is not None:
         return rule(fields, bi)
     return generic_block_fold(monoid, fields, treedef, bi)

@@ -46,6 +46,28 @@ class RuleTable:
         return self._rules.keys()
 
 
+class MonoidTable:
+    """A registry `monoid -> rule` by identity (monoids are values, compared as the objects they are), for
+    what a construct does with particular monoids: gemm_map_reduce's block folds and pair rules."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._rules: dict[int, tuple[object, Callable]] = {}
+
+    def register(self, monoid: object) -> Callable[[Callable], Callable]:
+        def decorate(rule: Callable) -> Callable:
+            if id(monoid) in self._rules:
+                raise ValueError(f"{self.name}: a rule for monoid {getattr(monoid, 'name', monoid)} is already registered")
+            self._rules[id(monoid)] = (monoid, rule)  # the monoid is kept, so its id is never reused
+            return rule
+
+        return decorate
+
+    def get(self, monoid: object) -> Callable | None:
+        found = self._rules.get(id(monoid))
+        return None if found is None else found[1]
+
+
 def all_primitive_types() -> list[type]:
     """Every concrete primitive class of the language (for coverage tests of the rule tables)."""
     from . import primitives  # noqa: F401  (importing registers every primitive module)

@@ -315,6 +315,23 @@ def test_rule_tables_name_the_missing_rule_and_refuse_a_second_one() -> None:
         table.register(Elementwise)(rule)
 
 
+def test_monoid_table_keys_by_identity_and_refuses_a_second_rule() -> None:
+    """A monoid-keyed table (gemm_map_reduce's block folds and pair rules): an equal-looking monoid that is
+    another object has no rule, and registering one twice is an error naming the monoid."""
+    from fold.rules import MonoidTable
+
+    table = MonoidTable("test monoids")
+    twin = fold.Monoid(lambda a, b: a + b, 0.0, commutative=True, name="sum")
+
+    @table.register(fold.monoids.sum)
+    def rule(*_):
+        return "sum"
+
+    assert table.get(fold.monoids.sum) is rule and table.get(twin) is None
+    with pytest.raises(ValueError, match="test monoids: a rule for monoid sum is already registered"):
+        table.register(fold.monoids.sum)(rule)
+
+
 def test_every_fold_error_class_derives_from_fold_error() -> None:
     for name in ["ConcretizationError", "EscapedTracerError", "FoldIndexError", "FoldRuntimeError", "FoldTypeError",
                  "MissingRuleError", "MonoidLawError", "ProgramError", "ShapeError", "StructureError"]:
