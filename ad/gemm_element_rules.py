@@ -28,12 +28,13 @@ ElementRule = Callable[[list, list, list, int], FieldCotangents]
 FACTORED_RULES = MonoidTable("gemm pair rule")
 
 
-def element_rule(monoid, fields: list, d_program) -> ElementRule | None:
-    """The rule that differentiates a block of `monoid` pair by pair, or None (then the block form)."""
+def element_rule(monoid, all_full: bool, d_program) -> ElementRule | None:
+    """The rule that differentiates a block of `monoid` pair by pair, or None (then the block form).
+    `all_full`: every field of the map is held per pair (none is factored into column data)."""
     rule = FACTORED_RULES.get(monoid)
     if rule is not None:
         return rule
-    if all(isinstance(f, Full) for f in fields):
+    if all_full:
         return lambda fields, totals, cts, bi: _generic(d_program, fields, totals, cts)
     return None
 

@@ -28,7 +28,7 @@ from fold.combinators import map as fold_map
 from fold.combinators import reduce as fold_reduce
 from fold.dce import dce
 from fold.inline import inline_program
-from fold.gemm import fields_of_block
+from fold.gemm import factorization_of, fields_of_block
 from fold.gemm_folds import Factored, Full
 from fold.primitives import GemmBlockSum, GemmMapReduce
 from fold.primitives.gemm import split_gemm_args
@@ -64,7 +64,8 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
         return _nested_vjp(prim, args, dense)
     d = _d_program(prim)
     in_roles = ("whole",) * len(consts) + ("row",) * len(rows) + ("col",) * len(cols)
-    backward = GemmBlockSum(tuple((shape, _block_backward(prim, program, d, shape)) for shape, program in prim.blocks), prim.block,
+    pairs = _pairs_rule(prim, d) if current_gemm_rule() == "pairs" else None
+    backward = GemmBlockSum(tuple((shape, _block_backward(prim, program, d, shape, pairs)) for shape, program in prim.blocks), prim.block,
                             in_roles + ("row",) * (2 * prim.num_leaves), in_roles, f"gemm_map_reduce_vjp[{prim.monoid.name}]")
     results = bind(backward, *consts, *rows, *cols, *outs, *dense)
     nc = len(consts)
@@ -72,25 +73,31 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
     return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, arg_cts, strict=True)]
 
 
-def _block_backward(prim, program, d, shape):
-    """One block's backward: (block operands, A rows, Abar rows) -> operand cotangents, by the current gemm
-    rule: pair by pair where ad/gemm_element_rules.py has a rule for the block's fields, else the block as
-    one part of the fold."""
-    if current_gemm_rule() == "pairs":
-        fields_program, layout = _fields_program(prim, program)
-        rule = element_rule(prim.monoid, layout, d)
-        if rule is not None:
-            return _pairs_backward(prim, program, fields_program, layout, rule, shape[0])
-    return _blocks_backward(prim, program, d)
+def _pairs_rule(prim, d):
+    """(the factorization of the map, the pair rule for its fields), or None where ad/gemm_element_rules.py
+    has no pair rule for them (then each block is the part)."""
+    factorization = factorization_of(prim)
+    rule = element_rule(prim.monoid, not factorization.factored, d)
+    return None if rule is None else (factorization, rule)
 
 
-def _fields_program(prim, program):
+def _block_backward(prim, program, d, shape, pairs):
+    """One block's backward: (block operands, A rows, Abar rows) -> operand cotangents, pair by pair where
+    `pairs` (from _pairs_rule) gives a rule, else with the block as one part of the fold."""
+    if pairs is None:
+        return _blocks_backward(prim, program, d)
+    factorization, rule = pairs
+    fields_program, layout = _fields_program(prim, factorization, program)
+    return _pairs_backward(prim, program, fields_program, layout, rule, shape[0])
+
+
+def _fields_program(prim, factorization, program):
     """The block's fields as a program of the block operands (Full values; Factored weights and columns),
     and the fields with its outputs' positions in place of their values (their layout)."""
     layout: list = []
 
     def fn(*flat):
-        fields = fields_of_block(prim, flat)
+        fields = fields_of_block(prim, factorization, flat)
         outs: list = []
         for f in fields:
             if isinstance(f, Full):

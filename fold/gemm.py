@@ -18,7 +18,7 @@ from . import ops
 from .combinators import map as fold_map
 from .dtypes import ShapedArray
 from .errors import FoldTypeError, ShapeError, StructureError
-from .factorize import factorize
+from .factorize import Factorization, factorize
 from .gemm_folds import Factored, Full, fold_block
 from .inline import inline_program
 from .monoid import Monoid, identity_leaves
@@ -196,14 +196,25 @@ def block_fields(fn_program, factorization, consts, ls, rs, row_blk, col_blk, el
     return fields
 
 
-def fields_of_block(prim: GemmMapReduce, flat: Sequence[Any]) -> list:
-    """`block_fields` for a block of `prim`, from the block program's inputs (consts, lhs blocks, row data,
-    rhs blocks, column data): what a backward pass that takes each pair as a part of the fold differentiates."""
+def _operand_counts(prim: GemmMapReduce) -> tuple[int, int, int]:
+    """(consts, matrix pairs, row data leaves) of `prim`."""
     nc = prim.num_consts
     npairs = prim.num_row_args + prim.num_col_args - (len(prim.fn.inputs) - nc)
-    n_rows = prim.num_row_args - npairs
+    return nc, npairs, prim.num_row_args - npairs
+
+
+def factorization_of(prim: GemmMapReduce) -> Factorization:
+    """How `prim`'s map splits into fields held per pair and fields that are (weight) x column data, the
+    same for every block shape."""
+    nc, npairs, n_rows = _operand_counts(prim)
     inputs = list(prim.fn.inputs)
-    factorization = factorize(prim.fn, inputs[nc + npairs + n_rows:], inputs[:nc])
+    return factorize(prim.fn, inputs[nc + npairs + n_rows:], inputs[:nc])
+
+
+def fields_of_block(prim: GemmMapReduce, factorization: Factorization, flat: Sequence[Any]) -> list:
+    """`block_fields` for a block of `prim`, from the block program's inputs (consts, lhs blocks, row data,
+    rhs blocks, column data): what a backward pass that takes each pair as a part of the fold differentiates."""
+    nc, npairs, n_rows = _operand_counts(prim)
     flat = list(flat)
     consts, ls = flat[:nc], flat[nc: nc + npairs]
     row_blk, rs, col_blk = flat[nc + npairs: nc + npairs + n_rows], flat[nc + npairs + n_rows: nc + 2 * npairs + n_rows], flat[nc + 2 * npairs + n_rows:]
