@@ -597,6 +597,38 @@ def test_logsumexp_edges(chunks):
         kc.logsumexp(np.arange(3))
 
 
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("order", ["ascending", "descending", "spikes"])
+def test_logsumexp_running_maximum(order, chunks):
+    """One pass over memory: the running maximum grows block after block (ascending: every block rescales
+    the sum so far), or a few large values sit far apart."""
+    x = _rng("logsumexp-order", chunks).normal(scale=50.0, size=30_011)
+    if order == "ascending":
+        x.sort()
+    elif order == "descending":
+        x[::-1].sort()
+    else:
+        x[[5, 9_000, 20_000, 30_010]] = [300.0, 400.0, 350.0, 700.0]
+    np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), np.logaddexp.reduce(x), rtol=1e-13)
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("specials", [{7_000: np.nan}, {7_000: np.inf}, {7_000: np.inf, 25_000: np.nan},
+                                      {25_000: np.inf, 100: np.nan}, {3: -np.inf, 9_999: -np.inf, 29_000: -np.inf},
+                                      {"all": -np.inf}, {"all": -np.inf, 12_345: 2.0}, {"all": np.inf}])
+def test_logsumexp_special_values_in_long_arrays(specials, chunks):
+    """inf, -inf and NaN past the first block, in arrays long enough to span many blocks and chunks."""
+    x = _rng("logsumexp-specials", chunks).normal(size=30_011)
+    for at, value in specials.items():
+        if at == "all":
+            x[:] = value
+        else:
+            x[at] = value
+    with np.errstate(invalid="ignore"):
+        want = np.logaddexp.reduce(x)
+    np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), want, rtol=1e-13, err_msg=str(specials))
+
+
 # ---------------------------------------------------------------- column sums
 
 @pytest.mark.parametrize("chunks", [None, 1, 3])
