@@ -106,12 +106,7 @@ def _kernel_source(T, x, tops, sums, lanes):
     n = x.shape[0]
     for t in prange(T):
         tops[t], sums[t] = _chunk(x, t * n // T, (t + 1) * n // T, lanes)
-    top = tops[0]
-    for t in range(1, T):
-        if tops[t] > top or tops[t] != tops[t]:
-            top = tops[t]
-        if top != top:
-            break
+    top = _exact_max(tops, 0, T)
     if top != top or math.isinf(top):
         return top
     total = 0.0
