@@ -19,6 +19,7 @@ Compiled combines live at module level so each kernel compiles once per dtype fo
 from __future__ import annotations
 
 import ast
+import re
 import importlib
 import subprocess
 import sys
@@ -334,6 +335,48 @@ def test_commutative_fold_of_two_leaves_and_of_mapped_elements(n, chunks):
     x = _rng("square-add", n).standard_normal(n)
     (total,) = kc.map_reduce(square, 1, add, 1, (0.0,), [x], chunks=chunks, commutative=True)
     np.testing.assert_allclose(total, np.sum(x * x), rtol=1e-12, atol=1e-300)
+
+
+INLINE_CASES = [("add", F64), ("add", F32), ("mul", F64), ("add", I64), ("mul", I64)]  # ints: the tiled path
+
+
+@pytest.mark.parametrize("n,chunks", TILED_SIZES, ids=TILED_IDS)
+@pytest.mark.parametrize("op_name,dtype", INLINE_CASES, ids=[f"{o}-{d}" for o, d in INLINE_CASES])
+def test_inline_operator_reduce(op_name, dtype, n, chunks):
+    """A fold naming its operator ("add", "mul") is written inline and reassociated: same results."""
+    op, xs, ident = _case(op_name, dtype, n)
+    got = kc.reduce(op.fn, 1, op.identity(dtype), xs, chunks=chunks, operator=op_name)
+    _check(got, fold_reference(op.fn.py_func, ident, xs), op_name, dtype, f"inline {op_name} n={n} chunks={chunks}")
+    x = _rng("square-add-inline", n).standard_normal(n)
+    (total,) = kc.map_reduce(square, 1, add, 1, (0.0,), [x], chunks=chunks, operator="add")
+    np.testing.assert_allclose(total, np.sum(x * x), rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("op_name,specials,want", [
+    ("add", {10: np.nan}, np.nan), ("add", {10: np.inf}, np.inf), ("add", {10: np.inf, 5000: -np.inf}, np.nan),
+    ("mul", {10: np.nan}, np.nan), ("mul", {10: np.inf}, np.inf), ("mul", {10: 0.0, 5000: np.inf}, np.nan)])
+def test_inline_operator_keeps_ieee_special_values(op_name, specials, want, chunks):
+    """Reassociation only: NaN and infinities still propagate (no finite-math assumptions)."""
+    x = np.full(10_001, 1.0)
+    for i, v in specials.items():
+        x[i] = v
+    (got,) = kc.reduce(OPS[op_name].fn, 1, (0.0 if op_name == "add" else 1.0,), [x], chunks=chunks, operator=op_name)
+    np.testing.assert_equal(got, want)
+
+
+@pytest.mark.parametrize("op_name,packed", [("add", "addp"), ("mul", "mulp")])
+def test_inline_operator_fold_is_vectorised(op_name, packed):
+    """The point of naming the operator: LLVM vectorises the reassociable loop (packed SSE/AVX arithmetic)."""
+    kernel = fold_kernel(OPS[op_name].fn, 1, square, 1, parallel=False, commutative=True, operator=op_name)
+    kernel(1, np.ones(3), 0.0, np.empty(1))
+    (asm,) = kernel.inspect_asm().values()
+    assert re.search(rf"\bv?{packed}d\s", asm), f"no packed {packed}d in the {op_name} fold's assembly"
+
+
+def test_inline_operator_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"operator must be one of \['add', 'mul'\] or None, got 'max'"):
+        kc.reduce(add, 1, (0.0,), [np.ones(3)], operator="max")
 
 
 # ---------------------------------------------------------------- map_reduce and map

@@ -73,23 +73,28 @@ def call(targets: str, fn: str, args: str, count: int) -> str:
     return f"{names(targets, count)} = {fn}({args})"
 
 
-def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any], *, parallel: bool) -> Any:
+def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any], *, parallel: bool,
+                   fastmath: set[str] | None = None) -> Any:
     """The njit-compiled `kernel` for `key`, building its source with `build()` on first use.
 
     `env` holds the globals the source refers to (the caller's compiled functions; None entries are
     unused); `np`, `prange` and `as_scalar` are always available. Generated source is registered with
-    linecache (or written to a file) so that Numba's error messages and tracebacks can show it.
+    linecache (or written to a file) so that Numba's error messages and tracebacks can show it. `fastmath`:
+    LLVM's fast-math flags for the kernel's own instructions (`key` must tell kernels with and without apart).
     """
     with _LOCK:
         kernel = _KERNELS.get(key)
         if kernel is None:
             env = {k: v for k, v in env.items() if v is not None}
             options = {"parallel": parallel, "error_model": "numpy"}
+            if fastmath:
+                options["fastmath"] = set(fastmath)
             if modules.cache_dir() is not None and all(modules.is_content_addressed(f) for f in env.values()):
                 preamble = "\n".join(["import numpy as np", "from numba import prange",
                                       "from kernels.cpu.codegen import as_scalar"]
                                      + [modules.import_line(f, alias) for alias, f in sorted(env.items())])
-                kernel = modules.load_module(preamble + "\n\n" + build(), {"kernel": options}).kernel
+                flags = f"# fastmath: {sorted(fastmath)}\n" if fastmath else ""  # the module is named by its text
+                kernel = modules.load_module(preamble + "\n\n" + flags + build(), {"kernel": options}).kernel
             else:
                 source = build()
                 filename = f"<kernels.cpu generated #{next(_SERIAL)}: {key[0]}>"

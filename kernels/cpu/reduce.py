@@ -37,6 +37,10 @@ from .lanes import WIDTH, lane_call, lane_form
 
 # Independent accumulators per parallel chunk: enough to hide the latency of a floating-point add.
 LANES = 4
+# Operators a floating-point fold may name (its combine is exactly this IEEE operation on one leaf): the
+# kernel then writes the operation inline and lets LLVM reassociate it ("reassoc" on the kernel's own
+# instructions only; the mapper and combine keep theirs), so the loop vectoriser keeps SIMD partial results.
+INLINE_OPERATORS = {"add": "+", "mul": "*"}
 # Lanes of a commutative fold. LLVM unrolls a loop of 32 or fewer iterations of a bare operator completely,
 # leaving it to the SLP vectoriser that Numba disables; it vectorises a loop of 64 (checked in the assembly:
 # packed ymm additions and maxima), with or without a mapper.
@@ -136,8 +140,24 @@ for i in range({TILE} * q, hi - lo):
     {_combine_into("acc", "e", k)}"""
 
 
-def _fold_source(k: int, m: int, mapped: bool, vector: bool, tiled: bool = False) -> str:
-    if tiled:  # TILE lanes of consecutive elements, serially too
+def _reassociated_loop(m: int, mapped: bool, symbol: str) -> str:
+    """Fold lo <= i < hi into acc0 with the inline operator `symbol`, in one loop that LLVM may reassociate
+    (the kernel is compiled with fastmath "reassoc"): it vectorises the fold into SIMD partial results, as
+    for a Numba prange reduction. Indices from 0 over views, as in _tiled_loop."""
+    return f"""{each("y{j} = x{j}[lo:hi]", m)}
+acc0 = id0
+for i in range(hi - lo):
+{indent(_element(1, m, mapped, "i", "e", "y"), 4)}
+    acc0 = acc0 {symbol} e0"""
+
+
+def _fold_source(k: int, m: int, mapped: bool, vector: bool, tiled: bool = False, inline: str | None = None) -> str:
+    if inline is not None:  # one reassociable loop, serially too
+        serial = f"""lo = 0
+hi = n
+{_reassociated_loop(m, mapped, inline)}
+return (acc0,)"""
+    elif tiled:  # TILE lanes of consecutive elements, serially too
         serial = f"""lo = 0
 hi = n
 {_tiled_loop(k, m, mapped)}
@@ -150,7 +170,10 @@ return ({names("acc", k)},)"""
     else:
         serial = f"""{_fold_loop(k, m, mapped, "0", "n", "s")}
 return ({names("s", k)},)"""
-    chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, LANES, vector=vector)
+    if inline is not None:
+        chunk = _reassociated_loop(m, mapped, inline)
+    else:
+        chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, LANES, vector=vector)
     return f"""
 def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
     n = x0.shape[0]
@@ -169,45 +192,52 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
 
 
 def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, parallel: bool = True,
-                commutative: bool = False) -> Any:
+                commutative: bool = False, operator: str | None = None) -> Any:
     """The compiled kernel(T, x_0..x_{m-1}, id_0..id_{k-1}, p_0..p_{k-1}) -> k-tuple (m = k without mapper).
 
     The p_j are T-element scratch arrays for the chunk partials, allocated by the driver. `commutative`:
     the elements may be folded in any order (TILE lanes of consecutive elements), unless the mapper has a
-    lane form, whose vector calls serve better.
+    lane form, whose vector calls serve better. `operator`: a key of INLINE_OPERATORS that `combine` is
+    (floating-point elements only; the driver checks): the fold is written inline and reassociated.
     """
     m = k if mapper is None else m
     vector = lane_form(mapper) if LANES == WIDTH else None
-    tiled = commutative and vector is None
-    key = ("fold", combine, mapper, k, m, parallel, tiled)
-    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None, tiled),
-                          {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel)
+    inline = INLINE_OPERATORS[operator] if operator is not None and k == 1 and vector is None else None
+    tiled = commutative and vector is None and inline is None
+    key = ("fold", combine, mapper, k, m, parallel, tiled, inline)
+    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None, tiled, inline),
+                          {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel,
+                          fastmath={"reassoc"} if inline is not None else None)
 
 
 def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], *,
-           chunks: int | None = None, commutative: bool = False) -> tuple:
+           chunks: int | None = None, commutative: bool = False, operator: str | None = None) -> tuple:
     """Reduce k 1-D arrays of one length n (the leaves of n elements) with `combine`.
 
     Returns a tuple of k NumPy scalars of the leaves' dtypes; the identity when n == 0.
     `chunks` overrides the number of parallel chunks (default: one per Numba thread, see host.num_chunks).
     `commutative`: `combine` is commutative, so the elements may be folded in any order (faster).
+    `operator`: "add" or "mul" when `combine` is exactly that operation (so commutative too): floating-point
+    folds are then vectorised, reassociated as a commutative fold's lanes are.
     """
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
     dtypes = [a.dtype for a in leaves]
     ident = host.cast_identity(identity, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel, commutative=commutative), combine, ident,
-                dtypes, leaves, chunks)
+    operator = _inline_operator(operator, k, dtypes)
+    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel, commutative=commutative or operator is not None,
+                                             operator=operator), combine, ident, dtypes, leaves, chunks)
 
 
 def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
-               inputs: Sequence[np.ndarray], *, chunks: int | None = None, commutative: bool = False) -> tuple:
+               inputs: Sequence[np.ndarray], *, chunks: int | None = None, commutative: bool = False,
+               operator: str | None = None) -> tuple:
     """Reduce the elements mapper(inputs[0][i], ..., inputs[m-1][i]), i < n, without materialising them.
 
     `mapper` takes m scalars and returns k (a scalar when k == 1); the element dtypes are its result
-    types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes. `commutative`: as
-    for reduce.
+    types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes. `commutative` and
+    `operator`: as for reduce.
     """
     host.check_function(mapper, "mapper")
     host.check_function(combine, "combine")
@@ -215,8 +245,16 @@ def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any
     inputs = host.check_arrays(inputs, m, 1, "inputs")
     dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
     ident = host.cast_identity(identity, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel, commutative), combine, ident, dtypes,
-                inputs, chunks)
+    operator = _inline_operator(operator, k, dtypes)
+    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel, commutative or operator is not None,
+                                             operator), combine, ident, dtypes, inputs, chunks)
+
+
+def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> str | None:
+    """`operator` where the kernel may write it inline (one floating-point leaf), else None."""
+    if operator is not None and operator not in INLINE_OPERATORS:
+        raise ValueError(f"operator must be one of {sorted(INLINE_OPERATORS)} or None, got {operator!r}")
+    return operator if k == 1 and dtypes[0].kind == "f" else None
 
 
 def _run(kernel_for: Callable[[bool], Any], combine: Any, ident: tuple, dtypes: list[np.dtype], xs: list[np.ndarray],

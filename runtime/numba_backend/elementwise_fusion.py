@@ -31,7 +31,7 @@ from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, is_scalar_program
-from .lowering import decline, is_commutative, numba_impls, run_kernel, sum_reduce_program, worth_compiling
+from .lowering import decline, fold_options, numba_impls, run_kernel, sum_reduce_program, worth_compiling
 
 ELEMENTWISE = (Elementwise, Convert)  # the primitives a run is made of
 
@@ -249,7 +249,7 @@ def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: i
     identity = (prim.region.stmts[-1].args[0].value[()],)
     if depth == 0:  # the whole run folded to one value
         total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs,
-                           commutative=is_commutative(prim.reduce))
+                           **fold_options(prim.reduce))
         return None if total is None else [np.asarray(total[0])]
     rows = run_kernel(prim, "segmented_reduce", fn, combine, 1, identity, inputs)  # one fold per row
     return None if rows is None else [rows[0]]

@@ -15,7 +15,7 @@ from fold.primitives import Map, Reduce
 
 from ..interpreter import numpy_impls
 from .codegen import compile_scalar_program, is_scalar_program
-from .lowering import _identity, decline, is_commutative, map_inputs, numba_impls
+from .lowering import _identity, decline, fold_options, map_inputs, numba_impls
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _fused(prim: FusedMapReduce, args: list, depth: int):
         mapper = compile_scalar_program(prim.map.body)
         combine = compile_scalar_program(prim.reduce.body)
         result = kernels.cpu.map_reduce(mapper, len(inputs), combine, 1, ident, inputs,
-                                         commutative=is_commutative(prim.reduce))
+                                         **fold_options(prim.reduce))
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"it does not compile: {type(err).__name__}")
     return [np.asarray(result[0])]

@@ -157,6 +157,15 @@ def is_commutative(prim: Reduce) -> bool:
     return bool(getattr(prim.monoid, "commutative", False)) or recognize_binary_op(prim.body, prim.num_consts) is not None
 
 
+def fold_options(prim: Reduce) -> dict:
+    """What a fold kernel may assume of a reduce's operator: `commutative` (see is_commutative), and
+    `operator`, the name of a recognised operation the kernel writes inline and vectorises (+ and *)."""
+    from kernels.cpu.reduce import INLINE_OPERATORS
+
+    op = recognize_binary_op(prim.body, prim.num_consts)
+    return {"commutative": is_commutative(prim), "operator": op if op in INLINE_OPERATORS else None}
+
+
 @numba_impls.register(Reduce)
 def _reduce(prim: Reduce, args: list, depth: int):
     op = recognize_binary_op(prim.body, prim.num_consts)
@@ -172,7 +181,7 @@ def _reduce(prim: Reduce, args: list, depth: int):
     shapes, k = _element_shapes(prim), len(ident)
     xs = args[prim.num_consts + prim.num_leaves:]
     if depth == 0:
-        return _joined(run_kernel(prim, "reduce", combine, k, ident, _split(xs, shapes, 1), commutative=is_commutative(prim)),
+        return _joined(run_kernel(prim, "reduce", combine, k, ident, _split(xs, shapes, 1), **fold_options(prim)),
                        shapes)
     rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
     full = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs]
