@@ -23,6 +23,10 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:  # see kernels/__init__.py, Threads
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
+from . import cache_stamp  # noqa: E402
+
+cache_stamp.install()  # before any kernel is compiled with cache=True
+
 from . import codegen, host  # noqa: E402 (after the thread policy, which OpenMP reads when it starts)
 from .bidirectional import scan_pair_map  # noqa: E402
 from .columns import column_sums
