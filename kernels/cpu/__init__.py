@@ -1,7 +1,8 @@
 """Numba CPU kernel templates (parallel with prange) and their host drivers; see `kernels` for the contract.
 
-    reduce(combine, k, identity, leaves, *, chunks=None)                       -> k scalars
-    map_reduce(mapper, m, combine, k, identity, inputs, *, chunks=None)        -> k scalars
+    reduce(combine, k, identity, leaves, *, chunks=None, commutative=False, operator=None) -> k scalars
+    map_reduce(mapper, m, combine, k, identity, inputs, *, chunks=None, commutative=False, operator=None)
+                                                                               -> k scalars
     segmented_reduce(mapper_or_None, combine, k, identity, inputs, *, parallel=None) -> k arrays (rows,)
     scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, chunks=None) -> k arrays (n,)
     map_scan(mapper, m, combine, k, identity, inputs, exclusive=False, reverse=False, *, post=None, r=None,
