@@ -49,12 +49,14 @@ def test_a_cached_kernel_is_reused_until_the_kernel_sources_change(tmp_path):
     assert _run_child(tmp_path, "as if vector_math.py had changed") == [0, 1]  # stale: compiled again
 
 
-def test_which_files_are_stamped():
+def test_which_files_are_stamped(tmp_path):
     assert cache_stamp.is_stamped(str(ROOT / "kernels" / "cpu" / "logsumexp.py"))
     assert cache_stamp.is_stamped(str(ROOT / "runtime" / "numba_backend" / "codegen.py"))
     assert cache_stamp.is_stamped("/anywhere/" + modules.PREFIX + "0123abcd.py")
     assert not cache_stamp.is_stamped(np.__file__)
     assert cache_stamp.GENERATED_PREFIX == modules.PREFIX
+    (tmp_path / "checkout").symlink_to(ROOT, target_is_directory=True)  # a checkout reached by a link
+    assert cache_stamp.is_stamped(str(tmp_path / "checkout" / "kernels" / "cpu" / "logsumexp.py"))
 
 
 def test_the_digest_covers_every_kernel_source():

@@ -19,7 +19,6 @@ locators are not installed and a warning says that the cache must be cleared by 
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -41,7 +40,7 @@ def sources_digest() -> str:
 
 def is_stamped(py_file: str) -> bool:
     """Whether functions compiled from this file get the sources digest in their cache stamp."""
-    path = Path(os.path.abspath(py_file))
+    path = Path(py_file).resolve()  # as ROOT is: a checkout reached through a symbolic link still matches
     return path.name.startswith(GENERATED_PREFIX) or any(folder in path.parents for folder in SOURCE_FOLDERS)
 
 

@@ -225,9 +225,9 @@ def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.nd
     leaves = host.check_arrays(leaves, k, 1, "leaves")
     dtypes = [a.dtype for a in leaves]
     ident = host.cast_identity(identity, dtypes)
-    operator = _inline_operator(operator, k, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel, commutative=commutative or operator is not None,
-                                             operator=operator), combine, ident, dtypes, leaves, chunks)
+    commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
+    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel, commutative=commutative, operator=operator),
+                combine, ident, dtypes, leaves, chunks)
 
 
 def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
@@ -245,9 +245,9 @@ def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any
     inputs = host.check_arrays(inputs, m, 1, "inputs")
     dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
     ident = host.cast_identity(identity, dtypes)
-    operator = _inline_operator(operator, k, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel, commutative or operator is not None,
-                                             operator), combine, ident, dtypes, inputs, chunks)
+    commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
+    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel, commutative, operator), combine, ident,
+                dtypes, inputs, chunks)
 
 
 def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> str | None:
