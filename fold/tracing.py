@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .dtypes import ShapedArray, check_dtype
+from .dtypes import SUPPORTED_DTYPES, ShapedArray, check_dtype
 from .errors import ConcretizationError, EscapedTracerError, FoldTypeError
 from .ir import Atom, Let, Lit, Primitive, Program, Var
 from .pytree import TreeDef, leaf_paths, tree_flatten
@@ -202,8 +202,11 @@ def to_array_leaf(value: Any, where: str, path: str) -> "Tracer | np.ndarray":
 def abstractify(args: Any, where: str) -> tuple[list, TreeDef, list[ShapedArray]]:
     """Flatten user arguments, check every leaf, and give each its abstract value."""
     leaves, treedef = tree_flatten(args)
-    paths = leaf_paths(treedef)
-    checked = [to_array_leaf(leaf, where, path) for leaf, path in zip(leaves, paths, strict=True)]
+    if all(type(leaf) is np.ndarray and leaf.dtype in SUPPORTED_DTYPES for leaf in leaves):
+        checked = leaves  # the common case of a warm call; the leaf paths are only for error messages
+    else:
+        paths = leaf_paths(treedef)
+        checked = [to_array_leaf(leaf, where, path) for leaf, path in zip(leaves, paths, strict=True)]
     avals = [leaf.aval if isinstance(leaf, Tracer) else ShapedArray(leaf.shape, leaf.dtype) for leaf in checked]
     return checked, treedef, avals
 

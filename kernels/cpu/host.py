@@ -122,6 +122,9 @@ def cast_identity(identity: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple:
         raise ValueError(f"identity must be a tuple of {len(dtypes)} scalar(s) (one per leaf), got {identity!r}")
     out = []
     for j, (value, dtype) in enumerate(zip(identity, dtypes, strict=True)):
+        if type(value) is dtype.type:  # already a scalar of the element dtype (the backend's case): nothing to cast
+            out.append(value)
+            continue
         with np.errstate(all="ignore"):
             cast = np.asarray(value).astype(dtype)[()] if np.ndim(value) == 0 else None
         if cast is None or not _same_value(cast, value):

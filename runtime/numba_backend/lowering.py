@@ -55,13 +55,14 @@ def _element_shapes(prim) -> list[tuple[int, ...]]:
 
 
 def _identity(identity: list[np.ndarray], shapes: list[tuple]) -> tuple | None:
-    """The identity's scalar components, or None if it differs from row to row (an identity inside a map)."""
+    """The identity's scalar components (NumPy scalars of its dtype, which the kernels take as they are), or
+    None if it differs from row to row (an identity inside a map)."""
     parts = []
     for e, shape in zip(identity, shapes, strict=True):
         batch = e.shape[: e.ndim - len(shape)]
         if any(b != 1 for b in batch):
             return None
-        parts += [c.item() for c in e.reshape(-1)]
+        parts += list(e.reshape(-1))
     return tuple(parts)
 
 
