@@ -105,7 +105,7 @@ def value_and_grad(f: Callable[..., Any], argnums: int | Sequence[int] = 0, *, r
 
     The value comes from the same gradient program (one forward sweep), not from a second evaluation.
     """
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    single, nums = _argnums(argnums)
 
     def value_and_grad_f(*args: Any) -> tuple[Any, Any]:
         flat_args, program, nc = _trace(f, args, "fold.grad")
@@ -117,7 +117,7 @@ def value_and_grad(f: Callable[..., Any], argnums: int | Sequence[int] = 0, *, r
         results = _run(grad_program, flat_args + [seed])
         cts = program.in_tree.unflatten(_spread(results[1:], in_mask, program.in_avals)[nc:])
         grads = tuple(cts[i] for i in nums)
-        return results[0], (grads[0] if isinstance(argnums, int) else grads)
+        return results[0], (grads[0] if single else grads)
 
     value_and_grad_f.__name__ = f"value_and_grad({getattr(f, '__name__', 'f')})"
     return value_and_grad_f
@@ -144,6 +144,18 @@ def _check_scalar(program: Program) -> None:
     if len(avals) != 1 or avals[0].shape != () or not differentiable(avals[0]):
         got = ", ".join(map(str, avals)) or "nothing"
         raise FoldTypeError(f"fold.grad: the function must return one float scalar, got {got}")
+
+
+def _argnums(argnums: Any) -> tuple[bool, tuple[int, ...]]:
+    """(whether argnums names one argument, the argument numbers); a bool, a float or a string is an error."""
+    def is_int(i: Any) -> bool:
+        return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
+
+    if is_int(argnums):
+        return True, (int(argnums),)
+    if isinstance(argnums, (tuple, list)) and argnums and all(is_int(i) for i in argnums):
+        return False, tuple(int(i) for i in argnums)
+    raise FoldTypeError(f"fold.grad: argnums must be an int or a non-empty tuple or list of ints, got {argnums!r}")
 
 
 def _check_argnums(args: tuple, nums: tuple[int, ...]) -> None:

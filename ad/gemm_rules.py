@@ -36,6 +36,7 @@ from fold.pytree import tree_flatten
 from fold.tracing import bind, trace_body
 
 from .fn_vjp import vjp_of_function
+from .monoid_d import check_d_result
 from .gemm_element_rules import element_rule
 from .jvp import jvp_inline, jvp_rules
 from .vjp import current_gemm_rule, vjp_inline, vjp_rules
@@ -48,6 +49,7 @@ def _d_program(prim: GemmMapReduce):
     elem = prim.op.out_tree
     elems = elem.unflatten(list(prim.op.out_avals))
     traced = trace_body(lambda c, a, g: prim.monoid.d(c, a, g), (elems, elems, elems), f"d of {prim.monoid.name}")
+    check_d_result(prim.monoid.name, traced.out_tree, list(traced.program.out_avals), elem, list(prim.op.out_avals))
     return traced.program
 
 

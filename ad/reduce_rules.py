@@ -20,6 +20,7 @@ from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
 from .fn_vjp import vjp_of_function
+from .monoid_d import check_d_result, row_aval
 from .vjp import current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of, differentiable
 
@@ -85,8 +86,7 @@ def _monoid_vjp(prim, consts, identity, xs, ys, cts):
     from fold.pytree import tree_flatten
 
     leaves, got = tree_flatten(result)
-    if got != elem:
-        raise FoldError(f"monoid {prim.monoid.name}: d returned structure {got}, expected {elem}")
+    check_d_result(prim.monoid.name, got, [row_aval(v) for v in leaves], elem, [row_aval(x) for x in xs])
     return leaves
 
 

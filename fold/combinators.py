@@ -111,8 +111,9 @@ def scan(op: Operator, xs: Any, *, identity: Any = None, exclusive: bool = False
 
     Inclusive by default (`out[i] = x_0 . ... . x_i`); `exclusive=True` shifts by one, starting at the identity.
     """
+    flags = [_flag("fold.scan", "exclusive", exclusive), _flag("fold.scan", "reverse", reverse)]
     leaves, treedef, _, ident, body, monoid = _fold_setup("fold.scan", op, xs, identity)
-    prim = Scan(body.program, len(body.consts), monoid, bool(exclusive), bool(reverse))
+    prim = Scan(body.program, len(body.consts), monoid, *flags)
     return treedef.unflatten(bind(prim, *body.consts, *ident, *leaves))
 
 
@@ -122,9 +123,12 @@ def reduce_by_index(op: Operator, n: int, indices: Any, values: Any, *, identity
     Bins no index names hold the identity; indices outside [0, n) are ignored (as in Futhark).
     """
     where = "fold.reduce_by_index"
-    if not isinstance(n, (int, np.integer)) or n < 0:
-        raise FoldTypeError(f"{where}: n must be a non-negative int, got {n!r}")
-    (idx,), _, (idx_aval,) = abstractify(indices, where)
+    n = _count(where, "n", n, 0)
+    idx_leaves, _, idx_avals = abstractify(indices, where)
+    if len(idx_leaves) != 1:
+        raise FoldTypeError(f"{where}: indices must be one 1-d integer array, got a structure of {len(idx_leaves)} "
+                            f"leaves ({indices!r:.60}); pass np.asarray(indices)")
+    (idx,), (idx_aval,) = idx_leaves, idx_avals
     if idx_aval.ndim != 1 or idx_aval.dtype.kind not in "iu":
         raise FoldTypeError(f"{where}: indices must be a 1-d integer array, got {idx_aval}")
     leaves, treedef, avals = abstractify(values, where)
@@ -134,7 +138,7 @@ def reduce_by_index(op: Operator, n: int, indices: Any, values: Any, *, identity
     fn, ident, monoid = _operator(where, op, identity)
     ident_leaves = identity_leaves(where, ident, treedef, elems)
     body = _trace_operator(where, fn, treedef, elems)
-    prim = ReduceByIndex(body.program, len(body.consts), int(n), monoid)
+    prim = ReduceByIndex(body.program, len(body.consts), n, monoid)
     return treedef.unflatten(bind(prim, *body.consts, *ident_leaves, idx, *leaves))
 
 
@@ -144,10 +148,8 @@ def loop(body: Callable[[Any, Any], Any], init: Any, n: int, *, checkpoint: int 
     `checkpoint=k` affects only differentiation: every k-th state is saved and the rest recomputed.
     """
     where = "fold.loop"
-    if not isinstance(n, (int, np.integer)) or n < 0:
-        raise FoldTypeError(f"{where}: n must be a non-negative int, got {n!r}")
-    if checkpoint is not None and (not isinstance(checkpoint, (int, np.integer)) or checkpoint < 1):
-        raise FoldTypeError(f"{where}: checkpoint must be a positive int or None, got {checkpoint!r}")
+    n = _count(where, "n", n, 0)
+    checkpoint = None if checkpoint is None else _count(where, "checkpoint", checkpoint, 1, " or None")
     leaves, treedef, avals = abstractify(init, where)
     counter = ShapedArray((), np.dtype("int64"))
     traced = trace_body(body, (counter, treedef.unflatten(avals)), f"loop body {_name(body)}")
@@ -157,8 +159,22 @@ def loop(body: Callable[[Any, Any], Any], init: Any, n: int, *, checkpoint: int 
         paths = leaf_paths(treedef, "state")
         diffs = ", ".join(f"{p}: {a} -> {g}" for p, a, g in zip(paths, avals, traced.program.out_avals, strict=True) if a != g)
         raise StructureError(f"{where}: body must return a state like its input, but {diffs}")
-    prim = Loop(traced.program, len(traced.consts), int(n), None if checkpoint is None else int(checkpoint))
+    prim = Loop(traced.program, len(traced.consts), n, checkpoint)
     return treedef.unflatten(bind(prim, *traced.consts, *leaves))
+
+
+def _count(where: str, name: str, value: Any, least: int, alternative: str = "") -> int:
+    """A static integer parameter as an int; a bool, a float or a value below `least` is an error."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+        kind = "non-negative" if least == 0 else "positive" if least == 1 else f">= {least}"
+        raise FoldTypeError(f"{where}: {name} must be a {kind} int{alternative}, got {value!r}")
+    return int(value)
+
+
+def _flag(where: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise FoldTypeError(f"{where}: {name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _name(fn: Any) -> str:

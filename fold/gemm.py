@@ -65,6 +65,14 @@ def _check_block(where: str, block: Any) -> tuple[int, int] | None:
     return int(pair[0]), int(pair[1])
 
 
+def _check_budget(where: str, budget: Any) -> int:
+    if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
+        raise FoldTypeError(f"{where}: budget must be an int (bytes per block), got {budget!r}")
+    if budget <= 0:
+        raise ShapeError(f"{where}: budget must be a positive number of bytes, got {budget!r}")
+    return int(budget)
+
+
 def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, *, rows: Sequence[Any] = (),
                     cols: Sequence[Any] = (), block: int | tuple[int, int] | None = None,
                     budget: int = DEFAULT_BLOCK_BUDGET) -> Any:
@@ -128,7 +136,7 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
     factorization = factorize(fn_program, col_inputs, inputs[:nc])
     per_pair = dtype.itemsize * (len(factorization.pointwise.stmts) + npairs + 4) + sum(
         e.nbytes for i, e in enumerate(elems) if i in factorization.full)
-    bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, budget)
+    bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, _check_budget(where, budget))
     shapes = sorted({(min(bi, m - i0), min(bj, n - j0)) for i0 in range(0, m, bi) for j0 in range(0, n, bj)})
     const_avals = [v.aval for v in inputs[:nc]]
 

@@ -82,6 +82,21 @@ def identity_leaves(where: str, identity: Any, treedef: TreeDef, elems: list[Sha
 
 
 def _cast(array: np.ndarray, dtype: np.dtype, where: str, path: str) -> np.ndarray:
+    """The identity leaf in the element dtype; a finite value that the cast would change (0.9 for an int,
+    1e20 for an int32, 1e300 for a float32, 2 for a bool) or a NaN for a non-float dtype is an error, not a
+    different identity."""
+    with np.errstate(all="ignore"):
+        cast = _cast_special(array, dtype, where, path)
+        finite = np.isfinite(array) if array.dtype.kind == "f" else np.ones(array.shape, bool)
+        changed = ~np.isfinite(cast) if dtype.kind == "f" else cast != array
+        nan_lost = np.isnan(array) if array.dtype.kind == "f" and dtype.kind != "f" else False
+    if np.any((finite & changed) | nan_lost):
+        raise FoldTypeError(f"{where}: identity leaf {path} = {array} does not fit the element dtype {dtype.name} "
+                            f"(the cast gives {cast})")
+    return cast
+
+
+def _cast_special(array: np.ndarray, dtype: np.dtype, where: str, path: str) -> np.ndarray:
     if dtype.kind == "f" or array.dtype.kind != "f" or np.all(np.isfinite(array)):
         return array.astype(dtype)
     if dtype.kind in "iu":

@@ -13,6 +13,7 @@ at once on the numpy backend (eager mode), so `fold.exp(np.ones(3))` works outsi
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any, Callable, Sequence
 
@@ -156,7 +157,10 @@ class Tracer:
         self._concrete("using it as a Python index")
 
     def __array__(self, *args, **kwargs):
-        self._concrete("converting it to a NumPy array")
+        # NumPy also asks for this when a traced value indexes a NumPy array (table[i]): say how to gather
+        self._concrete("converting it to a NumPy array (which NumPy does when it indexes a NumPy array or list "
+                       "with it: index a fold value instead, fold.ops.getitem(table, i), or pass the table as an "
+                       "argument of the traced function)")
 
     __hash__ = object.__hash__
 
@@ -227,6 +231,7 @@ def trace_body(
 
     The Program's inputs are the captured outer variables first, then the leaves of the arguments.
     """
+    _check_callable(fn, len(arg_trees), label)
     parent = current_scope()
     flat_avals, in_tree = tree_flatten(tuple(arg_trees))
     scope = Scope(parent, label)
@@ -252,6 +257,22 @@ def trace_body(
     )
     consts = [Tracer(v, parent) for v in captured_outer] if parent is not None else []
     return TracedBody(program, consts, out_tree)
+
+
+def _check_callable(fn: Any, count: int, label: str) -> None:
+    """`fn` can be called with `count` positional arguments, or a FoldTypeError saying what it is and what it
+    takes (a TypeError raised inside a body that does run is the user's own and passes through)."""
+    if not callable(fn):
+        raise FoldTypeError(f"{label}: expected a function, got {type(fn).__name__} ({fn!r:.60})")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check before calling it
+        return
+    try:
+        signature.bind(*range(count))
+    except TypeError as err:
+        raise FoldTypeError(f"{label}: {_fn_name(fn)}{signature} cannot be called with {count} argument(s) "
+                            f"({err})") from None
 
 
 def _fn_name(fn: Callable) -> str:

@@ -10,6 +10,8 @@ from .tracing import shape_rules
 def check_program(program: Program, _label: str = "program") -> None:
     """Raise ProgramError unless: every variable is bound once, every use is bound before it (bodies are
     closed: they see only their own inputs), and every statement's outputs agree with its shape rule."""
+    if not isinstance(program, Program):
+        raise TypeError(f"check_program: expected a fold Program (from fold.trace), got {type(program).__name__}")
     bound: set[Var] = set()
 
     def bind(var: Var, where: str) -> None:
