@@ -71,6 +71,75 @@ def _dtype_key(x: Any) -> Any:
     return x if _is_weak(x) else x.dtype
 
 
+# ------------------------------------------------------------------------- static (trace-time) arguments
+# Sizes, shapes and axes are fixed when a function is traced. Only ints and NumPy integers are taken: int() would
+# truncate a float (2.9 -> 2) and a bool would count as 0 or 1, both silently, giving another program than meant.
+
+
+def _is_sequence(x: Any) -> bool:
+    return isinstance(x, Sequence) or (isinstance(x, np.ndarray) and x.ndim > 0)
+
+
+def _static_int(value: Any, where: str, what: str, within: Any = None) -> int:
+    """`value` as a Python int, or a FoldTypeError naming `where`, `what`, the value and `within` (the argument)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (bool, np.bool_)):
+        why = "a bool is not taken as 0 or 1"
+    elif isinstance(value, (float, np.floating)):
+        why = "floats are refused, even whole ones such as 2.0; write int(...) if truncation is meant"
+    else:
+        why = f"a {type(value).__name__}"
+    context = "" if within is None else f" in {within!r}"
+    raise FoldTypeError(f"{where}: {what} must be an integer, got {value!r}{context} ({why})")
+
+
+def _static_size(value: Any, where: str, what: str) -> int:
+    """A non-negative static int (a length, a count)."""
+    n = _static_int(value, where, what)
+    if n < 0:
+        raise ShapeError(f"{where}: {what} must be non-negative, got {n}")
+    return n
+
+
+def _static_shape(shape: Any, where: str, infer: bool = False) -> tuple[int, ...]:
+    """`shape` (an int or a sequence of ints) as a tuple of non-negative ints; with `infer`, one entry may be -1."""
+    if isinstance(shape, (numbers.Number, np.generic)):
+        sizes = (_static_int(shape, where, "shape"),)
+    elif _is_sequence(shape):
+        sizes = tuple(_static_int(s, where, "each shape entry", within=shape) for s in shape)
+    else:
+        kind = type(shape).__name__
+        raise FoldTypeError(f"{where}: shape must be an int or a sequence of ints, got {shape!r:.60} ({kind})")
+    bad = [s for s in sizes if s < -1 or (s == -1 and not infer)]
+    if bad:
+        allowed = " (or one -1, to infer that dimension)" if infer else ""
+        raise ShapeError(f"{where}: shape entries must be non-negative{allowed}, got {bad[0]} in {sizes}")
+    if sizes.count(-1) > 1:
+        raise ShapeError(f"{where}: shape {sizes} has more than one -1 (only one dimension can be inferred)")
+    return sizes
+
+
+def _static_axis(axis: Any, shape: tuple[int, ...], where: str, within: Any = None) -> int:
+    """`axis` of an array of `shape`, made non-negative. NumPy's range, -ndim <= axis < ndim: wrapping an axis
+    around with `axis % ndim` alone would silently pick another one."""
+    a = _static_int(axis, where, "axis", within)
+    if not -len(shape) <= a < len(shape):
+        raise ShapeError(f"{where}: axis {a} is out of range for an array of shape {shape}")
+    return a % len(shape)
+
+
+def _static_axes(axes: Any, shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """`axes` (an axis or a sequence of them) of an array of `shape`, made non-negative; none may appear twice."""
+    if not _is_sequence(axes):
+        return (_static_axis(axes, shape, where),)
+    out = tuple(_static_axis(a, shape, where, within=axes) for a in axes)
+    for i, a in enumerate(out):
+        if a in out[:i]:
+            raise ShapeError(f"{where}: axis {a} appears more than once in {axes!r} (array shape {shape})")
+    return out
+
+
 def convert(x: ArrayLike, dtype: Any) -> ArrayLike:
     """`x` as `dtype` (a no-op if it already is)."""
     dtype = check_dtype(np.dtype(dtype), "convert")
@@ -87,7 +156,7 @@ def convert(x: ArrayLike, dtype: Any) -> ArrayLike:
 def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
     """`x` broadcast to `shape` (NumPy rules), as an explicit statement."""
     x = as_value(x, "broadcast_to")
-    shape = tuple(int(s) for s in shape)
+    shape = _static_shape(shape, "fold.broadcast_to")
     if shape_of(x) == shape:
         return x
     if _is_weak(x):
@@ -175,19 +244,19 @@ def where(cond: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 def iota(n: int, dtype: Any = "int64") -> ArrayLike:
-    """The array [0, 1, ..., n-1]."""
-    if not isinstance(n, (int, np.integer)) or n < 0:
-        raise FoldTypeError(f"iota: n must be a non-negative int, got {n!r}")
-    return bind(Iota(int(n), check_dtype(np.dtype(dtype), "iota")))[0]
+    """The array [0, 1, ..., n-1] (of a number dtype: a bool array cannot count past 1)."""
+    n = _static_size(n, "fold.iota", "n")
+    dtype = check_dtype(np.dtype(dtype), "fold.iota")
+    if dtype == np.dtype(bool):
+        raise FoldTypeError(f"fold.iota: dtype must be a number type (int32, int64, float32, float64), got {dtype.name}")
+    return bind(Iota(n, dtype))[0]
 
 
 def reshape(x: ArrayLike, shape: Sequence[int] | int) -> ArrayLike:
     """`x` with a new shape of the same size; one dimension may be -1."""
     x = as_value(x, "reshape")
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    shape = _static_shape(shape, "fold.reshape", infer=True)
     size = int(np.prod(shape_of(x), dtype=np.int64))
-    if shape.count(-1) > 1:
-        raise ShapeError(f"reshape: more than one -1 in {shape}")
     if -1 in shape:
         known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
         if known == 0 or size % known:
@@ -202,17 +271,12 @@ def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> ArrayLike:
     """Permute the axes of `x` (reverse them by default)."""
     x = as_value(x, "transpose")
     ndim = len(shape_of(x))
-    perm = tuple(range(ndim))[::-1] if axes is None else tuple(int(a) % max(ndim, 1) for a in axes)
-    if sorted(perm) != list(range(ndim)) or (axes is not None and not _axes_in_range(axes, ndim)):
-        raise ShapeError(f"transpose: axes {tuple(axes)} are not a permutation of the {ndim} axes of {shape_of(x)}")
+    perm = tuple(range(ndim))[::-1] if axes is None else _static_axes(axes, shape_of(x), "fold.transpose")
+    if len(perm) != ndim:
+        raise ShapeError(f"fold.transpose: axes {axes!r} are not a permutation of the {ndim} axes of {shape_of(x)}")
     if perm == tuple(range(ndim)):
         return x
     return bind(Transpose(perm), x)[0]
-
-
-def _axes_in_range(axes: Sequence[int], ndim: int) -> bool:
-    # NumPy's rule: -ndim <= axis < ndim; taking `axis % ndim` alone would silently pick another axis
-    return all(-ndim <= int(a) < ndim for a in axes)
 
 
 def concatenate(xs: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
@@ -223,9 +287,7 @@ def concatenate(xs: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
     ndim = len(shape_of(values[0]))
     if ndim == 0:
         raise ShapeError("concatenate: cannot concatenate 0-d arrays")
-    if not _axes_in_range((axis,), ndim):
-        raise ShapeError(f"concatenate: axis {axis} is out of range for arrays of shape {shape_of(values[0])}")
-    axis = axis % ndim
+    axis = _static_axis(axis, shape_of(values[0]), "fold.concatenate")
     dtype = _result_dtype(values, "compare", "concatenate") if all(np.result_type(_dtype_key(v)) == bool for v in values) else _result_dtype(values, "arith", "concatenate")
     values = [convert(v, dtype) for v in values]
     if len(values) == 1:
@@ -236,12 +298,9 @@ def concatenate(xs: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
 def sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:  # noqa: A001
     """Sum over the given axes (all by default)."""
     x = as_value(x, "sum")
-    ndim = len(shape_of(x))
-    axes = tuple(range(ndim)) if axis is None else ((axis,) if isinstance(axis, int) else tuple(axis))
-    if not _axes_in_range(axes, ndim):
-        raise ShapeError(f"sum: axis {axis} is out of range for an array of shape {shape_of(x)}")
-    axes = tuple(sorted({a % ndim for a in axes})) if ndim else ()
-    if shape_of(x) and np.result_type(_dtype_key(x)) == bool:
+    shape = shape_of(x)
+    axes = tuple(range(len(shape))) if axis is None else tuple(sorted(_static_axes(axis, shape, "fold.sum")))
+    if shape and np.result_type(_dtype_key(x)) == bool:
         x = convert(x, "int64")
     if not axes:
         return x
@@ -281,8 +340,9 @@ def stop_gradient(x: ArrayLike) -> ArrayLike:
 
 def replicate(n: int, x: ArrayLike) -> ArrayLike:
     """`n` copies of `x` stacked along a new leading axis."""
+    n = _static_size(n, "fold.replicate", "n")
     x = as_value(x, "replicate")
-    return broadcast_to(reshape(x, (1,) + shape_of(x)), (int(n),) + shape_of(x))
+    return broadcast_to(reshape(x, (1,) + shape_of(x)), (n,) + shape_of(x))
 
 
 # ---------------------------------------------------------------------------------------------- indexing
