@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import host, vector_math
+from .modules import variant
 from .vector_math import vexp
 
 SUB = 2048  # elements per sub-block: 16 KiB of float64, read from L1 by the exp loop after the max loop
@@ -121,7 +122,8 @@ _fast_max = njit(fastmath={"nnan"})(_fast_max)  # not inlined: the flags stay on
 _sum_exp = njit(inline="always")(_sum_exp)
 _with_block = njit(inline="always")(_with_block)
 _chunk = njit(inline="always")(_chunk)
-_KERNELS = {parallel: njit(parallel=parallel, cache=True, error_model="numpy")(_kernel_source) for parallel in (False, True)}
+_KERNELS = {parallel: njit(parallel=parallel, cache=True, error_model="numpy")(
+    variant(_kernel_source, "parallel" if parallel else "serial")) for parallel in (False, True)}
 
 
 def logsumexp(x: np.ndarray, *, chunks: int | None = None) -> np.floating:

@@ -5,7 +5,10 @@ Numba's `cache=True` keys a compiled function on its source file and bytecode, n
 calls. A module here is named `fold_gen_<hash of its text>` and calls only what it defines, what libraries
 provide, and what it imports from other such modules, so its text fixes its behaviour: a cached compilation
 found for it can belong to no other code. `load_module` writes the file once (atomically), imports it, and
-njit-compiles the functions named in `jit` with `cache=True`.
+njit-compiles the functions named in `jit` with `cache=True`. The text must also fix those options (a
+comment line will do): Numba's cache does not key on them (a serial and a parallel compilation of one function
+share one entry), and one text is one module per process, so `load_module` refuses the same text with other
+options.
 
 Where the files go: `$FOLD_CACHE_DIR/kernels`, by default `~/.cache/fold/kernels` (under $XDG_CACHE_HOME
 if set); Numba writes its cache beside them (or under $NUMBA_CACHE_DIR). `FOLD_CACHE_DIR=""` turns the
@@ -22,7 +25,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 from numba import njit
@@ -58,6 +61,9 @@ def load_module(source: str, jit: dict[str, dict[str, Any]]) -> ModuleType:
     with _LOCK:
         module = sys.modules.get(name)
         if module is not None:
+            if module.__fold_jit_options__ != jit:
+                raise RuntimeError(f"load_module: {name} was compiled with {module.__fold_jit_options__}, now asked for "
+                                   f"{jit}; the options must be part of the text (Numba's cache does not tell them apart)")
             return module
         folder = cache_dir()
         path = _write_once(folder, name, source) if folder is not None else None
@@ -75,6 +81,7 @@ def load_module(source: str, jit: dict[str, dict[str, Any]]) -> ModuleType:
         for fn_name, options in jit.items():
             setattr(module, fn_name, njit(cache=path is not None, **options)(getattr(module, fn_name)))
         module.__fold_content_addressed__ = True
+        module.__fold_jit_options__ = jit
         return module
 
 
@@ -91,3 +98,14 @@ def _write_once(folder: Path, name: str, source: str) -> Path | None:
         return path
     except OSError:
         return None
+
+
+def variant(fn: FunctionType, label: str) -> FunctionType:
+    """A copy of `fn` named `<name>_<label>`, for one of several njit compilations of the same source with
+    different options (serial, parallel): Numba names a cache entry by the function's qualified name and line
+    and does not key it on the options, so that two compilations of `fn` itself would load each other's code."""
+    copy = FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{label}", fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = f"{fn.__qualname__}_{label}"
+    copy.__module__ = fn.__module__
+    copy.__doc__ = fn.__doc__
+    return copy
