@@ -17,9 +17,14 @@ from fold.tracing import Tracer, current_scope
 from .backends import get_backend
 
 
-def _finish(outs: list[np.ndarray]) -> list[np.ndarray]:
-    # views made by broadcasting are read-only and share memory; hand the user ordinary arrays
-    return [o if o.flags.writeable and o.flags.c_contiguous else np.array(o, order="C") for o in outs]
+def _finish(outs: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The outputs as arrays of the caller's own: a view made by broadcasting is read-only, and an output that
+    is an input, a view of one (a reshape) or another output would change with it when written to."""
+    finished: list[np.ndarray] = []
+    for o in outs:
+        shared = any(np.may_share_memory(o, other) for other in [*inputs, *finished])
+        finished.append(o if o.flags.writeable and o.flags.c_contiguous and not shared else np.array(o, order="C"))
+    return finished
 
 
 class Jitted:
@@ -67,7 +72,8 @@ class Jitted:
             self.trace_count += 1
             self._compiled[key] = entry
         program, compiled = entry
-        return program.out_tree.unflatten(_finish(compiled([np.asarray(leaf) for leaf in leaves])))
+        inputs = [np.asarray(leaf) for leaf in leaves]
+        return program.out_tree.unflatten(_finish(compiled(inputs), inputs))
 
 
 def jit(f: Callable[..., Any], backend: str | None = None) -> Jitted:

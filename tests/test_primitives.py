@@ -399,3 +399,18 @@ def test_results_are_writeable_arrays_not_broadcast_views() -> None:
     out = run_checked(lambda a: fold.broadcast_to(a, (3, 2)), np.ones(2))
     out[0, 0] = 5.0  # a read-only broadcast view would raise here
     assert out.sum() == 10.0
+
+
+@pytest.mark.parametrize("f", [lambda a: a, lambda a: fold.reshape(a, (2, 3)), lambda a: (a, a), lambda a: (a * 2.0, a),
+                               lambda a: {"same": a[0], "again": a[0]}],
+                         ids=["identity", "reshape", "twice", "with another", "static index twice"])
+def test_results_are_the_callers_own_arrays(f) -> None:
+    """Writing to a result of fold.jit changes neither the inputs nor the other results (as under JAX, whose
+    results are immutable): an output that is an input, a view of one or another output is copied."""
+    x = np.arange(6.0)
+    outs, _ = fold.tree_flatten(fold.jit(f)(x))
+    for i, out in enumerate(outs):
+        assert not np.may_share_memory(out, x)
+        assert not any(np.may_share_memory(out, other) for other in outs[:i])
+        out[...] = -1.0
+    np.testing.assert_array_equal(x, np.arange(6.0))
