@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fold.api import captured_consts, signature_of, trace_signature
-from fold.dtypes import ShapedArray
+from fold.dtypes import ShapedArray, is_static_int
 from fold.errors import FoldTypeError, ShapeError, StructureError
 from fold.inline import inline_program
 from fold.ir import Program
@@ -148,12 +148,9 @@ def _check_scalar(program: Program) -> None:
 
 def _argnums(argnums: Any) -> tuple[bool, tuple[int, ...]]:
     """(whether argnums names one argument, the argument numbers); a bool, a float or a string is an error."""
-    def is_int(i: Any) -> bool:
-        return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
-
-    if is_int(argnums):
+    if is_static_int(argnums):
         return True, (int(argnums),)
-    if isinstance(argnums, (tuple, list)) and argnums and all(is_int(i) for i in argnums):
+    if isinstance(argnums, (tuple, list)) and argnums and all(is_static_int(i) for i in argnums):
         return False, tuple(int(i) for i in argnums)
     raise FoldTypeError(f"fold.grad: argnums must be an int or a non-empty tuple or list of ints, got {argnums!r}")
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .dtypes import ShapedArray
+from .dtypes import ShapedArray, is_static_int
 from .errors import FoldTypeError, ShapeError, StructureError
 from .monoid import Monoid, identity_leaves
 from .primitives import Loop, Map, Reduce, ReduceByIndex, Scan
@@ -165,7 +165,7 @@ def loop(body: Callable[[Any, Any], Any], init: Any, n: int, *, checkpoint: int 
 
 def _count(where: str, name: str, value: Any, least: int, alternative: str = "") -> int:
     """A static integer parameter as an int; a bool, a float or a value below `least` is an error."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+    if not is_static_int(value) or value < least:
         kind = "non-negative" if least == 0 else "positive" if least == 1 else f">= {least}"
         raise FoldTypeError(f"{where}: {name} must be a {kind} int{alternative}, got {value!r}")
     return int(value)

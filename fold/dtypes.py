@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,12 @@ def check_dtype(dtype: np.dtype, where: str) -> np.dtype:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise FoldTypeError(f"{where}: dtype {dtype.name} is not supported (fold supports {names})")
     return dtype
+
+
+def is_static_int(value: Any) -> bool:
+    """A Python or NumPy integer, and not a bool (which Python counts as an int): what a count, a size or an
+    axis must be, so that a float is never truncated and True never read as 1."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def is_float(dtype: np.dtype) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import ops
 from .combinators import map as fold_map
-from .dtypes import ShapedArray
+from .dtypes import ShapedArray, is_static_int
 from .errors import FoldTypeError, ShapeError, StructureError
 from .factorize import Factorization, factorize
 from .gemm_folds import Factored, Full, fold_block
@@ -58,7 +58,7 @@ def _check_block(where: str, block: Any) -> tuple[int, int] | None:
     if block is None:
         return None
     pair = (block, block) if isinstance(block, (int, np.integer)) else tuple(block) if isinstance(block, (tuple, list)) else ()
-    if len(pair) != 2 or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in pair):
+    if len(pair) != 2 or not all(is_static_int(b) for b in pair):
         raise FoldTypeError(f"{where}: block must be an int or a pair of ints (rows, columns), got {block!r}")
     if min(pair) <= 0:
         raise ShapeError(f"{where}: block sizes must be positive, got {block!r}")
@@ -66,7 +66,7 @@ def _check_block(where: str, block: Any) -> tuple[int, int] | None:
 
 
 def _check_budget(where: str, budget: Any) -> int:
-    if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
+    if not is_static_int(budget):
         raise FoldTypeError(f"{where}: budget must be an int (bytes per block), got {budget!r}")
     if budget <= 0:
         raise ShapeError(f"{where}: budget must be a positive number of bytes, got {budget!r}")

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dtypes import SUPPORTED_DTYPES, check_dtype
+from .dtypes import SUPPORTED_DTYPES, check_dtype, is_static_int
 from .errors import FoldIndexError, FoldTypeError, ShapeError
 from .primitives import (
     SCALAR_OPS,
@@ -82,7 +82,7 @@ def _is_sequence(x: Any) -> bool:
 
 def _static_int(value: Any, where: str, what: str, within: Any = None) -> int:
     """`value` as a Python int, or a FoldTypeError naming `where`, `what`, the value and `within` (the argument)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+    if is_static_int(value):
         return int(value)
     if isinstance(value, (bool, np.bool_)):
         why = "a bool is not taken as 0 or 1"
@@ -387,7 +387,7 @@ def getitem(x: ArrayLike, key: Any) -> ArrayLike:
             start, stop, step = sl.indices(size)
             static.append((start, stop, step))
             out_shape.append(len(range(start, stop, step)))
-        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        elif is_static_int(k):
             if not -size <= k < size:
                 raise FoldIndexError(f"index {k} is out of range for axis {axis} of size {size} (array shape {shape})")
             static.append(int(k) % size)
@@ -400,7 +400,7 @@ def getitem(x: ArrayLike, key: Any) -> ArrayLike:
         result = bind(StaticIndex(tuple(static)), np.asarray(x) if _is_weak(x) else x)[0]
     if dynamic:
         pos = dynamic[0]
-        dyn_axis = builtins.sum(1 for k in entries[:pos] if not isinstance(k, (int, np.integer)) or isinstance(k, bool))
+        dyn_axis = builtins.sum(1 for k in entries[:pos] if not is_static_int(k))
         return _gather_axis(result, entries[pos], dyn_axis)
     return reshape(result, tuple(out_shape))
 
