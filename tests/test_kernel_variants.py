@@ -62,12 +62,15 @@ def test_compile_kernel_keeps_each_variants_options(disk_cache) -> None:
         assert kernel(np.ones(10)) == 10.0
 
 
-def test_load_module_refuses_one_text_with_other_options(disk_cache) -> None:
+def test_load_module_makes_one_text_with_other_options_another_module(disk_cache) -> None:
     source = "def kernel(x):\n    return x + 1\n"
     module = modules.load_module(source, {"kernel": {"parallel": False}})
     assert modules.load_module(source, {"kernel": {"parallel": False}}) is module
-    with pytest.raises(RuntimeError, match="the options must be part of the text"):
-        modules.load_module(source, {"kernel": {"parallel": True}})
+    other = modules.load_module(source, {"kernel": {"parallel": True}})
+    assert other is not module and other.__name__ != module.__name__
+    assert other.kernel.targetoptions["parallel"] is True and not module.kernel.targetoptions.get("parallel", False)
+    same = modules.load_module(source, {"kernel": {"fastmath": {"reassoc", "contract"}}})
+    assert modules.load_module(source, {"kernel": {"fastmath": {"contract", "reassoc"}}}) is same
 
 
 # Runs logsumexp in a fresh process on the cache in argv[1]: on 100 elements (the serial kernel) or on 2^20

@@ -93,9 +93,7 @@ def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any],
                 preamble = "\n".join(["import numpy as np", "from numba import prange",
                                       "from kernels.cpu.codegen import as_scalar"]
                                      + [modules.import_line(f, alias) for alias, f in sorted(env.items())])
-                # the module is named by its text, and Numba's cache does not key on the options: they go in it
-                flags = f"# njit: parallel={parallel}, fastmath={sorted(fastmath or ())}\n"
-                kernel = modules.load_module(preamble + "\n\n" + flags + build(), {"kernel": options}).kernel
+                kernel = modules.load_module(preamble + "\n\n" + build(), {"kernel": options}).kernel
             else:
                 source = build()
                 filename = f"<kernels.cpu generated #{next(_SERIAL)}: {key[0]}>"

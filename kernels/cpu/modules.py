@@ -5,10 +5,9 @@ Numba's `cache=True` keys a compiled function on its source file and bytecode, n
 calls. A module here is named `fold_gen_<hash of its text>` and calls only what it defines, what libraries
 provide, and what it imports from other such modules, so its text fixes its behaviour: a cached compilation
 found for it can belong to no other code. `load_module` writes the file once (atomically), imports it, and
-njit-compiles the functions named in `jit` with `cache=True`. The text must also fix those options (a
-comment line will do): Numba's cache does not key on them (a serial and a parallel compilation of one function
-share one entry), and one text is one module per process, so `load_module` refuses the same text with other
-options.
+njit-compiles the functions named in `jit` with `cache=True`. Those options are written into the text as its
+last line, so they name the module too: Numba's cache does not key on them (a serial and a parallel
+compilation of one function would share one entry), and one name is one module per process.
 
 Where the files go: `$FOLD_CACHE_DIR/kernels`, by default `~/.cache/fold/kernels` (under $XDG_CACHE_HOME
 if set); Numba writes its cache beside them (or under $NUMBA_CACHE_DIR). `FOLD_CACHE_DIR=""` turns the
@@ -56,14 +55,13 @@ def import_line(fn: Any, alias: str) -> str:
 
 def load_module(source: str, jit: dict[str, dict[str, Any]]) -> ModuleType:
     """The module with this text (made once per process), its functions named in `jit` compiled by
-    numba.njit with those options (and `cache=True` when the module has a file)."""
+    numba.njit with those options (and `cache=True` when the module has a file). The same source with other
+    options is another module."""
+    source = source.rstrip("\n") + "\n\n" + _options_line(jit) + "\n"
     name = PREFIX + hashlib.sha256(source.encode()).hexdigest()[:24]
     with _LOCK:
         module = sys.modules.get(name)
         if module is not None:
-            if module.__fold_jit_options__ != jit:
-                raise RuntimeError(f"load_module: {name} was compiled with {module.__fold_jit_options__}, now asked for "
-                                   f"{jit}; the options must be part of the text (Numba's cache does not tell them apart)")
             return module
         folder = cache_dir()
         path = _write_once(folder, name, source) if folder is not None else None
@@ -81,8 +79,15 @@ def load_module(source: str, jit: dict[str, dict[str, Any]]) -> ModuleType:
         for fn_name, options in jit.items():
             setattr(module, fn_name, njit(cache=path is not None, **options)(getattr(module, fn_name)))
         module.__fold_content_addressed__ = True
-        module.__fold_jit_options__ = jit
         return module
+
+
+def _options_line(jit: dict[str, dict[str, Any]]) -> str:
+    """`jit` as a comment, the same text for the same options (fastmath's set sorted)."""
+    def canonical(value: Any) -> Any:
+        return sorted(value) if isinstance(value, (set, frozenset)) else value
+    return "# njit: " + "; ".join(f"{fn}({', '.join(f'{k}={canonical(v)!r}' for k, v in sorted(options.items()))})"
+                                  for fn, options in sorted(jit.items()))
 
 
 def _write_once(folder: Path, name: str, source: str) -> Path | None:
