@@ -9,6 +9,7 @@ from fold.ir import Program
 from .elementwise_fusion import fuse_elementwise
 from .fold_producers import private_fold_producers
 from .fusion import fuse
+from .gemm_backward_fusion import fuse_gemm_backward
 from .lowering import COMPILE_FROM
 from .scale_hoisting import hoist_scales
 from .scan_fusion import fuse_map_scans
@@ -20,7 +21,8 @@ _prepared: "weakref.WeakKeyDictionary[Program, dict[bool, Program]]" = weakref.W
 
 
 def prepare(program: Program, whole_arrays: bool = False) -> Program:
-    """The program with the backend's fusions applied to its top level (scan pairs read by a map, scans
+    """The program with the backend's fusions applied to its top level (a gemm_map_reduce with its vjp's
+    block sum, scan pairs read by a map, scans
     with the maps that make their elements and read their results, maps read by a reduce, maps of scalar maps
     as elementwise statements, scaled matrix products as products of a scaled operand, folds with private
     copies of the cheap values they read, repeated views merged, runs of elementwise statements); memoised, since gemm block
@@ -29,6 +31,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     per_program = _prepared.setdefault(program, {})
     found = per_program.get(whole_arrays)
     if found is None:
+        program = fuse_gemm_backward(program, prepare)
         fused = share_views(private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))))
         found = per_program[whole_arrays] = fuse_elementwise(fused, COMPILE_FROM if whole_arrays else 0)
     return found

@@ -19,7 +19,7 @@ from fold.primitives.gemm import split_gemm_args
 from ..interpreter import eval_program, numpy_impls
 
 
-def _blocks(m: int, n: int, block: tuple[int, int]):
+def block_grid(m: int, n: int, block: tuple[int, int]):
     bi, bj = block
     for i0 in range(0, m, bi):
         yield i0, min(i0 + bi, m), [(j0, min(j0 + bj, n)) for j0 in range(0, n, bj)]
@@ -39,7 +39,7 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = 
     consts, identity, rows, cols = split_gemm_args(prim, args)
     m, n = rows[0].shape[0], cols[0].shape[0]
     totals = [np.empty((m,) + np.shape(e), np.asarray(e).dtype) for e in identity]
-    for i0, i1, col_blocks in _blocks(m, n, prim.block):
+    for i0, i1, col_blocks in block_grid(m, n, prim.block):
         running = None
         row_blk = [r[i0:i1] for r in rows]
         for j0, j1 in col_blocks:
@@ -50,27 +50,36 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = 
     return totals
 
 
-def _extents(prim: GemmBlockSum, args: list) -> tuple[int, int]:
+def role_extents(prim: GemmBlockSum, args: list) -> tuple[int, int]:
     return tuple(next(a.shape[0] for a, r in zip(args, prim.in_roles, strict=True) if r == role) for role in ("row", "col"))
 
 
-def _slice(value: np.ndarray, role: str, rows: slice, cols: slice) -> np.ndarray:
+def role_slice(value: np.ndarray, role: str, rows: slice, cols: slice) -> np.ndarray:
     return value if role == "whole" else value[rows if role == "row" else cols]
 
 
 @numpy_impls.register(GemmBlockSum)
 def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
     _at_top_level(prim, depth)
-    m, n = _extents(prim, args)
-    extent = {"row": m, "col": n}
-    sums = [np.zeros(a.shape if r == "whole" else (extent[r],) + a.shape[1:], a.dtype)
-            for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
-    for i0, i1, col_blocks in _blocks(m, n, prim.block):
+    m, n = role_extents(prim, args)
+    sums = zero_sums(prim, m, n)
+    for i0, i1, col_blocks in block_grid(m, n, prim.block):
         rows = slice(i0, i1)
         for j0, j1 in col_blocks:
             cols = slice(j0, j1)
-            inputs = [_slice(a, r, rows, cols) for a, r in zip(args, prim.in_roles, strict=True)]
-            parts = run_block(prim.block_program((i1 - i0, j1 - j0)), inputs)
-            for total, part, role in zip(sums, parts, prim.out_roles, strict=True):
-                _slice(total, role, rows, cols)[...] += part
+            inputs = [role_slice(a, r, rows, cols) for a, r in zip(args, prim.in_roles, strict=True)]
+            add_parts(prim, sums, run_block(prim.block_program((i1 - i0, j1 - j0)), inputs), rows, cols)
     return sums
+
+
+def zero_sums(prim: GemmBlockSum, m: int, n: int) -> list[np.ndarray]:
+    """The block sum's outputs before any block is added: zeros of their full shapes."""
+    extent = {"row": m, "col": n}
+    return [np.zeros(a.shape if r == "whole" else (extent[r],) + a.shape[1:], a.dtype)
+            for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
+
+
+def add_parts(prim: GemmBlockSum, sums: list[np.ndarray], parts: list, rows: slice, cols: slice) -> None:
+    """Add one block's outputs into the sums, each where its role puts it."""
+    for total, part, role in zip(sums, parts, prim.out_roles, strict=True):
+        role_slice(total, role, rows, cols)[...] += part

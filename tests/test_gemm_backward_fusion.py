@@ -1,0 +1,166 @@
+"""The numba backend runs a gemm_map_reduce and its vjp's block sum as one walk that computes each block's
+products once (runtime/numba_backend/gemm_backward_fusion.py). Checked: where it applies (and where it must
+not: a cotangent computed from the gemm's own results, kept products over the budget), that it gives the
+same bits as the two statements run apart, and the numpy backend's results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fold
+from ad import vjp_program
+from examples import gemm_layers as L
+from fold.inline import inline_program
+from runtime.numba_backend import passes
+from runtime.numba_backend.gemm_backward_fusion import GemmWithBackward, fuse_gemm_backward
+
+M, N, F = 40, 60, 8
+BLOCK = (16, 24)  # ragged: 40 = 16 + 16 + 8 rows, 60 = 24 + 24 + 12 columns
+
+
+def _inputs(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    r = lambda *shape: rng.standard_normal(shape)  # noqa: E731
+    return {"Q": r(M, F), "K": r(N, F), "V": r(N, F), "G": r(M, F), "P": r(M, F), "C": r(N, F),
+            "t": rng.integers(0, N, M), "g": r(M), "Pt": r(M, F), "Ct": r(N, F), "X": r(M, F), "W": r(F, N),
+            "Wo": r(N, F), "tau": np.float64(0.7)}
+
+
+def _scaled_attention(Q, K, V, tau):
+    """attention with a traced temperature: the map captures a value (a "whole" operand of the backward)."""
+    A = fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, v: {"z": s * tau, "v": v}, Q, K, cols=(V,), block=BLOCK)
+    return A["v"]
+
+
+# (name, function, argument names, cotangent name): layers whose cotangents are inputs of the gradient program
+LAYERS = [
+    ("attention", lambda Q, K, V: L.attention(Q, K, V, block=BLOCK), "QKV", "G"),
+    ("causal_attention", lambda Q, K, V: L.causal_attention(Q, K, V, block=BLOCK), "QKV", "G"),
+    ("cross_entropy", lambda P, C, t: L.cross_entropy(P, C, t, block=BLOCK), ("P", "C", "t"), "g"),
+    ("distillation", lambda P, C, Pt, Ct: L.distillation(P, C, Pt, Ct, block=BLOCK), ("P", "C", "Pt", "Ct"), "g"),
+    ("mlp", lambda X, W, Wo: L.mlp(X, W, Wo, block=BLOCK), ("X", "W", "Wo"), "G"),
+    ("scaled_attention", _scaled_attention, ("Q", "K", "V", "tau"), "G"),
+]
+
+
+def _gradient_program(f, args):
+    program, _ = vjp_program(fold.trace(f, *args), with_primal_outputs=True)
+    return program
+
+
+def _run(program, args, backend: str, fusion: bool = True):
+    """The gradient program under fold.jit on `backend`, with the numba backend's fusion on or off."""
+    jitted = fold.jit(lambda *a: inline_program(program, list(a)), backend=backend)
+    if fusion:
+        return jitted(*args)
+    original = passes.fuse_gemm_backward
+    passes.fuse_gemm_backward = lambda p, prepare: p
+    try:
+        return jitted(*args)  # the first call traces and prepares the program, without the fusion
+    finally:
+        passes.fuse_gemm_backward = original
+
+
+def _names(program) -> list[str]:
+    return [s.prim.name for s in passes.prepare(program, whole_arrays=True).stmts]
+
+
+@pytest.mark.parametrize("name,f,arg_names,ct_name", LAYERS, ids=[c[0] for c in LAYERS])
+def test_gradient_of_a_layer_runs_forward_and_backward_as_one_walk(name, f, arg_names, ct_name) -> None:
+    x = _inputs()
+    args = tuple(x[a] for a in arg_names)
+    program = _gradient_program(f, args)
+    names = _names(program)
+    assert names.count(GemmWithBackward.name) == 1 and "gemm_block_sum" not in names, names
+    inputs = args + (x[ct_name],)
+    fused = _run(program, inputs, "numba")
+    apart = _run(program, inputs, "numba", fusion=False)
+    reference = _run(program, inputs, "numpy")
+    assert len(fused) == len(apart) == len(reference)
+    for a, b, ref in zip(fused, apart, reference, strict=True):
+        np.testing.assert_array_equal(a, b)  # the backward reads the very products it would recompute
+        np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["attention", "cross_entropy"])
+def test_blocks_large_enough_to_compile_share_their_scaled_products(layer) -> None:
+    """Blocks of 160 x 256 run compiled kernels, and attention's product is a scaled one ((Q c) K^T, after
+    the backend hoists the scale), in the forward and the backward alike: that is the product kept."""
+    rng = np.random.default_rng(1)
+    m, n, f = 300, 400, 16
+    block = (160, 256)
+    if layer == "attention":
+        fn = lambda Q, K, V: L.attention(Q, K, V, block=block)  # noqa: E731
+        args, ct = (rng.standard_normal((m, f)), rng.standard_normal((n, f)), rng.standard_normal((n, f))), rng.standard_normal((m, f))
+    else:
+        fn = lambda P, C, t: L.cross_entropy(P, C, t, block=block)  # noqa: E731
+        args, ct = (rng.standard_normal((m, f)), rng.standard_normal((n, f)), rng.integers(0, n, m)), rng.standard_normal(m)
+    program = _gradient_program(fn, args)
+    fused = next(s.prim for s in passes.prepare(program, whole_arrays=True).stmts if isinstance(s.prim, GemmWithBackward))
+    for shape, backward in fused.backward_blocks:
+        before = passes.prepare(fused.backward.block_program(shape), whole_arrays=True)
+        count = lambda p: sum(s.prim.name == "matmul" for s in p.stmts)  # noqa: E731
+        assert count(backward) == count(before) - 1, shape
+    inputs = args + (ct,)
+    for a, b, ref in zip(_run(program, inputs, "numba"), _run(program, inputs, "numba", fusion=False),
+                         _run(program, inputs, "numpy"), strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_the_fused_walk_moves_the_cotangents_computation_before_the_forward() -> None:
+    x = _inputs()
+    args = (x["P"], x["C"], x["t"])
+    program = _gradient_program(LAYERS[2][1], args)
+    original = [s.prim.name for s in program.stmts]
+    assert original.index("neg") > original.index("gemm_map_reduce")  # the cotangent of the loss, -g
+    names = _names(program)
+    assert names.index("neg") < names.index(GemmWithBackward.name)
+    assert "gemm_map_reduce_with_vjp[cross_entropy" in str(passes.prepare(program, whole_arrays=True))
+
+
+def test_a_cotangent_computed_from_the_gemm_results_is_not_fused() -> None:
+    """loss = sum(attention(Q, K, V) ** 2): the backward's cotangent 2 O g needs every row of O first."""
+    x = _inputs()
+    f = lambda Q, K, V: fold.sum(L.attention(Q, K, V, block=BLOCK) ** 2)  # noqa: E731
+    args = (x["Q"], x["K"], x["V"])
+    program = _gradient_program(f, args)
+    names = _names(program)
+    assert GemmWithBackward.name not in names and "gemm_block_sum" in names
+    inputs = args + (np.float64(1.5),)
+    for a, ref in zip(_run(program, inputs, "numba"), _run(program, inputs, "numpy"), strict=True):
+        np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_of_two_stacked_layers_only_the_outer_one_is_fused() -> None:
+    """attention(attention(Q, K, V), K, V): the inner layer's cotangent comes from the outer backward, which
+    reads the inner results; the outer layer's cotangent is G."""
+    x = _inputs()
+    f = lambda Q, K, V: L.attention(L.attention(Q, K, V, block=BLOCK), K, V, block=BLOCK)  # noqa: E731
+    args = (x["Q"], x["K"], x["V"])
+    program = _gradient_program(f, args)
+    names = _names(program)
+    assert names.count(GemmWithBackward.name) == 1 and names.count("gemm_block_sum") == 1
+    inputs = args + (x["G"],)
+    for a, ref in zip(_run(program, inputs, "numba"), _run(program, inputs, "numpy"), strict=True):
+        np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_two_independent_layers_are_each_fused() -> None:
+    x = _inputs()
+    f = lambda Q, K, V, P, C, t: (L.attention(Q, K, V, block=BLOCK), L.cross_entropy(P, C, t, block=BLOCK))  # noqa: E731
+    args = (x["Q"], x["K"], x["V"], x["P"], x["C"], x["t"])
+    program = _gradient_program(f, args)
+    assert _names(program).count(GemmWithBackward.name) == 2
+    inputs = args + (x["G"], x["g"])
+    for a, ref in zip(_run(program, inputs, "numba"), _run(program, inputs, "numpy"), strict=True):
+        np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_kept_products_over_the_budget_are_recomputed_instead() -> None:
+    x = _inputs()
+    program = _gradient_program(LAYERS[0][1], (x["Q"], x["K"], x["V"]))
+    kept = 16 * N * 8  # a row block keeps its 16 x 60 products
+    assert any(isinstance(s.prim, GemmWithBackward) for s in fuse_gemm_backward(program, passes.prepare, budget=kept).stmts)
+    assert fuse_gemm_backward(program, passes.prepare, budget=kept - 1) is program
