@@ -241,7 +241,7 @@ def _dense_tangents(ts, xs):
 def _lifted_forward(prim: GemmMapReduce, blocks: tuple) -> GemmMapReduce:
     """The primitive over (value, tangent) pairs: every operand group doubled, the operator lifted."""
     return GemmMapReduce(prim.fn, blocks, _lifted_op(prim), None, 2 * prim.num_consts, 2 * prim.num_row_args,
-                         2 * prim.num_col_args, prim.block)
+                         2 * prim.num_col_args, prim.block, prim.keep)
 
 
 @jvp_rules.register(GemmMapReduce)

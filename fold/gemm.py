@@ -31,6 +31,11 @@ from .tracing import abstractify, bind, trace_body
 # and cross-entropy's 5% (fewer statements run per pair); the numpy backend, fastest at 16 MiB, is 6% slower.
 DEFAULT_BLOCK_BUDGET = 64 * 2**20
 
+# Bytes of products s a gradient may keep, per row block, instead of computing them again in the backward
+# (a backend that runs the forward and the backward together: numba). 1 GiB: all of a row block's at the
+# sizes of the benchmarks (cross-entropy over 131072 classes keeps 965 MiB, an eighth of its logits).
+DEFAULT_KEEP = 2**30
+
 
 def _as_tuple(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
@@ -73,15 +78,24 @@ def _check_budget(where: str, budget: Any) -> int:
     return int(budget)
 
 
+def _check_keep(where: str, keep: Any) -> int:
+    if not is_static_int(keep):
+        raise FoldTypeError(f"{where}: keep must be an int (bytes of products a gradient may keep), got {keep!r}")
+    if keep < 0:
+        raise ShapeError(f"{where}: keep must be a number of bytes, 0 or more, got {keep!r}")
+    return int(keep)
+
+
 def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, *, rows: Sequence[Any] = (),
                     cols: Sequence[Any] = (), block: int | tuple[int, int] | None = None,
-                    budget: int = DEFAULT_BLOCK_BUDGET) -> Any:
+                    budget: int = DEFAULT_BLOCK_BUDGET, keep: int = DEFAULT_KEEP) -> Any:
     """Row folds of a mapped matrix product: A_i = fold_j fn(<lhs_i, rhs_j>, *rows_i, *cols_j).
 
     `lhs` (M x F) and `rhs` (N x F) may be tuples of the same length (then fn receives one s per pair);
     `rows` are arrays with leading axis M, `cols` arrays with leading axis N. The result has the monoid's
     element structure with a leading axis M. `block` (an int or (rows, cols)) overrides the block size,
-    which by default keeps the per-block intermediates near `budget` bytes.
+    which by default keeps the per-block intermediates near `budget` bytes. A gradient may hold up to `keep`
+    bytes of one row block's products to read them again instead of recomputing them (0: recompute all).
 
     >>> import numpy as np, fold
     >>> Q, K = np.random.rand(3, 4), np.random.rand(5, 4)
@@ -137,6 +151,7 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
     per_pair = dtype.itemsize * (len(factorization.pointwise.stmts) + npairs + 4) + sum(
         e.nbytes for i, e in enumerate(elems) if i in factorization.full)
     bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, _check_budget(where, budget))
+    keep = _check_keep(where, keep)
     shapes = sorted({(min(bi, m - i0), min(bj, n - j0)) for i0 in range(0, m, bi) for j0 in range(0, n, bj)})
     const_avals = [v.aval for v in inputs[:nc]]
 
@@ -160,7 +175,7 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
         return traced.program
 
     prim = GemmMapReduce(fn_program, tuple((s, block_program(s)) for s in shapes), op.program, monoid, nc,
-                         npairs + len(row_leaves), npairs + len(col_leaves), (bi, bj))
+                         npairs + len(row_leaves), npairs + len(col_leaves), (bi, bj), keep)
     outs = bind(prim, *body.consts, *identity, *lhs_leaves, *row_leaves, *rhs_leaves, *col_leaves)
     return out_tree.unflatten(outs)
 

@@ -13,7 +13,7 @@ from ad import vjp_program
 from examples import gemm_layers as L
 from fold.inline import inline_program
 from runtime.numba_backend import passes
-from runtime.numba_backend.gemm_backward_fusion import GemmWithBackward, fuse_gemm_backward
+from runtime.numba_backend.gemm_backward_fusion import GemmWithBackward
 
 M, N, F = 40, 60, 8
 BLOCK = (16, 24)  # ragged: 40 = 16 + 16 + 8 rows, 60 = 24 + 24 + 12 columns
@@ -158,9 +158,57 @@ def test_two_independent_layers_are_each_fused() -> None:
         np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-12)
 
 
-def test_kept_products_over_the_budget_are_recomputed_instead() -> None:
+def _attention_keeping(keep: int):
+    def attention(Q, K, V):
+        return fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, v: {"z": s * 0.3, "v": v}, Q, K, cols=(V,),
+                                    block=BLOCK, keep=keep)["v"]
+    return attention
+
+
+@pytest.mark.parametrize("kept_blocks", [0, 1, 2, 3])
+def test_column_blocks_past_keep_bytes_compute_their_products_again(kept_blocks, monkeypatch) -> None:
+    """Row blocks of 16 rows keep 16 x 24 products (3072 bytes) for each of the first two column blocks and
+    16 x 12 for the last; `keep` says how many of them are kept, and the others are recomputed."""
+    from runtime.numba_backend import gemm_backward_fusion as fusion
+
+    x = _inputs()
+    args = (np.random.default_rng(2).standard_normal((48, F)), x["K"], x["V"])  # three row blocks of 16
+    keep = [1, 3072, 6144, 7680][kept_blocks]
+    program = _gradient_program(_attention_keeping(keep), args)
+    fused = next(s.prim for s in passes.prepare(program, whole_arrays=True).stmts if isinstance(s.prim, GemmWithBackward))
+    # the backward programs, told apart by their inputs: the sharing ones also take the product
+    recomputing = len(fused.recompute_blocks[0][1].inputs)
+    assert {len(p.inputs) for _, p in fused.backward_blocks} == {recomputing + 1}
+    ran = []
+    real = fusion.eval_program
+    monkeypatch.setattr(fusion, "eval_program", lambda p, *a, **k: (ran.append(len(p.inputs)), real(p, *a, **k))[1])
+    inputs = args + (np.ones((48, F)),)
+    result = _run(program, inputs, "numba")
+    row_blocks = 3
+    assert ran.count(recomputing + 1) == kept_blocks * row_blocks
+    assert ran.count(recomputing) == (3 - kept_blocks) * row_blocks
+    monkeypatch.setattr(fusion, "eval_program", real)
+    for a, b in zip(result, _run(program, inputs, "numba", fusion=False), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_keep_zero_runs_the_forward_and_backward_apart() -> None:
+    x = _inputs()
+    program = _gradient_program(_attention_keeping(0), (x["Q"], x["K"], x["V"]))
+    assert GemmWithBackward.name not in _names(program)
+
+
+def test_memory_estimate_of_the_prepared_program_counts_the_kept_products() -> None:
+    from runtime.memory import program_peak
+
     x = _inputs()
     program = _gradient_program(LAYERS[0][1], (x["Q"], x["K"], x["V"]))
-    kept = 16 * N * 8  # a row block keeps its 16 x 60 products
-    assert any(isinstance(s.prim, GemmWithBackward) for s in fuse_gemm_backward(program, passes.prepare, budget=kept).stmts)
-    assert fuse_gemm_backward(program, passes.prepare, budget=kept - 1) is program
+    stripe = 16 * N * 8
+    assert program_peak(passes.prepare(program, whole_arrays=True)) >= program_peak(program) + stripe - 16 * 24 * 8 * 2
+
+
+@pytest.mark.parametrize("keep", [-1, 2.5, True])
+def test_a_bad_keep_is_refused(keep) -> None:
+    x = _inputs()
+    with pytest.raises(fold.FoldError, match="keep"):
+        fold.trace(_attention_keeping(keep), x["Q"], x["K"], x["V"])

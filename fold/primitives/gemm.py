@@ -34,6 +34,7 @@ class GemmMapReduce(Primitive):
     num_row_args: int
     num_col_args: int
     block: tuple[int, int]
+    keep: int = 0  # bytes of one row block's products a gradient may keep instead of recomputing them
     name = "gemm_map_reduce"
 
     def bodies(self) -> list[Program]:

@@ -6,10 +6,10 @@ totals and once in the backward. Where the backward's cotangents do not depend o
 (the cotangent of a loss, attention's G), the two can walk the grid together: for each row block, the
 forward's column blocks, keeping their products; then, the row totals of the block being final, the
 backward's column blocks, reading the kept products. That is one product per block fewer: six against
-seven for attention's gradient, three against four for cross-entropy's. The price is one row block's
-products held at once (bi x N values per pair), so a pair is fused only where those fit in
-`KEPT_PRODUCTS_BUDGET` bytes; elsewhere the two statements run as they are. The results are the same
-bits: the backward reads the very arrays it would have recomputed.
+seven for attention's gradient, three against four for cross-entropy's. The price is memory: the products
+of one row block (rows x N values per pair) are held at once, up to the gemm's `keep` bytes (1 GiB by
+default); the column blocks past that recompute theirs, as before. The results are the same bits: the
+backward reads the very arrays it would have recomputed.
 """
 
 from __future__ import annotations
@@ -20,20 +20,14 @@ from typing import Any
 import numpy as np
 
 from fold.dce import dce
-from fold.gemm import DEFAULT_BLOCK_BUDGET
 from fold.ir import Let, Lit, Primitive, Program, Var, flat_program
 from fold.primitives import BroadcastTo, Convert, Elementwise, GemmBlockSum, GemmMapReduce, MatMul, Reshape, Transpose
 from fold.primitives.gemm import split_gemm_args
 from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
+from ..memory import body_extra_rules, program_peak
 from ..numpy_impl.gemm import add_parts, block_grid, role_slice, zero_sums
-
-# The kept products of one row block may take this many bytes (four blocks' worth of intermediates by
-# default): attention's at N = 16384 (137 MiB) and cross-entropy's at N = 32768 (241 MiB) fit, cross-
-# entropy's at N = 131072 (965 MiB) does not, and its gradient recomputes them.
-KEPT_PRODUCTS_BUDGET = 4 * DEFAULT_BLOCK_BUDGET
-
 
 @dataclass(frozen=True)
 class GemmWithBackward(Primitive):
@@ -41,18 +35,20 @@ class GemmWithBackward(Primitive):
 
     Arguments: the forward's, then the backward's cotangents. Results: the forward's, then the backward's.
     The block programs are the backend's prepared ones: the forward's return the products they share
-    after their own results, the backward's take those products as their last inputs.
+    after their own results, the backward's take those products as their last inputs, and the backward's
+    own (`recompute_blocks`) serve the column blocks whose products were not kept.
     """
 
     forward: GemmMapReduce
     backward: GemmBlockSum
     forward_blocks: tuple  # ((bi, bj), forward block program returning its shared products too)
     backward_blocks: tuple  # ((bi, bj), backward block program taking them as inputs)
+    recompute_blocks: tuple  # ((bi, bj), the backward's block program, prepared: it computes them again)
     name = "gemm_map_reduce_with_vjp"
     backend_internal = True
 
     def bodies(self) -> list[Program]:
-        return [p for _, p in self.forward_blocks + self.backward_blocks]
+        return [p for _, p in self.forward_blocks + self.backward_blocks + self.recompute_blocks]
 
     def printed_bodies(self) -> list[Program]:
         return []
@@ -66,8 +62,8 @@ class GemmWithBackward(Primitive):
 @print_rules.register(GemmWithBackward)
 def _print(stmt: Let, args: list[str]) -> str:
     prim = stmt.prim
-    return (f"{prim.name}[{prim.forward.monoid.name}, block={prim.forward.block}, kept products per block: "
-            f"{prim.num_kept}] {' '.join(args)}")
+    return (f"{prim.name}[{prim.forward.monoid.name}, block={prim.forward.block}, shared products per block: "
+            f"{prim.num_kept}, keep={prim.forward.keep}] {' '.join(args)}")
 
 
 def _lookup(table: tuple, shape: tuple[int, int]) -> Program:
@@ -76,7 +72,8 @@ def _lookup(table: tuple, shape: tuple[int, int]) -> Program:
 
 @numpy_impls.register(GemmWithBackward)
 def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
-    """Per row block: the forward's column blocks (their products kept), then the backward's, reading them."""
+    """Per row block: the forward's column blocks (their products kept while they fit in `keep` bytes),
+    then the backward's, reading the kept products or computing the others again."""
     fwd, bwd = prim.forward, prim.backward
     n_fwd = _shared_count(fwd) + fwd.num_leaves
     f_args, cts = list(args[:n_fwd]), list(args[n_fwd:])
@@ -89,10 +86,13 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     for i0, i1, col_blocks in block_grid(m, n, fwd.block):
         row_slice = slice(i0, i1)
         row_blk = [r[row_slice] for r in rows]
-        running, kept = None, []
+        running, kept, kept_bytes = None, [], 0
         for j0, j1 in col_blocks:
             outs = eval_program(_lookup(prim.forward_blocks, (i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
-            kept.append(outs[k:])
+            size = sum(p.nbytes for p in outs[k:])
+            fits = kept_bytes + size <= fwd.keep
+            kept.append(outs[k:] if fits else None)
+            kept_bytes += size if fits else 0
             block_totals = outs[:k]
             running = block_totals if running is None else eval_program(fwd.op, running + block_totals, depth=1)
         for t, r in zip(totals, identity if running is None else running, strict=True):
@@ -100,10 +100,25 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
         for (j0, j1), products in zip(col_blocks, kept, strict=True):
             col_slice = slice(j0, j1)
             inputs = [role_slice(a, r, row_slice, col_slice) for a, r in zip(bwd_args, bwd.in_roles, strict=True)]
-            add_parts(bwd, sums, eval_program(_lookup(prim.backward_blocks, (i1 - i0, j1 - j0)), inputs + list(products)),
-                      row_slice, col_slice)
+            shape = (i1 - i0, j1 - j0)
+            parts = (eval_program(_lookup(prim.recompute_blocks, shape), inputs) if products is None
+                     else eval_program(_lookup(prim.backward_blocks, shape), inputs + list(products)))
+            add_parts(bwd, sums, parts, row_slice, col_slice)
         del kept
     return totals + sums
+
+
+@body_extra_rules.register(GemmWithBackward)
+def _memory(stmt: Let, mult: int) -> int:
+    """The kept products of a row block (all of its column blocks', up to `keep` bytes) and one block
+    program's intermediates at a time."""
+    prim = stmt.prim
+    _, _, rows, cols = split_gemm_args(prim.forward, list(stmt.args))
+    m, n = rows[0].aval.shape[0], cols[0].aval.shape[0]
+    bi, bj = prim.forward.block
+    stripe = sum(a.aval.nbytes for j0 in range(0, n, bj)
+                 for a in _lookup(prim.forward_blocks, (min(bi, m), min(bj, n - j0))).outputs[prim.forward.num_leaves:])
+    return mult * min(stripe, prim.forward.keep) + max(program_peak(p, mult, count_inputs=False) for p in prim.bodies())
 
 
 def _shared_count(fwd: GemmMapReduce) -> int:
@@ -184,36 +199,29 @@ def _depends_on(stmts: list[Let], sources: set[Var]) -> set[Var]:
     return tainted
 
 
-def _kept_bytes(fwd: GemmMapReduce, forward_blocks: dict, m: int, n: int) -> int:
-    """Bytes of the products the first (and widest) row block keeps: those of all its column blocks."""
-    bi, bj = fwd.block
-    return sum(a.aval.nbytes for j0 in range(0, n, bj)
-               for a in forward_blocks[(min(bi, m), min(bj, n - j0))].outputs[fwd.num_leaves:])
-
-
-def _fused_statement(fwd_stmt: Let, bwd_stmt: Let, prepare, budget: int) -> Let | None:
+def _fused_statement(fwd_stmt: Let, bwd_stmt: Let, prepare) -> Let | None:
     fwd, bwd = fwd_stmt.prim, bwd_stmt.prim
+    if fwd.keep == 0:
+        return None
     shared = _shared_count(fwd)
-    forward_blocks, backward_blocks = {}, {}
+    forward_blocks, backward_blocks, recompute_blocks = {}, {}, {}
     for shape, program in fwd.blocks:
-        pair = _share_products(prepare(program, whole_arrays=True), prepare(bwd.block_program(shape), whole_arrays=True), shared)
+        recompute_blocks[shape] = prepare(bwd.block_program(shape), whole_arrays=True)
+        pair = _share_products(prepare(program, whole_arrays=True), recompute_blocks[shape], shared)
         if pair is None:
             return None
         forward_blocks[shape], backward_blocks[shape] = pair
-    if len({len(p.outputs) for p in forward_blocks.values()}) != 1:
-        return None
-    _, _, rows, cols = split_gemm_args(fwd, list(fwd_stmt.args))
-    if _kept_bytes(fwd, forward_blocks, rows[0].aval.shape[0], cols[0].aval.shape[0]) > budget:
-        return None
-    prim = GemmWithBackward(fwd, bwd, tuple(forward_blocks.items()), tuple(backward_blocks.items()))
+    prim = GemmWithBackward(fwd, bwd, tuple(forward_blocks.items()), tuple(backward_blocks.items()),
+                            tuple(recompute_blocks.items()))
     cts = bwd_stmt.args[shared + fwd.num_leaves:]
     return Let(tuple(fwd_stmt.outs) + tuple(bwd_stmt.outs), prim, tuple(fwd_stmt.args) + tuple(cts))
 
 
-def fuse_gemm_backward(program: Program, prepare, budget: int = KEPT_PRODUCTS_BUDGET) -> Program:
+def fuse_gemm_backward(program: Program, prepare) -> Program:
     """`program` with each gemm_map_reduce whose vjp's block sum it also runs, on cotangents that do not
     depend on the gemm's results, replaced by one GemmWithBackward at the gemm's place (the statements
-    computing those cotangents moved before it). Top level only; `prepare` prepares the block programs."""
+    computing those cotangents moved before it). Top level only; `prepare` prepares the block programs.
+    A gemm with `keep=0`, or whose backward computes no product its forward does, is left as it is."""
     stmts = list(program.stmts)
     changed = True
     while changed:
@@ -230,7 +238,7 @@ def fuse_gemm_backward(program: Program, prepare, budget: int = KEPT_PRODUCTS_BU
             cts = [a for a in bwd_stmt.args[_shared_count(fwd_stmt.prim) + fwd_stmt.prim.num_leaves:] if isinstance(a, Var)]
             if any(c in _depends_on(between, set(fwd_stmt.outs)) for c in cts):
                 continue
-            fused = _fused_statement(fwd_stmt, bwd_stmt, prepare, budget)
+            fused = _fused_statement(fwd_stmt, bwd_stmt, prepare)
             if fused is None:
                 continue
             needed, moved = set(cts), set()
