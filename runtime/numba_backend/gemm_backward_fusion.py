@@ -27,7 +27,8 @@ from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
 from ..memory import body_extra_rules, program_peak
-from ..numpy_impl.gemm import add_parts, block_grid, role_slice, zero_sums
+from ..numpy_impl.gemm import add_parts, block_grid, empty_totals, fold_row_block, role_slice, zero_sums
+
 
 @dataclass(frozen=True)
 class GemmWithBackward(Primitive):
@@ -79,24 +80,23 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     f_args, cts = list(args[:n_fwd]), list(args[n_fwd:])
     consts, identity, rows, cols = split_gemm_args(fwd, f_args)
     m, n = rows[0].shape[0], cols[0].shape[0]
-    totals = [np.empty((m,) + np.shape(e), np.asarray(e).dtype) for e in identity]
+    totals = empty_totals(identity, m)
     bwd_args = consts + rows + cols + totals + cts  # the totals are written before any backward block reads them
     sums = zero_sums(bwd, m, n)
     k = fwd.num_leaves
     for i0, i1, col_blocks in block_grid(m, n, fwd.block):
         row_slice = slice(i0, i1)
         row_blk = [r[row_slice] for r in rows]
-        running, kept, kept_bytes = None, [], 0
-        for j0, j1 in col_blocks:
+        kept: list = []
+
+        def forward_block(j0: int, j1: int) -> list:
             outs = eval_program(_lookup(prim.forward_blocks, (i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
             size = sum(p.nbytes for p in outs[k:])
-            fits = kept_bytes + size <= fwd.keep
+            fits = sum(p.nbytes for ps in kept if ps is not None for p in ps) + size <= fwd.keep
             kept.append(outs[k:] if fits else None)
-            kept_bytes += size if fits else 0
-            block_totals = outs[:k]
-            running = block_totals if running is None else eval_program(fwd.op, running + block_totals, depth=1)
-        for t, r in zip(totals, identity if running is None else running, strict=True):
-            t[row_slice] = r
+            return outs[:k]
+
+        fold_row_block(fwd, identity, totals, row_slice, col_blocks, forward_block)
         for (j0, j1), products in zip(col_blocks, kept, strict=True):
             col_slice = slice(j0, j1)
             inputs = [role_slice(a, r, row_slice, col_slice) for a, r in zip(bwd_args, bwd.in_roles, strict=True)]
@@ -104,7 +104,6 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
             parts = (eval_program(_lookup(prim.recompute_blocks, shape), inputs) if products is None
                      else eval_program(_lookup(prim.backward_blocks, shape), inputs + list(products)))
             add_parts(bwd, sums, parts, row_slice, col_slice)
-        del kept
     return totals + sums
 
 

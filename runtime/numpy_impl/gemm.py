@@ -38,16 +38,29 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = 
     _at_top_level(prim, depth)
     consts, identity, rows, cols = split_gemm_args(prim, args)
     m, n = rows[0].shape[0], cols[0].shape[0]
-    totals = [np.empty((m,) + np.shape(e), np.asarray(e).dtype) for e in identity]
+    totals = empty_totals(identity, m)
     for i0, i1, col_blocks in block_grid(m, n, prim.block):
-        running = None
         row_blk = [r[i0:i1] for r in rows]
-        for j0, j1 in col_blocks:
-            block_totals = run_block(prim.block_program((i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
-            running = block_totals if running is None else eval_program(prim.op, running + block_totals, depth=1)
-        for t, r in zip(totals, identity if running is None else running, strict=True):
-            t[i0:i1] = r
+        fold_row_block(prim, identity, totals, slice(i0, i1), col_blocks, lambda j0, j1: run_block(
+            prim.block_program((i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols]))
     return totals
+
+
+def empty_totals(identity: list, m: int) -> list[np.ndarray]:
+    """The row totals of a gemm_map_reduce, to be written row block by row block."""
+    return [np.empty((m,) + np.shape(e), np.asarray(e).dtype) for e in identity]
+
+
+def fold_row_block(prim: GemmMapReduce, identity: list, totals: list[np.ndarray], rows: slice, col_blocks: list,
+                   block_totals: Callable[[int, int], list]) -> None:
+    """Write one row block's totals: the totals of its column blocks (`block_totals(j0, j1)`) folded with
+    the monoid's operator in column order, the first block's being the running totals."""
+    running = None
+    for j0, j1 in col_blocks:
+        found = block_totals(j0, j1)
+        running = found if running is None else eval_program(prim.op, running + found, depth=1)
+    for t, r in zip(totals, identity if running is None else running, strict=True):
+        t[rows] = r
 
 
 def role_extents(prim: GemmBlockSum, args: list) -> tuple[int, int]:
