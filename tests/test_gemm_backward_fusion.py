@@ -109,6 +109,19 @@ def test_blocks_large_enough_to_compile_share_their_scaled_products(layer) -> No
         np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_grad_of_a_mean_loss_with_closed_over_targets_is_fused() -> None:
+    """fold.grad of a mean cross-entropy whose targets the loss closes over: the targets are a literal in
+    both the gemm and its vjp, and the loss's cotangent (1 / M) is a constant."""
+    x = _inputs()
+    loss = lambda P, C: fold.sum(L.cross_entropy(P, C, x["t"], block=BLOCK)) / M  # noqa: E731
+    grad = fold.grad(loss, argnums=(0, 1))
+    assert _names(fold.trace(grad, x["P"], x["C"])).count(GemmWithBackward.name) == 1
+    fused = fold.jit(grad, backend="numba")(x["P"], x["C"])
+    reference = fold.jit(grad, backend="numpy")(x["P"], x["C"])
+    for a, ref in zip(fused, reference, strict=True):
+        np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-14)
+
+
 def test_the_fused_walk_moves_the_cotangents_computation_before_the_forward() -> None:
     x = _inputs()
     args = (x["P"], x["C"], x["t"])

@@ -171,6 +171,14 @@ def _share_products(forward: Program, backward: Program, shared: int) -> tuple[P
     return new_forward, new_backward
 
 
+def _same_atom(a, b) -> bool:
+    """One variable, or literals of one value (a closed-over array appears as a literal in each statement)."""
+    if isinstance(a, Lit) and isinstance(b, Lit):
+        x, y = np.asarray(a.value), np.asarray(b.value)
+        return x is y or (x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y))
+    return a is b
+
+
 def _pair_of(bwd_stmt: Let, producer: dict) -> Let | None:
     """The gemm_map_reduce statement whose vjp `bwd_stmt` is (the layout ad/gemm_rules.py emits: the
     forward's consts, rows and cols, its results, then their cotangents), or None."""
@@ -182,7 +190,7 @@ def _pair_of(bwd_stmt: Let, producer: dict) -> Let | None:
         shared, k = _shared_count(fwd), fwd.num_leaves
         consts, _, rows, cols = split_gemm_args(fwd, list(fwd_stmt.args))
         if (len(bwd_stmt.args) == shared + 2 * k and bwd.block == fwd.block
-                and all(a is b for a, b in zip(bwd_stmt.args[:shared], consts + rows + cols, strict=True))
+                and all(_same_atom(a, b) for a, b in zip(bwd_stmt.args[:shared], consts + rows + cols, strict=True))
                 and all(a is b for a, b in zip(bwd_stmt.args[shared: shared + k], fwd_stmt.outs, strict=True))
                 and sorted(s for s, _ in bwd.blocks) == sorted(s for s, _ in fwd.blocks)):
             return fwd_stmt
