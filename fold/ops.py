@@ -364,6 +364,21 @@ def _normalise_key(key: Any, shape: tuple[int, ...]) -> list:
     return out
 
 
+def _static_slice(sl: slice, axis: int, shape: tuple[int, ...]) -> slice:
+    """`sl`, once its bounds and step are known to be ints (or None) and the step not 0."""
+    for part in ("start", "stop", "step"):
+        value = getattr(sl, part)
+        if isinstance(value, Tracer):
+            raise FoldIndexError(f"a slice {part} must be a static int, not a traced value (axis {axis} of shape "
+                                 f"{shape}): its length would depend on the data; use fold.where or a gather instead")
+        if value is not None and not is_static_int(value):
+            raise FoldIndexError(f"a slice {part} must be an int or None, got {value!r} ({type(value).__name__}) "
+                                 f"for axis {axis} of shape {shape}")
+    if sl.step == 0:
+        raise FoldIndexError(f"a slice step cannot be 0 (axis {axis} of shape {shape})")
+    return sl
+
+
 def getitem(x: ArrayLike, key: Any) -> ArrayLike:
     """NumPy-style indexing: ints, slices, `None`, `...`, and one integer index array (traced or not)."""
     x = as_value(x, "indexing")
@@ -383,7 +398,7 @@ def getitem(x: ArrayLike, key: Any) -> ArrayLike:
             continue
         size = shape[axis]
         if pos in dynamic or isinstance(k, slice):
-            sl = slice(None) if pos in dynamic else k
+            sl = slice(None) if pos in dynamic else _static_slice(k, axis, shape)
             start, stop, step = sl.indices(size)
             static.append((start, stop, step))
             out_shape.append(len(range(start, stop, step)))
@@ -449,6 +464,13 @@ def _array_ufunc(self: Tracer, ufunc: np.ufunc, method: str, *inputs: Any, **kwa
     return elementwise(op, *inputs)
 
 
+def _reshape_method(self: Tracer, *shape: Any) -> ArrayLike:
+    """x.reshape(2, 3) or x.reshape((2, 3)), as NumPy's method."""
+    if not shape:
+        raise FoldTypeError(f"reshape() needs the new shape, as x.reshape(2, 3) or x.reshape((2, 3)); the array has shape {self.shape}")
+    return reshape(self, shape[0] if len(shape) == 1 else shape)
+
+
 def _install_tracer_methods() -> None:
     def binop(op: str, reflected: bool = False):
         if reflected:
@@ -470,7 +492,7 @@ def _install_tracer_methods() -> None:
     Tracer.__getitem__ = getitem
     Tracer.__array_ufunc__ = _array_ufunc
     Tracer.T = property(lambda self: transpose(self))
-    Tracer.reshape = lambda self, *shape: reshape(self, shape[0] if len(shape) == 1 else shape)
+    Tracer.reshape = _reshape_method
     Tracer.transpose = lambda self, *axes: transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
     Tracer.astype = convert
     Tracer.sum = sum

@@ -193,3 +193,21 @@ def test_a_traced_index_into_a_numpy_table_says_how_to_gather() -> None:
     with pytest.raises(fold.ConcretizationError, match=r"fold.ops.getitem\(table, i\)"):
         fold.map(lambda i: table[i], np.array([0, 2]))
     np.testing.assert_allclose(fold.map(lambda i: fold.ops.getitem(table, i), np.array([0, 2])), [10.0, 30.0])
+
+
+@pytest.mark.parametrize("f,error,message", [
+    (lambda x: x[1.5:], fold.FoldIndexError, r"slice start must be an int or None, got 1\.5 \(float\)"),
+    (lambda x: x[:, :np.float64(2.0)], fold.FoldIndexError, r"slice stop must be an int or None.*axis 1"),
+    (lambda x: x[::0], fold.FoldIndexError, r"slice step cannot be 0"),
+    (lambda x: x[x.shape[0] - fold.iota(3)[1]:], fold.FoldIndexError, r"slice start must be a static int, not a traced value"),
+    (lambda x: x.reshape(), fold.FoldTypeError, r"reshape\(\) needs the new shape.*\(3, 4\)"),
+])
+def test_bad_slices_and_reshape_calls_are_named(f, error, message) -> None:
+    with pytest.raises(error, match=message):
+        fold.trace(f, np.zeros((3, 4)))
+
+
+def test_good_slices_still_trace() -> None:
+    x = np.arange(12.0).reshape(3, 4)
+    f = lambda x: x[np.int64(1):, ::2] + x[:2, 1::2].reshape(2, 2)  # noqa: E731
+    np.testing.assert_array_equal(fold.jit(f)(x), f(x))

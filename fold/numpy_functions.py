@@ -1,0 +1,204 @@
+"""NumPy's functions on traced arrays: `np.sum(x)`, `np.where(c, x, y)`, `np.dot(a, b)`, ... inside a traced
+function record the fold operation they mean (NumPy's `__array_function__` protocol), so NumPy-style code
+traces as it is written. A NumPy function with no fold meaning here, or an option fold does not have, raises
+a FoldTypeError that names it, instead of NumPy's own error about converting a tracer.
+
+Ufuncs (np.exp, np.add, np.matmul, ...) go through `__array_ufunc__` (fold/ops.py); this table holds the
+other functions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import ops
+from .errors import FoldTypeError, ShapeError
+from .tracing import Tracer
+
+_HANDLERS: dict[Callable, Callable] = {}
+
+
+def _handles(*functions: Callable) -> Callable:
+    def register(handler: Callable) -> Callable:
+        for f in functions:
+            _HANDLERS[f] = handler
+        return handler
+    return register
+
+
+def _axes(axis: Any, ndim: int, where: str) -> tuple[int, ...]:
+    axes = tuple(range(ndim)) if axis is None else tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    return tuple(sorted(ops._static_axes(axes, (1,) * ndim, where))) if axes else ()
+
+
+def _keep_dims(result: Any, shape: tuple[int, ...], axes: tuple[int, ...]) -> Any:
+    return ops.reshape(result, tuple(1 if i in axes else s for i, s in enumerate(shape)))
+
+
+@_handles(np.sum)
+def _sum(a, axis=None, keepdims=False):
+    a = ops.as_value(a, "np.sum")
+    shape = ops.shape_of(a)
+    axes = _axes(axis, len(shape), "np.sum")
+    result = ops.sum(a, axes)
+    return _keep_dims(result, shape, axes) if keepdims else result
+
+
+@_handles(np.mean)
+def _mean(a, axis=None, keepdims=False):
+    a = ops.as_value(a, "np.mean")
+    shape = ops.shape_of(a)
+    axes = _axes(axis, len(shape), "np.mean")
+    count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
+    if count == 0:
+        raise ShapeError(f"np.mean of an empty selection: shape {shape}, axes {axes}")
+    if np.result_type(ops._dtype_key(a)).kind != "f":
+        a = ops.convert(a, "float64")
+    result = ops.sum(a, axes) / count
+    return _keep_dims(result, shape, axes) if keepdims else result
+
+
+@_handles(np.dot)
+def _dot(a, b):
+    return ops.matmul(a, b)
+
+
+@_handles(np.outer)
+def _outer(a, b):
+    return ops.reshape(a, (-1, 1)) * ops.reshape(b, (1, -1))
+
+
+@_handles(np.where)
+def _where(condition, x=None, y=None):
+    if x is None or y is None:
+        raise FoldTypeError("np.where(condition) with one argument gives indices whose number depends on the data, "
+                            "which a traced program cannot have; use np.where(condition, x, y)")
+    return ops.where(condition, x, y)
+
+
+@_handles(np.clip)
+def _clip(a, a_min, a_max):
+    if a_min is not None:
+        a = ops.maximum(a, a_min)
+    return a if a_max is None else ops.minimum(a, a_max)
+
+
+@_handles(np.reshape)
+def _reshape(a, shape=None, order="C", *, newshape=None):
+    if order != "C":
+        raise FoldTypeError(f"np.reshape on a traced array: only order='C' is supported, got order={order!r}")
+    if (shape is None) == (newshape is None):
+        raise FoldTypeError("np.reshape on a traced array: give the new shape once (shape=...)")
+    return ops.reshape(a, shape if newshape is None else newshape)
+
+
+@_handles(np.transpose)
+def _transpose(a, axes=None):
+    return ops.transpose(a, axes)
+
+
+@_handles(np.concatenate)
+def _concatenate(arrays, axis=0):
+    return ops.concatenate(list(arrays), axis)
+
+
+@_handles(np.stack)
+def _stack(arrays, axis=0):
+    values = [ops.as_value(x, "np.stack") for x in arrays]
+    if not values:
+        raise ShapeError("np.stack: needs at least one array")
+    shape = ops.shape_of(values[0])
+    if any(ops.shape_of(v) != shape for v in values):
+        raise ShapeError(f"np.stack: all arrays must have one shape, got {[ops.shape_of(v) for v in values]}")
+    axis = ops._static_axis(axis, shape + (1,), "np.stack")
+    return ops.concatenate([ops.reshape(v, shape[:axis] + (1,) + shape[axis:]) for v in values], axis)
+
+
+@_handles(np.expand_dims)
+def _expand_dims(a, axis):
+    shape = ops.shape_of(ops.as_value(a, "np.expand_dims"))
+    axis = ops._static_axis(axis, shape + (1,), "np.expand_dims")
+    return ops.reshape(a, shape[:axis] + (1,) + shape[axis:])
+
+
+@_handles(np.squeeze)
+def _squeeze(a, axis=None):
+    shape = ops.shape_of(ops.as_value(a, "np.squeeze"))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1) if axis is None else _axes(axis, len(shape), "np.squeeze")
+    if any(shape[i] != 1 for i in axes):
+        raise ShapeError(f"np.squeeze: axes {axes} of shape {shape} are not all of length 1")
+    return ops.reshape(a, tuple(s for i, s in enumerate(shape) if i not in axes))
+
+
+@_handles(np.broadcast_to)
+def _broadcast_to(array, shape):
+    return ops.broadcast_to(array, shape)
+
+
+@_handles(np.shape)
+def _shape(a):
+    return ops.shape_of(a)
+
+
+@_handles(np.ndim)
+def _ndim(a):
+    return len(ops.shape_of(a))
+
+
+@_handles(np.size)
+def _size(a, axis=None):
+    shape = ops.shape_of(a)
+    return int(np.prod(shape, dtype=np.int64)) if axis is None else shape[ops._static_axis(axis, shape, "np.size")]
+
+
+@_handles(np.zeros_like)
+def _zeros_like(a, dtype=None):
+    return np.zeros(ops.shape_of(a), dtype or np.result_type(ops._dtype_key(a)))
+
+
+@_handles(np.ones_like)
+def _ones_like(a, dtype=None):
+    return np.ones(ops.shape_of(a), dtype or np.result_type(ops._dtype_key(a)))
+
+
+@_handles(np.full_like)
+def _full_like(a, fill_value, dtype=None):
+    return np.full(ops.shape_of(a), fill_value, dtype or np.result_type(ops._dtype_key(a)))
+
+
+# NumPy functions people reach for that fold spells differently: said in the error
+_INSTEAD = {
+    np.max: "fold.reduce(fold.monoids.max, x) (fold.map over the other axes for one axis)",
+    np.amax: "fold.reduce(fold.monoids.max, x)",
+    np.min: "fold.reduce(fold.monoids.min, x) (fold.map over the other axes for one axis)",
+    np.amin: "fold.reduce(fold.monoids.min, x)",
+    np.prod: "fold.reduce(fold.monoids.prod, x)",
+    np.cumsum: "fold.scan(lambda a, b: a + b, x)",
+    np.cumprod: "fold.scan(lambda a, b: a * b, x)",
+    np.argmax: "a reduce over (value, index) pairs: fold.reduce with an operator that keeps the larger pair",
+    np.argmin: "a reduce over (value, index) pairs: fold.reduce with an operator that keeps the smaller pair",
+}
+
+
+def array_function(self: Tracer, func: Callable, types: Sequence[type], args: tuple, kwargs: dict) -> Any:
+    """Tracer.__array_function__: the fold operation NumPy's `func` means on these arguments."""
+    handler = _HANDLERS.get(func)
+    name = getattr(func, "__name__", repr(func))
+    if handler is None:
+        hint = _INSTEAD.get(func)
+        supported = ", ".join(sorted(f"np.{f.__name__}" for f in _HANDLERS))
+        raise FoldTypeError(f"np.{name} is not supported on traced arrays"
+                            + (f"; write {hint}" if hint else f"; the NumPy functions fold traces are {supported}, "
+                               "and the ufuncs (np.exp, np.add, ...)"))
+    try:
+        inspect.signature(handler).bind(*args, **kwargs)
+    except TypeError as err:
+        parameters = ", ".join(inspect.signature(handler).parameters)
+        raise FoldTypeError(f"np.{name} on a traced array takes ({parameters}): {err}") from None
+    return handler(*args, **kwargs)
+
+
+Tracer.__array_function__ = array_function

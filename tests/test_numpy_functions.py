@@ -1,0 +1,77 @@
+"""NumPy's functions inside a traced function record the fold operations they mean (fold/numpy_functions.py):
+the results are NumPy's own on the same arrays, gradients flow through them, and functions or options fold
+does not have are refused with errors that name them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fold
+from fold.testing import check_grads
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((3, 4))
+Y = RNG.standard_normal((4, 5))
+V = RNG.standard_normal(4)
+
+CASES = [
+    ("sum", lambda x: np.sum(x), (X,)),
+    ("sum axis", lambda x: np.sum(x, axis=1), (X,)),
+    ("sum axes keepdims", lambda x: np.sum(x, axis=(0, 1), keepdims=True), (X,)),
+    ("sum negative axis keepdims", lambda x: np.sum(x, -1, keepdims=True), (X,)),
+    ("mean", lambda x: np.mean(x), (X,)),
+    ("mean axis keepdims", lambda x: np.mean(x, axis=0, keepdims=True), (X,)),
+    ("mean of ints", lambda x: np.mean(x), (np.arange(7),)),
+    ("dot matrix", lambda x, y: np.dot(x, y), (X, Y)),
+    ("dot vector", lambda x, v: np.dot(x, v), (X, V)),
+    ("outer", lambda v: np.outer(v, v), (V,)),
+    ("where", lambda x: np.where(x > 0, x, 0.5 * x), (X,)),
+    ("clip", lambda x: np.clip(x, -0.5, 0.5), (X,)),
+    ("clip below only", lambda x: np.clip(x, -0.5, None), (X,)),
+    ("reshape", lambda x: np.reshape(x, (2, -1)), (X,)),
+    ("reshape keyword", lambda x: np.reshape(x, shape=(4, 3)), (X,)),
+    ("transpose", lambda x: np.transpose(x), (X,)),
+    ("concatenate", lambda x: np.concatenate([x, 2 * x], axis=1), (X,)),
+    ("stack", lambda x: np.stack([x, x + 1.0]), (X,)),
+    ("stack last axis", lambda x: np.stack([x, x + 1.0], axis=-1), (X,)),
+    ("expand_dims squeeze", lambda x: np.squeeze(np.expand_dims(x, 1), axis=1), (X,)),
+    ("squeeze all", lambda x: np.squeeze(np.reshape(x, (1, 3, 1, 4))), (X,)),
+    ("broadcast_to", lambda v: np.broadcast_to(v, (3, 4)), (V,)),
+    ("zeros_like and friends", lambda x: x + np.zeros_like(x) + np.ones_like(x) + np.full_like(x, 2.5), (X,)),
+    ("static shape", lambda x: x * (np.shape(x)[1] + np.ndim(x) + np.size(x) + np.size(x, 0)), (X,)),
+]
+
+
+@pytest.mark.parametrize("name,f,args", CASES, ids=[c[0] for c in CASES])
+def test_traced_numpy_function_gives_numpy_result(name, f, args) -> None:
+    expected = f(*args)
+    got = fold.jit(f)(*args)
+    assert np.shape(got) == np.shape(expected)
+    assert np.asarray(got).dtype == np.asarray(expected).dtype
+    np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: np.sum(np.where(x > 0.1, x * x, np.exp(x)), axis=0),
+    lambda x: np.mean(np.dot(x, np.transpose(x)), axis=1, keepdims=True),
+    lambda x: np.clip(np.stack([x, np.sin(x)]), -0.7, 0.7),
+])
+def test_gradients_flow_through_numpy_functions(f) -> None:
+    check_grads(f, (X,))
+
+
+@pytest.mark.parametrize("f,message", [
+    (lambda x: np.median(x), r"np\.median is not supported on traced arrays.*np\.sum"),
+    (lambda x: np.max(x), r"np\.max .*fold\.reduce\(fold\.monoids\.max"),
+    (lambda x: np.cumsum(x), r"np\.cumsum .*fold\.scan"),
+    (lambda x: np.sum(x, dtype=np.float32), r"np\.sum on a traced array takes \(a, axis, keepdims\).*dtype"),
+    (lambda x: np.mean(x, out=None), r"np\.mean .*out"),
+    (lambda x: np.where(x > 0), r"np\.where\(condition\) with one argument"),
+    (lambda x: np.reshape(x, (4, 3), order="F"), r"order='C'"),
+    (lambda x: np.squeeze(x, axis=0), r"np\.squeeze: axes \(0,\) of shape \(3, 4\)"),
+    (lambda x: np.stack([x, x[:2]]), r"np\.stack: all arrays must have one shape"),
+])
+def test_unsupported_numpy_functions_and_options_are_named(f, message) -> None:
+    with pytest.raises(fold.FoldError, match=message):
+        fold.trace(f, X)
