@@ -225,3 +225,48 @@ def test_a_bad_keep_is_refused(keep) -> None:
     x = _inputs()
     with pytest.raises(fold.FoldError, match="keep"):
         fold.trace(_attention_keeping(keep), x["Q"], x["K"], x["V"])
+
+
+# ------------------------------------------------------------------------------- random grids and keeps
+
+from hypothesis import given, note  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def _grids(draw):
+    m, n, f = draw(st.integers(1, 37)), draw(st.integers(1, 53)), draw(st.integers(1, 5))
+    block = (draw(st.integers(1, m + 2)), draw(st.integers(1, n + 2)))
+    keep = draw(st.sampled_from([1, 8 * block[0] * block[1], 8 * block[0] * n - 1, 2**30]))
+    layer = draw(st.sampled_from(["attention", "causal_attention", "cross_entropy"]))
+    return m, n, f, block, keep, layer, draw(st.integers(0, 2**16))
+
+
+@given(_grids())
+def test_fused_walk_agrees_with_the_numpy_backend_on_any_grid(grid) -> None:
+    """Any row and column counts, block shape (ragged edges, blocks wider than the matrix) and keep: the
+    fused walk's gradient is the numpy backend's, and the unfused walk's to the bit."""
+    m, n, f, block, keep, layer, seed = grid
+    note(f"M={m} N={n} F={f} block={block} keep={keep} {layer}")
+    rng = np.random.default_rng(seed)
+    Q, K, V = rng.standard_normal((m, f)), rng.standard_normal((n, f)), rng.standard_normal((n, f))
+    if layer == "cross_entropy":
+        fn = lambda P, C: fold.gemm_map_reduce(  # noqa: E731
+            fold.monoids.cross_entropy, lambda s, t, j: {"p": s, "n": fold.where(j == t, s, 0.0)}, P, C,
+            rows=(rng.integers(0, n, m),), cols=(fold.iota(n),), block=block, keep=keep)["p"]
+        args, ct = (Q, K), rng.standard_normal(m)
+    else:
+        causal = layer == "causal_attention"
+        fn = lambda Q, K, V: fold.gemm_map_reduce(  # noqa: E731
+            fold.monoids.logwsum,
+            lambda s, i, v, j: {"z": fold.where((j <= i) | (not causal), s * 0.5, -np.inf), "v": v},
+            Q, K, rows=(fold.iota(m),), cols=(V, fold.iota(n)), block=block, keep=keep)["v"]
+        args, ct = (Q, K, V), rng.standard_normal((m, f))
+    program = _gradient_program(fn, args)
+    assert _names(program).count(GemmWithBackward.name) == 1
+    inputs = args + (ct,)
+    fused, apart, reference = (_run(program, inputs, "numba"), _run(program, inputs, "numba", fusion=False),
+                               _run(program, inputs, "numpy"))
+    for a, b, ref in zip(fused, apart, reference, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, ref, rtol=1e-11, atol=1e-12)
