@@ -122,6 +122,27 @@ def test_grad_of_a_mean_loss_with_closed_over_targets_is_fused() -> None:
         np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-14)
 
 
+def test_a_gemm_inside_a_map_body_is_still_refused_with_the_gemm_error() -> None:
+    """gemm_map_reduce runs at the top level only: a per-example gradient inside fold.map keeps saying so."""
+    x = _inputs()
+    per_row = lambda p, t: fold.sum(L.cross_entropy(fold.reshape(p, (1, F)), x["C"], fold.reshape(t, (1,)), block=BLOCK))  # noqa: E731
+    f = lambda P, t: fold.map(fold.grad(per_row), P, t)  # noqa: E731
+    with pytest.raises(fold.MissingRuleError, match="gemm_map_reduce inside a map body"):
+        fold.jit(f, backend="numba")(x["P"], x["t"])
+
+
+def test_a_hessian_vector_product_through_a_gemm_is_fused_prints_and_agrees() -> None:
+    """jvp of grad: the gemm lifted to (value, tangent) pairs and its block sum run as one walk too."""
+    x = _inputs()
+    loss = lambda Q, K: fold.sum(fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, Q, K, block=BLOCK))  # noqa: E731
+    hvp = lambda Q, K, dQ, dK: fold.jvp(fold.grad(loss, argnums=(0, 1)), (Q, K), (dQ, dK))  # noqa: E731
+    args = (x["Q"], x["K"], x["P"], x["C"])
+    prepared = passes.prepare(fold.trace(hvp, *args), whole_arrays=True)
+    assert "gemm_map_reduce_with_vjp[lifted to (value, tangent) pairs" in str(prepared)
+    for a, ref in zip(fold.jit(hvp, backend="numba")(*args), fold.jit(hvp, backend="numpy")(*args), strict=True):
+        np.testing.assert_allclose(a, ref, rtol=1e-11, atol=1e-12)
+
+
 def test_the_fused_walk_moves_the_cotangents_computation_before_the_forward() -> None:
     x = _inputs()
     args = (x["P"], x["C"], x["t"])

@@ -27,7 +27,7 @@ from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
 from ..memory import body_extra_rules, program_peak
-from ..numpy_impl.gemm import add_parts, block_grid, empty_totals, fold_row_block, role_slice, zero_sums
+from ..numpy_impl.gemm import _at_top_level, add_parts, block_grid, empty_totals, fold_row_block, role_slice, zero_sums
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ class GemmWithBackward(Primitive):
 @print_rules.register(GemmWithBackward)
 def _print(stmt: Let, args: list[str]) -> str:
     prim = stmt.prim
-    return (f"{prim.name}[{prim.forward.monoid.name}, block={prim.forward.block}, shared products per block: "
+    monoid = getattr(prim.forward.monoid, "name", "lifted to (value, tangent) pairs")
+    return (f"{prim.name}[{monoid}, block={prim.forward.block}, shared products per block: "
             f"{prim.num_kept}, keep={prim.forward.keep}] {' '.join(args)}")
 
 
@@ -75,6 +76,7 @@ def _lookup(table: tuple, shape: tuple[int, int]) -> Program:
 def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     """Per row block: the forward's column blocks (their products kept while they fit in `keep` bytes),
     then the backward's, reading the kept products or computing the others again."""
+    _at_top_level(prim, depth)
     fwd, bwd = prim.forward, prim.backward
     n_fwd = _shared_count(fwd) + fwd.num_leaves
     f_args, cts = list(args[:n_fwd]), list(args[n_fwd:])
@@ -189,7 +191,11 @@ def _pair_of(bwd_stmt: Let, producer: dict) -> Let | None:
         fwd, bwd = fwd_stmt.prim, bwd_stmt.prim
         shared, k = _shared_count(fwd), fwd.num_leaves
         consts, _, rows, cols = split_gemm_args(fwd, list(fwd_stmt.args))
+        # the operands sliced as the forward slices them, and its totals read by row block (a backward block
+        # reads only its own rows' totals, which are final when it runs)
+        roles = ("whole",) * fwd.num_consts + ("row",) * fwd.num_row_args + ("col",) * fwd.num_col_args
         if (len(bwd_stmt.args) == shared + 2 * k and bwd.block == fwd.block
+                and tuple(bwd.in_roles[: shared + k]) == roles + ("row",) * k
                 and all(_same_atom(a, b) for a, b in zip(bwd_stmt.args[:shared], consts + rows + cols, strict=True))
                 and all(a is b for a, b in zip(bwd_stmt.args[shared: shared + k], fwd_stmt.outs, strict=True))
                 and sorted(s for s, _ in bwd.blocks) == sorted(s for s, _ in fwd.blocks)):

@@ -31,7 +31,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     per_program = _prepared.setdefault(program, {})
     found = per_program.get(whole_arrays)
     if found is None:
-        program = fuse_gemm_backward(program, prepare)
+        program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         fused = share_views(private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))))
         found = per_program[whole_arrays] = fuse_elementwise(fused, COMPILE_FROM if whole_arrays else 0)
     return found
