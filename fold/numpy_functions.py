@@ -41,6 +41,8 @@ def _keep_dims(result: Any, shape: tuple[int, ...], axes: tuple[int, ...]) -> An
 @_handles(np.sum)
 def _sum(a, axis=None, keepdims=False):
     a = ops.as_value(a, "np.sum")
+    if np.result_type(ops._dtype_key(a)) == np.int32:
+        a = ops.convert(a, "int64")  # NumPy sums smaller integers in the platform's int64
     shape = ops.shape_of(a)
     axes = _axes(axis, len(shape), "np.sum")
     result = ops.sum(a, axes)
@@ -63,6 +65,12 @@ def _mean(a, axis=None, keepdims=False):
 
 @_handles(np.dot)
 def _dot(a, b):
+    ndims = (len(ops.shape_of(ops.as_value(a, "np.dot"))), len(ops.shape_of(ops.as_value(b, "np.dot"))))
+    if 0 in ndims:
+        return ops.multiply(a, b)  # NumPy's dot of a scalar is a product
+    if max(ndims) > 2:
+        raise ShapeError(f"np.dot on traced arrays takes 0-d, 1-d and 2-d operands, got {ndims[0]}-d and {ndims[1]}-d "
+                         "(map over the batch axes instead)")
     return ops.matmul(a, b)
 
 
@@ -80,10 +88,16 @@ def _where(condition, x=None, y=None):
 
 
 @_handles(np.clip)
-def _clip(a, a_min, a_max):
-    if a_min is not None:
-        a = ops.maximum(a, a_min)
-    return a if a_max is None else ops.minimum(a, a_max)
+def _clip(a, a_min=None, a_max=None, **bounds):
+    """np.clip(a, a_min, a_max), or with NumPy 2.1's keywords min= and max=; a bound of None is none."""
+    unknown = sorted(set(bounds) - {"min", "max"})
+    if unknown:
+        raise FoldTypeError(f"np.clip on a traced array takes (a, a_min, a_max) or min=, max=; got {', '.join(unknown)}")
+    low = bounds.get("min", a_min)
+    high = bounds.get("max", a_max)
+    if low is not None:
+        a = ops.maximum(a, low)
+    return a if high is None else ops.minimum(a, high)
 
 
 @_handles(np.reshape)
@@ -166,7 +180,10 @@ def _ones_like(a, dtype=None):
 
 @_handles(np.full_like)
 def _full_like(a, fill_value, dtype=None):
-    return np.full(ops.shape_of(a), fill_value, dtype or np.result_type(ops._dtype_key(a)))
+    dtype = dtype or np.result_type(ops._dtype_key(a))
+    if isinstance(fill_value, Tracer):  # a traced fill: its value broadcast, not a constant
+        return ops.broadcast_to(ops.convert(fill_value, dtype), ops.shape_of(a))
+    return np.full(ops.shape_of(a), fill_value, dtype)
 
 
 # NumPy functions people reach for that fold spells differently: said in the error
@@ -180,6 +197,8 @@ _INSTEAD = {
     np.cumprod: "fold.scan(lambda a, b: a * b, x)",
     np.argmax: "a reduce over (value, index) pairs: fold.reduce with an operator that keeps the larger pair",
     np.argmin: "a reduce over (value, index) pairs: fold.reduce with an operator that keeps the smaller pair",
+    np.copyto: "fold.broadcast_to(value, shape) (np.full_like(numpy_array, traced_value) copies a traced value "
+               "into a NumPy array, which cannot hold one)",
 }
 
 

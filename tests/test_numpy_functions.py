@@ -40,6 +40,10 @@ CASES = [
     ("broadcast_to", lambda v: np.broadcast_to(v, (3, 4)), (V,)),
     ("zeros_like and friends", lambda x: x + np.zeros_like(x) + np.ones_like(x) + np.full_like(x, 2.5), (X,)),
     ("static shape", lambda x: x * (np.shape(x)[1] + np.ndim(x) + np.size(x) + np.size(x, 0)), (X,)),
+    ("sum of int32 is int64", lambda i: np.sum(i, axis=0), (np.arange(12, dtype=np.int32).reshape(3, 4),)),
+    ("clip keywords", lambda x: np.clip(x, min=-0.5, max=0.5) + np.clip(x, max=0.1), (X,)),
+    ("full_like traced fill", lambda x: np.full_like(x, x[0, 0]), (X,)),
+    ("dot with a scalar", lambda x: np.dot(x, 2.0) + np.dot(0.5, x), (X,)),
 ]
 
 
@@ -71,6 +75,9 @@ def test_gradients_flow_through_numpy_functions(f) -> None:
     (lambda x: np.reshape(x, (4, 3), order="F"), r"order='C'"),
     (lambda x: np.squeeze(x, axis=0), r"np\.squeeze: axes \(0,\) of shape \(3, 4\)"),
     (lambda x: np.stack([x, x[:2]]), r"np\.stack: all arrays must have one shape"),
+    (lambda x: np.dot(np.reshape(x, (1, 3, 4)), np.ones((4, 2))), r"np\.dot on traced arrays takes 0-d, 1-d and 2-d operands, got 3-d and 2-d"),
+    (lambda x: np.full_like(np.zeros(3), x[0, 0]), r"np\.copyto .*fold\.broadcast_to"),
+    (lambda x: np.clip(x, low=0.0), r"np\.clip .*low"),
 ])
 def test_unsupported_numpy_functions_and_options_are_named(f, message) -> None:
     with pytest.raises(fold.FoldError, match=message):
