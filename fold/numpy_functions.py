@@ -84,6 +84,9 @@ def _where(condition, x=None, y=None):
     if x is None or y is None:
         raise FoldTypeError("np.where(condition) with one argument gives indices whose number depends on the data, "
                             "which a traced program cannot have; use np.where(condition, x, y)")
+    condition = ops.as_value(condition, "np.where")
+    if np.result_type(ops._dtype_key(condition)) != np.dtype(bool):
+        condition = ops.not_equal(condition, 0)  # NumPy takes a number's truth: nonzero
     return ops.where(condition, x, y)
 
 
@@ -116,6 +119,8 @@ def _transpose(a, axes=None):
 
 @_handles(np.concatenate)
 def _concatenate(arrays, axis=0):
+    if axis is None:  # NumPy flattens first
+        return ops.concatenate([ops.reshape(x, (-1,)) for x in arrays], 0)
     return ops.concatenate(list(arrays), axis)
 
 
@@ -134,8 +139,10 @@ def _stack(arrays, axis=0):
 @_handles(np.expand_dims)
 def _expand_dims(a, axis):
     shape = ops.shape_of(ops.as_value(a, "np.expand_dims"))
-    axis = ops._static_axis(axis, shape + (1,), "np.expand_dims")
-    return ops.reshape(a, shape[:axis] + (1,) + shape[axis:])
+    ndim = len(shape) + (len(axis) if isinstance(axis, (tuple, list)) else 1)
+    new = _axes(axis, ndim, "np.expand_dims")  # positions in the result, as NumPy counts them
+    rest = iter(shape)
+    return ops.reshape(a, tuple(1 if i in new else next(rest) for i in range(ndim)))
 
 
 @_handles(np.squeeze)
@@ -165,25 +172,26 @@ def _ndim(a):
 @_handles(np.size)
 def _size(a, axis=None):
     shape = ops.shape_of(a)
-    return int(np.prod(shape, dtype=np.int64)) if axis is None else shape[ops._static_axis(axis, shape, "np.size")]
+    return int(np.prod([shape[i] for i in _axes(axis, len(shape), "np.size")], dtype=np.int64))
 
 
 @_handles(np.zeros_like)
-def _zeros_like(a, dtype=None):
-    return np.zeros(ops.shape_of(a), dtype or np.result_type(ops._dtype_key(a)))
+def _zeros_like(a, dtype=None, shape=None):
+    return _full_like(a, 0, dtype, shape)
 
 
 @_handles(np.ones_like)
-def _ones_like(a, dtype=None):
-    return np.ones(ops.shape_of(a), dtype or np.result_type(ops._dtype_key(a)))
+def _ones_like(a, dtype=None, shape=None):
+    return _full_like(a, 1, dtype, shape)
 
 
 @_handles(np.full_like)
-def _full_like(a, fill_value, dtype=None):
+def _full_like(a, fill_value, dtype=None, shape=None):
     dtype = dtype or np.result_type(ops._dtype_key(a))
+    shape = ops.shape_of(a) if shape is None else ops._static_shape(shape, "np.full_like")
     if isinstance(fill_value, Tracer):  # a traced fill: its value broadcast, not a constant
-        return ops.broadcast_to(ops.convert(fill_value, dtype), ops.shape_of(a))
-    return np.full(ops.shape_of(a), fill_value, dtype)
+        return ops.broadcast_to(ops.convert(fill_value, dtype), shape)
+    return np.full(shape, fill_value, dtype)
 
 
 # NumPy functions people reach for that fold spells differently: said in the error

@@ -44,6 +44,11 @@ CASES = [
     ("clip keywords", lambda x: np.clip(x, min=-0.5, max=0.5) + np.clip(x, max=0.1), (X,)),
     ("full_like traced fill", lambda x: np.full_like(x, x[0, 0]), (X,)),
     ("dot with a scalar", lambda x: np.dot(x, 2.0) + np.dot(0.5, x), (X,)),
+    ("where with a number condition", lambda x: np.where(x * (x > 0.5), 1.0, x), (X,)),
+    ("concatenate flattened", lambda x: np.concatenate([x, x[:1]], axis=None), (X,)),
+    ("expand_dims at several axes", lambda x: np.expand_dims(x, (0, 2, -1)), (X,)),
+    ("size over axes", lambda x: x * np.size(x, (0, -1)), (X,)),
+    ("constants of another shape", lambda x: np.zeros_like(x, shape=(4,)) + np.full_like(x, 2.0, shape=(2, 4))[0], (X,)),
 ]
 
 
