@@ -70,20 +70,13 @@ def _check_block(where: str, block: Any) -> tuple[int, int] | None:
     return int(pair[0]), int(pair[1])
 
 
-def _check_budget(where: str, budget: Any) -> int:
-    if not is_static_int(budget):
-        raise FoldTypeError(f"{where}: budget must be an int (bytes per block), got {budget!r}")
-    if budget <= 0:
-        raise ShapeError(f"{where}: budget must be a positive number of bytes, got {budget!r}")
-    return int(budget)
-
-
-def _check_keep(where: str, keep: Any) -> int:
-    if not is_static_int(keep):
-        raise FoldTypeError(f"{where}: keep must be an int (bytes of products a gradient may keep), got {keep!r}")
-    if keep < 0:
-        raise ShapeError(f"{where}: keep must be a number of bytes, 0 or more, got {keep!r}")
-    return int(keep)
+def _check_bytes(where: str, name: str, value: Any, what: str, least: int) -> int:
+    """A byte count argument (`budget`, `keep`): an int of at least `least`."""
+    if not is_static_int(value):
+        raise FoldTypeError(f"{where}: {name} must be an int ({what}), got {value!r}")
+    if value < least:
+        raise ShapeError(f"{where}: {name} must be a number of bytes, {least} or more, got {value!r}")
+    return int(value)
 
 
 def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, *, rows: Sequence[Any] = (),
@@ -150,8 +143,8 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
     factorization = factorize(fn_program, col_inputs, inputs[:nc])
     per_pair = dtype.itemsize * (len(factorization.pointwise.stmts) + npairs + 4) + sum(
         e.nbytes for i, e in enumerate(elems) if i in factorization.full)
-    bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, _check_budget(where, budget))
-    keep = _check_keep(where, keep)
+    bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, _check_bytes(where, "budget", budget, "bytes per block", 1))
+    keep = _check_bytes(where, "keep", keep, "bytes of products a gradient may keep", 0)
     shapes = sorted({(min(bi, m - i0), min(bj, n - j0)) for i0 in range(0, m, bi) for j0 in range(0, n, bj)})
     const_avals = [v.aval for v in inputs[:nc]]
 

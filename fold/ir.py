@@ -110,6 +110,15 @@ class Program:
         return f"<Program {len(self.inputs)} inputs, {len(self.stmts)} statements, {len(self.outputs)} outputs>"
 
 
+def same_atom(a: Atom, b: Atom) -> bool:
+    """One variable, or literals of one value and dtype (a closed-over array appears as a separate literal in
+    each statement that reads it): what rewrites use to tell that two statements read the same operand."""
+    if isinstance(a, Var) or isinstance(b, Var):
+        return a is b
+    x, y = np.asarray(a.value), np.asarray(b.value)
+    return x is y or (x.dtype == y.dtype and np.array_equal(x, y))
+
+
 def count_statements(program: Program) -> int:
     """Statements in the program, nested bodies included: the size of a (gradient) program."""
     total = 0

@@ -17,7 +17,8 @@ from ..ir import Primitive, Program
 from ..tracing import shape_rules
 
 
-def _lookup(table: tuple, shape: tuple[int, int]) -> Program:
+def lookup_block(table: tuple, shape: tuple[int, int]) -> Program:
+    """The program of a ((bi, bj), program) table for one block shape."""
     for key, program in table:
         if key == shape:
             return program
@@ -44,7 +45,7 @@ class GemmMapReduce(Primitive):
         return [self.fn]
 
     def block_program(self, shape: tuple[int, int]) -> Program:
-        return _lookup(self.blocks, shape)
+        return lookup_block(self.blocks, shape)
 
     @property
     def num_leaves(self) -> int:
@@ -94,7 +95,7 @@ class GemmBlockSum(Primitive):
         return []
 
     def block_program(self, shape: tuple[int, int]) -> Program:
-        return _lookup(self.blocks, shape)
+        return lookup_block(self.blocks, shape)
 
 
 def split_gemm_args(prim, args: list) -> tuple[list, list, list, list]:

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from fold.dce import dce
-from fold.ir import Let, Lit, Primitive, Program, Var, flat_program
+from fold.ir import Let, Lit, Primitive, Program, Var, flat_program, same_atom
 from fold.primitives import BroadcastTo, Convert, Elementwise, GemmBlockSum, GemmMapReduce, MatMul, Reshape, Transpose
-from fold.primitives.gemm import split_gemm_args
+from fold.primitives.gemm import lookup_block, split_gemm_args
 from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
@@ -68,10 +68,6 @@ def _print(stmt: Let, args: list[str]) -> str:
             f"{prim.num_kept}, keep={prim.forward.keep}] {' '.join(args)}")
 
 
-def _lookup(table: tuple, shape: tuple[int, int]) -> Program:
-    return next(p for s, p in table if s == shape)
-
-
 @numpy_impls.register(GemmWithBackward)
 def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     """Per row block: the forward's column blocks (their products kept while they fit in `keep` bytes),
@@ -89,13 +85,16 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     for i0, i1, col_blocks in block_grid(m, n, fwd.block):
         row_slice = slice(i0, i1)
         row_blk = [r[row_slice] for r in rows]
-        kept: list = []
+        kept: list = []  # per column block: its products, or None where they did not fit
+        kept_bytes = 0
 
         def forward_block(j0: int, j1: int) -> list:
-            outs = eval_program(_lookup(prim.forward_blocks, (i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
+            nonlocal kept_bytes
+            outs = eval_program(lookup_block(prim.forward_blocks, (i1 - i0, j1 - j0)), consts + row_blk + [c[j0:j1] for c in cols])
             size = sum(p.nbytes for p in outs[k:])
-            fits = sum(p.nbytes for ps in kept if ps is not None for p in ps) + size <= fwd.keep
+            fits = kept_bytes + size <= fwd.keep
             kept.append(outs[k:] if fits else None)
+            kept_bytes += size if fits else 0
             return outs[:k]
 
         fold_row_block(fwd, identity, totals, row_slice, col_blocks, forward_block)
@@ -103,8 +102,8 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
             col_slice = slice(j0, j1)
             inputs = [role_slice(a, r, row_slice, col_slice) for a, r in zip(bwd_args, bwd.in_roles, strict=True)]
             shape = (i1 - i0, j1 - j0)
-            parts = (eval_program(_lookup(prim.recompute_blocks, shape), inputs) if products is None
-                     else eval_program(_lookup(prim.backward_blocks, shape), inputs + list(products)))
+            parts = (eval_program(lookup_block(prim.recompute_blocks, shape), inputs) if products is None
+                     else eval_program(lookup_block(prim.backward_blocks, shape), inputs + list(products)))
             add_parts(bwd, sums, parts, row_slice, col_slice)
     return totals + sums
 
@@ -118,7 +117,7 @@ def _memory(stmt: Let, mult: int) -> int:
     m, n = rows[0].aval.shape[0], cols[0].aval.shape[0]
     bi, bj = prim.forward.block
     stripe = sum(a.aval.nbytes for j0 in range(0, n, bj)
-                 for a in _lookup(prim.forward_blocks, (min(bi, m), min(bj, n - j0))).outputs[prim.forward.num_leaves:])
+                 for a in lookup_block(prim.forward_blocks, (min(bi, m), min(bj, n - j0))).outputs[prim.forward.num_leaves:])
     return mult * min(stripe, prim.forward.keep) + max(program_peak(p, mult, count_inputs=False) for p in prim.bodies())
 
 
@@ -173,14 +172,6 @@ def _share_products(forward: Program, backward: Program, shared: int) -> tuple[P
     return new_forward, new_backward
 
 
-def _same_atom(a, b) -> bool:
-    """One variable, or literals of one value (a closed-over array appears as a literal in each statement)."""
-    if isinstance(a, Lit) and isinstance(b, Lit):
-        x, y = np.asarray(a.value), np.asarray(b.value)
-        return x is y or (x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y))
-    return a is b
-
-
 def _pair_of(bwd_stmt: Let, producer: dict) -> Let | None:
     """The gemm_map_reduce statement whose vjp `bwd_stmt` is (the layout ad/gemm_rules.py emits: the
     forward's consts, rows and cols, its results, then their cotangents), or None."""
@@ -196,7 +187,7 @@ def _pair_of(bwd_stmt: Let, producer: dict) -> Let | None:
         roles = ("whole",) * fwd.num_consts + ("row",) * fwd.num_row_args + ("col",) * fwd.num_col_args
         if (len(bwd_stmt.args) == shared + 2 * k and bwd.block == fwd.block
                 and tuple(bwd.in_roles[: shared + k]) == roles + ("row",) * k
-                and all(_same_atom(a, b) for a, b in zip(bwd_stmt.args[:shared], consts + rows + cols, strict=True))
+                and all(same_atom(a, b) for a, b in zip(bwd_stmt.args[:shared], consts + rows + cols, strict=True))
                 and all(a is b for a, b in zip(bwd_stmt.args[shared: shared + k], fwd_stmt.outs, strict=True))
                 and sorted(s for s, _ in bwd.blocks) == sorted(s for s, _ in fwd.blocks)):
             return fwd_stmt

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fold.ir import Let, Primitive, Program, Var, reorder_inputs, use_counts
+from fold.ir import Let, Primitive, Program, Var, reorder_inputs, same_atom, use_counts
 from fold.primitives import Map, Scan
 
 from ..interpreter import numpy_impls
@@ -41,12 +41,6 @@ class FusedScanPairMap(Primitive):
         return [self.forward.body, self.map.body]
 
 
-def _same_atom(x, y) -> bool:
-    if isinstance(x, Var) or isinstance(y, Var):
-        return x is y
-    return x.value.dtype == y.value.dtype and np.array_equal(x.value, y.value)
-
-
 def _same_compilable_operator(a: Program, b: Program) -> bool:
     """The same lambda, one a kernel can run: one object, or (AD passes copy bodies) the same function text."""
     if compile_problem(a) is not None:
@@ -60,7 +54,7 @@ def _pair(first: Let, second: Let) -> tuple[Let, Let] | None:
     if not (isinstance(a, Scan) and isinstance(b, Scan)) or a.num_consts or b.num_consts:
         return None
     same = (_same_compilable_operator(a.body, b.body) and len(first.args) == len(second.args)
-            and all(_same_atom(x, y) for x, y in zip(first.args, second.args)))
+            and all(same_atom(x, y) for x, y in zip(first.args, second.args)))
     if not (same and a.exclusive and b.exclusive and a.reverse != b.reverse):
         return None
     return (second, first) if a.reverse else (first, second)
