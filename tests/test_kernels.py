@@ -589,9 +589,10 @@ def add_sandwich(c, a, b, y):
     return (a - 2 * b) * y + c
 
 
-# one leaf (four lanes in the block totals), two (two lanes), four (one)
+# one leaf (four segments per block), two (two segments), four (one); blocks of 37 leave a remainder to the
+# last segment
 @pytest.mark.parametrize("parallel", [None, False, True])
-@pytest.mark.parametrize("block", [1, 3, None])
+@pytest.mark.parametrize("block", [1, 37, None])
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 1001, 100_003])
 @pytest.mark.parametrize("op_name,mapper,r", [("matmul", sandwich, 2), ("linrec", linrec_sandwich, 1), ("add", add_sandwich, 1)],
                          ids=["matmul", "linrec", "add"])

@@ -7,14 +7,23 @@
 This is the shape of the generic vjp of a reduction (the cotangent of x_i is the vjp of l . x_i . r at
 l = prefix_i, r = suffix_i), which would otherwise be two scans written out and a map reading them back.
 
-The sequence is cut into blocks of B elements. 1. (parallel) every block's total, folded in order (as
-LANES / k interleaved sub-blocks, as in kernels.cpu.reduce: one chain runs at the operator's latency; more
-lanes of a large element only spill registers: measured at 10^7, the a * b gradient 16.8 -> 14 ms, the
-pairwise one 27 -> 23 ms, the 2 x 2 matrices' unchanged at one lane, 20% slower at four);
-2. (sequential) the exclusive prefix and suffix of the block totals; 3. (parallel) per block, the forward
-scan into a block-sized buffer, then a backward walk carrying the suffix that calls the mapper: the block
-is read the second time from cache. Operand order is kept throughout (non-commutative operators are
+The sequence is cut into blocks of B elements, and each block into L = LANES / k contiguous segments (the
+last one also takes the remainder). 1. (parallel) every segment's total, the L segments of a block folded
+interleaved in one loop (independent chains the CPU overlaps, as in kernels.cpu.reduce; more lanes of a
+large element only spill registers); 2. (sequential) the exclusive prefix and suffix of the segment totals;
+3. (parallel) per block, the forward scans of its L segments, interleaved, into a block-sized buffer, then
+the backward walks, interleaved, carrying each segment's suffix and calling the mapper: the block is read
+the second time from cache. A chain of combines runs at the operator's latency, and one segment per block
+left the scans bound by it; with L segments, and a full block's segment length a literal (LLVM then
+addresses the L lanes by constant offsets), the generic-rule gradients at 10^7 (fold.jit, alternating with
+the kernel before in one process) took a * b 14.4 -> 9.2 ms, the pairwise operator 22.6 -> 18.1, the 2 x 2
+matrices (one segment) 56.6 -> 49.6. Operand order is kept throughout (non-commutative operators are
 correct); about 3n combines and one read of the input from memory beyond the fold's.
+
+Tried and not kept (session 23): non-temporal stores of the output (x86 MOVNTSD through an LLVM intrinsic)
+saved under 5% with one output and made four outputs, written backwards, 12x slower; storing the suffixes
+in a second buffer so that the mapper runs in a loop LLVM vectorises was as fast for the 2 x 2 matrices
+and slower for the others.
 """
 
 from __future__ import annotations
@@ -27,54 +36,95 @@ from . import host
 from .codegen import call, compile_kernel, each, indent, names
 from .reduce import LANES, _lanes_loop
 
-# Elements per block: the forward scan of a block is still in cache when the backward walk reads it.
-BLOCK = 4096
+# Elements per block: the forward scan of a block is still in cache when the backward walk reads it. Not
+# a power of two: segments 4 KiB apart share cache sets (at 4096 elements and four segments, measured 9.8 ms
+# against 9.0 at 8000; eight segments of 512 elements, 37.6 ms).
+BLOCK = 8000
 
 
-def _source(k: int, m: int, c: int, r: int) -> str:
-    x_i = ", ".join(f"x{j}[i]" for j in range(k))
-    tot_b = ", ".join(f"tot{j}[b]" for j in range(k))
-    args = ", ".join([f"c{j}" for j in range(c)] + [f"buf{j}[i - lo]" for j in range(k)]
-                     + [f"acc{j}" for j in range(k)] + [f"y{j}[i]" for j in range(m)])
+def _source(k: int, m: int, c: int, r: int, block: int) -> str:
+    lanes = max(1, LANES // k)
+    last = lanes - 1
     consts, others = "".join(f"c{j}, " for j in range(c)), "".join(f"y{j}, " for j in range(m))
+
+    def forward(lane: int, i: str, at: str) -> str:  # buf[at] = the lane's running prefix, then x[i] folded in
+        x_i = ", ".join(f"x{j}[{i}]" for j in range(k))
+        return each("buf{j}[" + at + f"] = a{lane}_" + "{j}", k) + "\n" + call(f"a{lane}_", "combine", f"{names(f'a{lane}_', k)}, {x_i}", k)
+
+    def backward(lane: int, i: str, at: str) -> str:  # out[i] = mapper(prefix, suffix, ..), then x[i] folded into the suffix
+        x_i = ", ".join(f"x{j}[{i}]" for j in range(k))
+        args = ", ".join([f"c{j}" for j in range(c)] + [f"buf{j}[{at}]" for j in range(k)]
+                         + [f"a{lane}_{j}" for j in range(k)] + [f"y{j}[{i}]" for j in range(m)])
+        store = "out{j}[" + i + f"] = e{lane}_" + "{j}"
+        return "\n".join([call(f"e{lane}_", "mapper", args, r), each(store, r),
+                          call(f"a{lane}_", "combine", f"{x_i}, {names(f'a{lane}_', k)}", k)])
+
+    def segment_values(source: str) -> str:
+        return "\n".join(each(f"a{lane}_" + "{j} = " + source + "{j}[b * " + str(lanes) + f" + {lane}]", k) for lane in range(lanes))
+
+    def interleaved(step) -> str:
+        return "\n".join(step(lane, f"lo + {lane} * q + t", f"{lane} * q + t") for lane in range(lanes))
+
+    def totals(q: str) -> str:
+        return _lanes_loop(k, k, False, lanes, merge=False, q=q)
+
+    def scans(q: str) -> str:  # the block's forward scans into buf, then its backward walks
+        return f"""q = {q}
+{segment_values("pre")}
+for t in range(q):
+{indent(interleaved(forward), 4)}
+for i in range(lo + {lanes} * q, hi):
+{indent(forward(last, "i", "i - lo"), 4)}
+{segment_values("suf")}
+for i in range(hi - 1, lo + {lanes} * q - 1, -1):
+{indent(backward(last, "i", "i - lo"), 4)}
+for t in range(q - 1, -1, -1):
+{indent(interleaved(backward), 4)}"""
+
+    def per_block(body) -> str:  # a full block's segment length is a literal: LLVM then addresses the lanes by constant offsets
+        return f"""if hi - lo == {block}:
+{indent(body(str(block // lanes)), 4)}
+else:
+{indent(body(f"(hi - lo) // {lanes}"), 4)}"""
+
     return f"""
-def kernel(B, {consts}{names("x", k)}, {others}{names("id", k)}, {names("tot", k)}, {names("pre", k)}, {names("suf", k)}, {names("out", r)}):
+def kernel({consts}{names("x", k)}, {others}{names("id", k)}, {names("tot", k)}, {names("pre", k)}, {names("suf", k)}, {names("out", r)}):
     n = x0.shape[0]
-    nb = tot0.shape[0]
+    nb = -(-n // {block})
     for b in prange(nb):
-        lo = b * B
-        hi = min(lo + B, n)
-{indent(_lanes_loop(k, k, False, max(1, LANES // k)), 8)}
-{each("tot{j}[b] = acc{j}", k, 8)}
+        lo = b * {block}
+        hi = min(lo + {block}, n)
+{indent(per_block(totals), 8)}
+{indent(chr(10).join(each("tot{j}[b * " + str(lanes) + f" + {lane}] = a{lane}_" + "{j}", k) for lane in range(lanes)), 8)}
 {each("acc{j} = id{j}", k, 4)}
-    for b in range(nb):
-{each("pre{j}[b] = acc{j}", k, 8)}
-        {call("acc", "combine", f"{names('acc', k)}, {tot_b}", k)}
+    for s in range(nb * {lanes}):
+{each("pre{j}[s] = acc{j}", k, 8)}
+        {call("acc", "combine", f"{names('acc', k)}, " + ", ".join(f"tot{j}[s]" for j in range(k)), k)}
 {each("acc{j} = id{j}", k, 4)}
-    for b in range(nb - 1, -1, -1):
-{each("suf{j}[b] = acc{j}", k, 8)}
-        {call("acc", "combine", f"{tot_b}, {names('acc', k)}", k)}
+    for s in range(nb * {lanes} - 1, -1, -1):
+{each("suf{j}[s] = acc{j}", k, 8)}
+        {call("acc", "combine", ", ".join(f"tot{j}[s]" for j in range(k)) + f", {names('acc', k)}", k)}
     for b in prange(nb):
-        lo = b * B
-        hi = min(lo + B, n)
+        lo = b * {block}
+        hi = min(lo + {block}, n)
 {each("buf{j} = np.empty(hi - lo, x{j}.dtype)", k, 8)}
-{each("acc{j} = pre{j}[b]", k, 8)}
-        for i in range(lo, hi):
-{each("buf{j}[i - lo] = acc{j}", k, 12)}
-            {call("acc", "combine", f"{names('acc', k)}, {x_i}", k)}
-{each("acc{j} = suf{j}[b]", k, 8)}
-        for i in range(hi - 1, lo - 1, -1):
-            {call("e", "mapper", args, r)}
-{each("out{j}[i] = e{j}", r, 12)}
-            {call("acc", "combine", f"{x_i}, {names('acc', k)}", k)}
+{indent(per_block(scans), 8)}
 """
 
 
-def scan_pair_map_kernel(combine: Any, mapper: Any, k: int, m: int, c: int, r: int, parallel: bool = True) -> Any:
-    """The compiled kernel(B, c.., x.., y.., id.., tot.., pre.., suf.., out..), filling out_j in place; tot, pre
-    and suf are scratch arrays with one entry per block (allocated by the driver)."""
-    key = ("scan_pair_map", combine, mapper, k, m, c, r, parallel)
-    return compile_kernel(key, lambda: _source(k, m, c, r), {"combine": combine, "mapper": mapper}, parallel=parallel)
+def segments(n: int, block: int, k: int) -> int:
+    """How many segments the kernel cuts n elements of k leaves into, at `block` elements per block."""
+    return -(-n // block) * max(1, LANES // k)
+
+
+def scan_pair_map_kernel(combine: Any, mapper: Any, k: int, m: int, c: int, r: int, parallel: bool = True,
+                         block: int = BLOCK) -> Any:
+    """The compiled kernel(c.., x.., y.., id.., tot.., pre.., suf.., out..) for blocks of `block` elements,
+    filling out_j in place; tot, pre and suf are scratch arrays with one entry per segment,
+    segments(n, block, k) (allocated by the driver)."""
+    key = ("scan_pair_map", combine, mapper, k, m, c, r, parallel, block)
+    return compile_kernel(key, lambda: _source(k, m, c, r, block), {"combine": combine, "mapper": mapper},
+                          parallel=parallel)
 
 
 def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], mapper: Any,
@@ -85,7 +135,8 @@ def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequenc
 
     `leaves` and `others` are 1-D arrays of one length n; `mapper` returns r scalars (a scalar when r == 1).
     Returns a tuple of r arrays of the mapper's result dtypes: new ones, or `out` filled. `block` and
-    `parallel` are for tests and tuning (default: parallel once there is enough work for two threads).
+    `parallel` are for tests and tuning (default: parallel once there is enough work for two threads). Each
+    block size is a kernel of its own (its full blocks' segment length is a literal).
     """
     host.check_function(combine, "combine")
     host.check_function(mapper, "mapper")
@@ -105,9 +156,9 @@ def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequenc
     if n == 0:
         return outs
     blocks = -(-n // block)
-    scratch = [np.empty(blocks, d) for d in dtypes for _ in range(3)]
+    scratch = [np.empty(segments(n, block, k), d) for d in dtypes for _ in range(3)]
     tot, pre, suf = scratch[0::3], scratch[1::3], scratch[2::3]
     threaded = host.num_chunks(n, None) > 1 if parallel is None else bool(parallel)
-    kernel = scan_pair_map_kernel(combine, mapper, k, len(others), len(consts), r, threaded and blocks > 1)
-    kernel(block, *consts, *leaves, *others, *ident, *tot, *pre, *suf, *outs)
+    kernel = scan_pair_map_kernel(combine, mapper, k, len(others), len(consts), r, threaded and blocks > 1, block)
+    kernel(*consts, *leaves, *others, *ident, *tot, *pre, *suf, *outs)
     return outs

@@ -91,11 +91,13 @@ def _one_at_a_time(k: int, m: int, mapped: bool, lo: str, hi: str, reverse: bool
     return header + "\n" + indent(_element(k, m, mapped, "i", "e") + "\n" + body, 4)
 
 
-def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "", vector: bool = False) -> str:
+def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "", vector: bool = False, merge: bool = True,
+                q: str | None = None) -> str:
     """Fold lo <= i < hi into acc_0.. as `lanes` interleaved sub-chunks of q elements (the last one also
     takes the remainder), then combine the lane totals in lane order. `row`: an index prefix for 2-D
     inputs ("r, ": the elements of row r). `vector`: map the `lanes` (== WIDTH) elements of a step with one
-    call of the mapper's lane form."""
+    call of the mapper's lane form. `merge=False`: leave the lane totals in a0_.., a1_.., uncombined. `q`:
+    the sub-chunk length where the caller knows it better than (hi - lo) // lanes (a literal)."""
     acc = [f"a{lane}_" for lane in range(lanes)]
     index = [f"{row}i + {lane} * q" for lane in range(lanes)]
     combines = [_combine_into(acc[lane], f"e{lane}_", k) for lane in range(lanes)]
@@ -107,16 +109,16 @@ def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "", vector:
     else:
         step = "\n".join(_element(k, m, mapped, index[lane], f"e{lane}_") + "\n" + combines[lane] for lane in range(lanes))
     last = acc[-1]
-    merge = "\n".join(_combine_into(acc[0], acc[lane], k) for lane in range(1, lanes))
-    return f"""q = (hi - lo) // {lanes}
+    merged = "\n".join([_combine_into(acc[0], acc[lane], k) for lane in range(1, lanes)]
+                       + [each("acc{j} = " + acc[0] + "{j}", k)]) if merge else ""
+    return f"""q = {q or f"(hi - lo) // {lanes}"}
 {chr(10).join(each(a + "{j} = id{j}", k) for a in acc)}
 for i in range(lo, lo + q):
 {indent(step, 4)}
 for i in range(lo + {lanes} * q, hi):
 {indent(_element(k, m, mapped, row + "i", "e"), 4)}
     {_combine_into(last, "e", k)}
-{merge}
-{each("acc{j} = " + acc[0] + "{j}", k)}"""
+{merged}"""
 
 
 def _tiled_loop(k: int, m: int, mapped: bool) -> str:
