@@ -60,6 +60,8 @@ def _qualifies(prim) -> bool:
 
 @vjp_rules.register(GemmMapReduce)
 def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
+    if not prim.blocks:  # M or N is 0: no pair reaches an output, so no operand has a cotangent
+        return [Zero(aval_of(a)) for a in args]
     consts, identity, rows, cols = split_gemm_args(prim, list(args))
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     if not _qualifies(prim):

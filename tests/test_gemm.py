@@ -14,6 +14,7 @@ import pytest
 
 import ad
 import fold
+from ad.vjp import GEMM_RULES, gemm_rule_scope
 from helpers import load_example
 from fold.ir import Program, Var
 from fold.primitives import GemmBlockSum, GemmMapReduce, Map
@@ -126,6 +127,27 @@ def test_no_columns_gives_the_identity_in_every_row_and_no_rows_an_empty_result(
     assert np.all(out["z"] == -np.inf) and np.all(out["v"] == 0.0)
     lse = fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, np.zeros((0, 4)), rng.standard_normal((6, 4)), block=block)
     assert lse.shape == (0,)
+
+
+@pytest.mark.parametrize("m,n", [(0, 5), (4, 0), (0, 0)])
+def test_gradient_with_no_rows_or_no_columns_is_zero(m, n):
+    """An empty block grid: no pair reaches an output, so every operand's cotangent and the output's tangent
+    are zeros of the operands' and outputs' shapes (the vjp once built a block sum over no blocks and failed
+    with an IndexError)."""
+    rng = np.random.default_rng(10)
+    Q, K, V = rng.standard_normal((m, 4)), rng.standard_normal((n, 4)), rng.standard_normal((n, 3))
+
+    def attention(Q, K, V):
+        return fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, v: {"z": s, "v": v}, Q, K, cols=(V,))["v"]
+
+    for backend in ("numpy", "numba"):
+        for gemm_rule in GEMM_RULES:
+            with gemm_rule_scope(gemm_rule):
+                grads = fold.jit(lambda Q, K, V: fold.vjp(attention, (Q, K, V), np.ones((m, 3))), backend=backend)(Q, K, V)
+            for g, x in zip(grads, (Q, K, V), strict=True):
+                assert g.shape == x.shape and not np.any(g), (backend, gemm_rule, g)
+        tangent = fold.jit(lambda *a: fold.jvp(attention, a, tuple(np.ones_like(x) for x in a)), backend=backend)(Q, K, V)
+        assert tangent.shape == (m, 3) and not np.any(tangent)
 
 
 def test_default_block_covers_a_small_matrix_in_one_block():
