@@ -157,10 +157,12 @@ class Tracer:
         self._concrete("using it as a Python index")
 
     def __array__(self, *args, **kwargs):
-        # NumPy also asks for this when a traced value indexes a NumPy array (table[i]): say how to gather
+        # NumPy also asks for this when a traced value indexes a NumPy array (table[i]), and when a NumPy
+        # function gets a list holding traced values (np.sum([a, b]) makes an array of the list first)
         self._concrete("converting it to a NumPy array (which NumPy does when it indexes a NumPy array or list "
                        "with it: index a fold value instead, fold.ops.getitem(table, i), or pass the table as an "
-                       "argument of the traced function)")
+                       "argument of the traced function; and when a NumPy function is given a list or tuple that "
+                       "holds it, as in np.sum([a, b]): make one fold value of them first, np.stack([a, b]))")
 
     __hash__ = object.__hash__
 

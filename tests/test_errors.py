@@ -255,6 +255,7 @@ def test_if_on_a_tracer() -> None:
     assert isinstance(err, TypeError)
     raises(fold.ConcretizationError, fold.trace, lambda x: float(x[0]), np.ones(3), match="float()")
     raises(fold.ConcretizationError, fold.trace, lambda x: np.asarray(x), np.ones(3), match="NumPy array")
+    raises(fold.ConcretizationError, fold.trace, lambda x: np.sum([x[0], x[1]]), np.ones(3), match="np.stack([a, b])")
     raises(fold.ConcretizationError, fold.trace, lambda x, i: [1.0, 2.0][i], np.ones(3), np.int64(0), match="Python index")
 
 
