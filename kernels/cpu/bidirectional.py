@@ -42,22 +42,27 @@ from .reduce import LANES, _lanes_loop
 BLOCK = 8000
 
 
+def _segments_per_block(k: int) -> int:
+    """LANES / k chains per block: more lanes of a large element only spill registers."""
+    return max(1, LANES // k)
+
+
 def _source(k: int, m: int, c: int, r: int, block: int) -> str:
-    lanes = max(1, LANES // k)
+    lanes = _segments_per_block(k)
     last = lanes - 1
     consts, others = "".join(f"c{j}, " for j in range(c)), "".join(f"y{j}, " for j in range(m))
 
+    def element(i: str) -> str:
+        return ", ".join(f"x{j}[{i}]" for j in range(k))
+
     def forward(lane: int, i: str, at: str) -> str:  # buf[at] = the lane's running prefix, then x[i] folded in
-        x_i = ", ".join(f"x{j}[{i}]" for j in range(k))
-        return each("buf{j}[" + at + f"] = a{lane}_" + "{j}", k) + "\n" + call(f"a{lane}_", "combine", f"{names(f'a{lane}_', k)}, {x_i}", k)
+        return each("buf{j}[" + at + f"] = a{lane}_" + "{j}", k) + "\n" + call(f"a{lane}_", "combine", f"{names(f'a{lane}_', k)}, {element(i)}", k)
 
     def backward(lane: int, i: str, at: str) -> str:  # out[i] = mapper(prefix, suffix, ..), then x[i] folded into the suffix
-        x_i = ", ".join(f"x{j}[{i}]" for j in range(k))
         args = ", ".join([f"c{j}" for j in range(c)] + [f"buf{j}[{at}]" for j in range(k)]
                          + [f"a{lane}_{j}" for j in range(k)] + [f"y{j}[{i}]" for j in range(m)])
-        store = "out{j}[" + i + f"] = e{lane}_" + "{j}"
-        return "\n".join([call(f"e{lane}_", "mapper", args, r), each(store, r),
-                          call(f"a{lane}_", "combine", f"{x_i}, {names(f'a{lane}_', k)}", k)])
+        return "\n".join([call(f"e{lane}_", "mapper", args, r), each("out{j}[" + i + f"] = e{lane}_" + "{j}", r),
+                          call(f"a{lane}_", "combine", f"{element(i)}, {names(f'a{lane}_', k)}", k)])
 
     def segment_values(source: str) -> str:
         return "\n".join(each(f"a{lane}_" + "{j} = " + source + "{j}[b * " + str(lanes) + f" + {lane}]", k) for lane in range(lanes))
@@ -114,7 +119,7 @@ def kernel({consts}{names("x", k)}, {others}{names("id", k)}, {names("tot", k)},
 
 def segments(n: int, block: int, k: int) -> int:
     """How many segments the kernel cuts n elements of k leaves into, at `block` elements per block."""
-    return -(-n // block) * max(1, LANES // k)
+    return -(-n // block) * _segments_per_block(k)
 
 
 def scan_pair_map_kernel(combine: Any, mapper: Any, k: int, m: int, c: int, r: int, parallel: bool = True,
