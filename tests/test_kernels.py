@@ -641,19 +641,25 @@ def test_logsumexp_edges(chunks):
         kc.logsumexp(np.arange(3))
 
 
+@pytest.mark.parametrize("vector", [True, False])
 @pytest.mark.parametrize("chunks", [1, 3])
-@pytest.mark.parametrize("order", ["ascending", "descending", "spikes"])
-def test_logsumexp_running_maximum(order, chunks):
+@pytest.mark.parametrize("order", ["ascending", "descending", "spikes", "jumps"])
+def test_logsumexp_running_maximum(order, chunks, vector):
     """One pass over memory: the running maximum grows block after block (ascending: every block rescales
-    the sum so far), or a few large values sit far apart."""
+    the sum so far), or a few large values sit far apart; jumps: a block's values lie 650 (taken in the
+    fast pass and rescaled), 705 (rescaling factor near underflow) and 1000 (the fast sum overflows) above
+    the maximum so far, so the block is done again the exact way."""
     x = _rng("logsumexp-order", chunks).normal(scale=50.0, size=30_011)
     if order == "ascending":
         x.sort()
     elif order == "descending":
         x[::-1].sort()
-    else:
+    elif order == "spikes":
         x[[5, 9_000, 20_000, 30_010]] = [300.0, 400.0, 350.0, 700.0]
-    np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), np.logaddexp.reduce(x), rtol=1e-13)
+    else:
+        x = _rng("logsumexp-jumps", chunks).normal(size=30_011)
+        x[[4_100, 9_000, 9_001, 15_000, 25_000]] = [650.0, 1355.0, 1300.0, 2355.0, 2355.5]
+    np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks, vector=vector), np.logaddexp.reduce(x), rtol=1e-13)
 
 
 @pytest.mark.parametrize("chunks", [1, 3])
@@ -670,7 +676,8 @@ def test_logsumexp_special_values_in_long_arrays(specials, chunks):
             x[at] = value
     with np.errstate(invalid="ignore"):
         want = np.logaddexp.reduce(x)
-    np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks), want, rtol=1e-13, err_msg=str(specials))
+    for vector in (True, False):
+        np.testing.assert_allclose(kc.logsumexp(x, chunks=chunks, vector=vector), want, rtol=1e-13, err_msg=str(specials))
 
 
 # ---------------------------------------------------------------- column sums

@@ -59,7 +59,8 @@ def _load() -> bool:
 
 
 SUPPORTED = _load()
-AVAILABLE = SUPPORTED and os.environ.get("FOLD_VECTOR_MATH", "1") != "0"
+REQUESTED = os.environ.get("FOLD_VECTOR_MATH", "1") != "0"  # also switches kernels.cpu.simd's paths
+AVAILABLE = SUPPORTED and REQUESTED
 
 
 def _four_lane_call(symbol: str, scalar: str, dtype: types.Float):

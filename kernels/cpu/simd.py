@@ -1,0 +1,188 @@
+"""Four float64 in one vector register, as a Numba value: loads, arithmetic, and exp computed inline.
+
+kernels.cpu.vector_math hands four scalars to libmvec and takes four back. Numba does not vectorise
+straight-line code (its SLP vectoriser is off), so around each call the four values are packed and
+unpacked, and the call clobbers every vector register: a loop that sums exps keeps its partial sums on the
+stack. Here the four values stay one LLVM `<4 x double>` from load to accumulator (the F64x4 type), and
+`exp` is written in LLVM IR, so it is inlined into the loop. Used by the kernels whose inner loop is a
+transcendental over contiguous memory (kernels.cpu.logsumexp). The IR is target-independent: on a CPU
+without AVX2 LLVM splits each operation in two, slower but the same results.
+
+exp: Cody-Waite reduction x = k ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts), exp(r) by a polynomial
+of degree 11 (a Chebyshev interpolant of exp, coefficients fitted in long double), and 2^k put into the
+exponent bits. When every lane lies in [-708, 709] the result is p with k added to its exponent field;
+otherwise a second path clamps x to [-746, 710], scales by 2^(k/2) twice (so that results that overflow
+give inf and subnormal results round once) and passes NaN through. Within 2 ulp of glibc's exp over the
+range tested (tests/test_simd.py), special values exact.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+WIDTH = 4
+_DOUBLE = ir.DoubleType()
+_VECTOR = ir.VectorType(_DOUBLE, WIDTH)
+_INTS = ir.VectorType(ir.IntType(64), WIDTH)
+_LANE = ir.IntType(32)
+
+
+class F64x4Type(types.Type):
+    """Four float64 lanes held in one <4 x double>."""
+
+    def __init__(self) -> None:
+        super().__init__(name="F64x4")
+
+
+f64x4 = F64x4Type()
+
+
+@register_model(F64x4Type)
+class _F64x4Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VECTOR)
+
+
+def _splat(value: float, vector: ir.VectorType = _VECTOR) -> ir.Constant:
+    return ir.Constant(vector, [value] * WIDTH)
+
+
+def _fma(builder: ir.IRBuilder, a, b, c):
+    """a * b + c, fused where the target has FMA (llvm.fmuladd)."""
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3),
+                                              "llvm.fmuladd.v4f64")
+    return builder.call(function, [a, b, c])
+
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # ln 2 to 32 bits: k * _LN2_HI is exact for |k| < 2^21
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
+_ROUNDER = float.fromhex("0x1.8p52")  # x + _ROUNDER rounds x to an integer, held in the low mantissa bits
+_COEFFICIENTS = [float.fromhex(h) for h in (
+    "0x1p+0", "0x1p+0", "0x1.0000000000001p-1", "0x1.5555555555572p-3", "0x1.55555555541ddp-5",
+    "0x1.1111111102702p-7", "0x1.6c16c176d1875p-10", "0x1.a01a022151a4fp-13", "0x1.a019bfaa8354ap-16",
+    "0x1.71dc92f0ede58p-19", "0x1.2889c6ad4d7edp-22", "0x1.b23f94a73ede8p-26")]
+
+
+def _reduced_exp(builder: ir.IRBuilder, x):
+    """(p, t) with exp(x) = p * 2^k, 0.7 < p < 1.42, and k the integer in the low bits of t's mantissa."""
+    t = _fma(builder, x, _splat(_LOG2E), _splat(_ROUNDER))
+    k = builder.fsub(t, _splat(_ROUNDER))
+    r = _fma(builder, k, _splat(-_LN2_HI), x)
+    r = _fma(builder, k, _splat(-_LN2_LO), r)
+    r2 = builder.fmul(r, r)
+    r4 = builder.fmul(r2, r2)
+    c = [_splat(v) for v in _COEFFICIENTS]
+    pairs = [builder.fadd(r, c[0])] + [_fma(builder, c[2 * i + 1], r, c[2 * i]) for i in range(1, 6)]
+    quads = [_fma(builder, pairs[2 * i + 1], r2, pairs[2 * i]) for i in range(3)]
+    p = _fma(builder, _fma(builder, quads[2], r4, quads[1]), r4, quads[0])
+    return p, t
+
+
+def _power_of_two(builder: ir.IRBuilder, k):
+    """2^k for integer lanes k in the normal range."""
+    return builder.bitcast(builder.shl(builder.add(k, _splat(1023, _INTS)), _splat(52, _INTS)), _VECTOR)
+
+
+def emit_exp(builder: ir.IRBuilder, x):
+    """IR for exp of the four lanes of x (a <4 x double>)."""
+    inside = builder.and_(builder.fcmp_ordered(">", x, _splat(-708.0)), builder.fcmp_ordered("<", x, _splat(709.0)))
+    every_lane_inside = builder.icmp_unsigned("==", builder.bitcast(inside, ir.IntType(WIDTH)),
+                                              ir.Constant(ir.IntType(WIDTH), 2**WIDTH - 1))
+    with builder.if_else(every_lane_inside, likely=True) as (common, rare):
+        with common:
+            p, t = _reduced_exp(builder, x)
+            exponent = builder.shl(builder.bitcast(t, _INTS), _splat(52, _INTS))
+            common_value = builder.bitcast(builder.add(builder.bitcast(p, _INTS), exponent), _VECTOR)
+            common_block = builder.block
+        with rare:
+            nan = builder.fcmp_unordered("uno", x, x)
+            clamped = builder.select(builder.fcmp_ordered(">", x, _splat(710.0)), _splat(710.0), x)
+            clamped = builder.select(builder.fcmp_ordered("<", clamped, _splat(-746.0)), _splat(-746.0), clamped)
+            p, t = _reduced_exp(builder, builder.select(nan, _splat(0.0), clamped))
+            k = builder.sub(builder.bitcast(t, _INTS), builder.bitcast(_splat(_ROUNDER), _INTS))
+            half = builder.ashr(k, _splat(1, _INTS))
+            scaled = builder.fmul(builder.fmul(p, _power_of_two(builder, half)),
+                                  _power_of_two(builder, builder.sub(k, half)))
+            rare_value = builder.select(nan, x, scaled)
+            rare_block = builder.block
+    result = builder.phi(_VECTOR)
+    result.add_incoming(common_value, common_block)
+    result.add_incoming(rare_value, rare_block)
+    return result
+
+
+@intrinsic
+def splat(typingctx, value):
+    """Four lanes of one float (converted to float64)."""
+    if not isinstance(value, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        scalar = context.cast(builder, args[0], signature.args[0], types.float64)
+        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), scalar, ir.Constant(_LANE, 0))
+        return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_LANE, WIDTH), [0] * WIDTH))
+
+    return f64x4(value), codegen
+
+
+@intrinsic
+def load(typingctx, array, index):
+    """array[index : index + 4] as float64 lanes (a 1-D float array of any stride; no bounds check)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and isinstance(array.dtype, types.Float)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        view = context.make_array(array_type)(context, builder, args[0])
+        element = context.get_value_type(array_type.dtype)
+        first = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]], wraparound=False)
+        if array_type.layout == "C":
+            packed = builder.load(builder.bitcast(first, ir.VectorType(element, WIDTH).as_pointer()), align=1)
+        else:
+            packed = ir.Constant(ir.VectorType(element, WIDTH), ir.Undefined)
+            for lane in range(WIDTH):
+                at = builder.add(args[1], ir.Constant(args[1].type, lane))
+                pointer = cgutils.get_item_pointer(context, builder, array_type, view, [at], wraparound=False)
+                packed = builder.insert_element(packed, builder.load(pointer), ir.Constant(_LANE, lane))
+        return packed if element == _DOUBLE else builder.fpext(packed, _VECTOR)
+
+    return f64x4(array, types.intp), codegen
+
+
+def _lanewise(emit):
+    @intrinsic
+    def operation(typingctx, a, b):
+        if a != f64x4 or b != f64x4:
+            return None
+        return f64x4(f64x4, f64x4), lambda context, builder, signature, args: emit(builder, *args)
+
+    return operation
+
+
+add = _lanewise(lambda builder, a, b: builder.fadd(a, b))
+sub = _lanewise(lambda builder, a, b: builder.fsub(a, b))
+maximum = _lanewise(lambda builder, a, b: builder.select(builder.fcmp_ordered(">", b, a), b, a))
+maximum.__doc__ = "The larger of a and b per lane; a where b is NaN or equal (NaN propagates from a only)."
+
+
+@intrinsic
+def exp(typingctx, a):
+    """exp of each lane (see the module docstring)."""
+    if a != f64x4:
+        return None
+    return f64x4(f64x4), lambda context, builder, signature, args: emit_exp(builder, args[0])
+
+
+@intrinsic
+def lane(typingctx, a, index):
+    """One lane of a, as a float64."""
+    if a != f64x4:
+        return None
+    return types.float64(f64x4, types.intp), lambda context, builder, signature, args: builder.extract_element(*args)
+
+
+__all__ = ["WIDTH", "add", "emit_exp", "exp", "f64x4", "lane", "load", "maximum", "splat", "sub"]

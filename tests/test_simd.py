@@ -1,0 +1,117 @@
+"""kernels.cpu.simd: four float64 lanes in one vector register, and the exp written in LLVM IR.
+
+- exp against NumPy's (glibc's) exp, four lanes at a time: random values of several scales, the ranges
+  near overflow and underflow (subnormal results), and the special values (exact); each both in vectors
+  whose lanes are all in the common range and in vectors that also hold a lane outside it (the second path);
+  the same when Numba compiles for a generic x86-64 CPU (a subprocess);
+- load from float64 and float32 arrays, contiguous and strided; maximum's lanes and NaN rule.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import njit
+
+from kernels.cpu import simd
+
+ROOT = Path(__file__).resolve().parents[1]
+W = simd.WIDTH
+SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-300, -1e-300, 5e-324, 1.0, -1.0, 0.5 * np.log(2),
+                     -0.5 * np.log(2), 708.0, 709.0, 709.78, 709.79, 710.0, -708.0, -708.4, -709.0, -745.0, -745.1,
+                     -745.2, -746.0, 1e300, -1e300, 1e6, -1e6])
+
+
+@njit
+def _exp_four_at_a_time(x, out):
+    for i in range(0, x.shape[0] - W + 1, W):
+        e = simd.exp(simd.load(x, i))
+        for j in range(W):
+            out[i + j] = simd.lane(e, j)
+
+
+def _inputs() -> np.ndarray:
+    rng = np.random.default_rng(11)
+    parts = [rng.uniform(-1, 1, 20_000) * s for s in (1e-12, 1e-3, 1.0, 30.0, 700.0)]
+    parts += [rng.uniform(700, 711, 5_000), rng.uniform(-750, -700, 5_000), rng.uniform(-0.35, 0.35, 5_000)]
+    return np.concatenate(parts)
+
+
+def check_exp(x: np.ndarray, max_ulp: float = 2.0) -> None:
+    """simd.exp of x (a multiple of WIDTH long) against np.exp: special values and zeros exactly, the rest
+    within max_ulp."""
+    out = np.full_like(x, 12345.0)
+    _exp_four_at_a_time(x, out)
+    with np.errstate(all="ignore"):
+        want = np.exp(x)
+    same = (out == want) | (np.isnan(out) & np.isnan(want))
+    ordinary = np.isfinite(want) & (want != 0)
+    assert same[~ordinary].all(), f"{x[~ordinary & ~same]} -> {out[~ordinary & ~same]}, want {want[~ordinary & ~same]}"
+    ulps = np.abs(out[ordinary] - want[ordinary]) / np.spacing(want[ordinary])
+    assert ulps.max() <= max_ulp, f"{ulps.max()} ulp at x = {x[ordinary][np.argmax(ulps)]!r}"
+
+
+def check_both_paths() -> None:
+    x = _inputs()
+    common = x[(x > -708) & (x < 709)]
+    check_exp(common[: len(common) // W * W])  # every vector on the common path
+    rng = np.random.default_rng(12)
+    mixed = rng.permutation(np.concatenate([x, np.repeat(SPECIALS, 50)]))
+    check_exp(mixed[: len(mixed) // W * W])  # most vectors hold a lane for the second path
+    with_one_special = np.concatenate([[s, 0.25, -3.0, 100.0] for s in SPECIALS])  # lanes 1-3 ordinary
+    check_exp(with_one_special)
+
+
+def test_exp_agrees_with_numpy_on_both_paths():
+    check_both_paths()
+
+
+def test_exp_compiled_for_a_generic_cpu_agrees_too():
+    code = ("import os, sys; sys.path[:0] = [os.getcwd(), 'tests']\n"
+            "import test_simd as t; t.check_both_paths()\n")
+    env = {"NUMBA_CPU_NAME": "generic", "FOLD_CACHE_DIR": "", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@njit
+def _loaded(x, i):
+    v = simd.load(x, i)
+    return simd.lane(v, 0), simd.lane(v, 1), simd.lane(v, 2), simd.lane(v, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("step", [1, 3, -2])
+def test_load_reads_four_consecutive_elements_as_float64(dtype, step):
+    x = (np.arange(40, dtype=np.float64) * 1.1 + 0.3).astype(dtype)[::step]
+    for i in (0, 1, len(x) - W):
+        assert _loaded(x, i) == tuple(float(v) for v in x[i:i + W])
+
+
+@njit
+def _lanes_of_maximum(a, b):
+    m = simd.maximum(simd.load(a, 0), simd.load(b, 0))
+    return np.array([simd.lane(m, j) for j in range(W)])
+
+
+def test_maximum_per_lane_and_its_nan_rule():
+    a = np.array([1.0, 5.0, np.nan, -np.inf])
+    b = np.array([2.0, 3.0, 7.0, np.nan])
+    got = _lanes_of_maximum(a, b)
+    np.testing.assert_array_equal(got[:2], [2.0, 5.0])
+    assert np.isnan(got[2]) and got[3] == -np.inf  # a NaN in the first operand stays; one in the second is passed over
+
+
+@njit
+def _splat_add_sub(v, w):
+    s = simd.sub(simd.add(simd.splat(v), simd.splat(w)), simd.splat(w))
+    return simd.lane(s, 0), simd.lane(s, 3)
+
+
+def test_splat_add_sub():
+    assert _splat_add_sub(1.5, 2.25) == (1.5, 1.5)
+    assert _splat_add_sub(np.float32(0.1), 1.0) == (float(np.float32(0.1)), float(np.float32(0.1)))
