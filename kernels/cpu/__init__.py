@@ -9,7 +9,7 @@
              step=None, live=None, chunks=None, out=None)                      -> k (or r) arrays (n,)
     histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
     map(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)           -> k arrays (n,) or (rows, n)
-    logsumexp(x, *, chunks=None)                                               -> a scalar
+    logsumexp(x, *, chunks=None, vector=None)                                  -> a scalar
     column_sums(x, *, chunks=None)                                             -> an array (columns,)
     scan_pair_map(combine, k, identity, leaves, mapper, r, others=(), consts=(), *, block, parallel)
                                                                                -> r arrays (n,)

@@ -25,7 +25,7 @@ from numba import njit, prange
 from . import host, simd, vector_math
 from .modules import variant
 
-SUB = 2048  # elements per sub-block: 16 KiB of float64, read from L1 by the exp loop after the max loop
+SUB = 2048  # elements per sub-block: 16 KiB of float64, read again from L1 when a sub-block goes the exact way
 
 
 def _exact_max(x, lo, hi):
@@ -51,20 +51,10 @@ def _fast_max(x, lo, hi):
 
 def _sum_exp(x, lo, hi, shift, lanes):
     """The sum of exp(x[lo:hi] - shift)."""
-    total = 0.0
-    start = lo
     if lanes:
-        shifts = simd.splat(shift)
-        even = simd.splat(0.0)
-        odd = simd.splat(0.0)
-        eights = (hi - lo) // 8
-        for b in range(eights):
-            i = lo + 8 * b
-            even = simd.add(even, simd.exp(simd.sub(simd.load(x, i), shifts)))
-            odd = simd.add(odd, simd.exp(simd.sub(simd.load(x, i + 4), shifts)))
-        total = _lane_sum(simd.add(even, odd))
-        start = lo + 8 * eights
-    for i in range(start, hi):
+        return _sum_exp_and_max(x, lo, hi, shift)[0]
+    total = 0.0
+    for i in range(lo, hi):
         total += math.exp(x[i] - shift)
     return total
 
