@@ -153,20 +153,21 @@ def load(typingctx, array, index):
     return f64x4(array, types.intp), codegen
 
 
-def _lanewise(emit):
+def _lanewise(emit, doc: str):
     @intrinsic
     def operation(typingctx, a, b):
         if a != f64x4 or b != f64x4:
             return None
         return f64x4(f64x4, f64x4), lambda context, builder, signature, args: emit(builder, *args)
 
+    operation.__doc__ = doc
     return operation
 
 
-add = _lanewise(lambda builder, a, b: builder.fadd(a, b))
-sub = _lanewise(lambda builder, a, b: builder.fsub(a, b))
-maximum = _lanewise(lambda builder, a, b: builder.select(builder.fcmp_ordered(">", b, a), b, a))
-maximum.__doc__ = "The larger of a and b per lane; a where b is NaN or equal (NaN propagates from a only)."
+add = _lanewise(lambda builder, a, b: builder.fadd(a, b), "a + b per lane.")
+sub = _lanewise(lambda builder, a, b: builder.fsub(a, b), "a - b per lane.")
+maximum = _lanewise(lambda builder, a, b: builder.select(builder.fcmp_ordered(">", b, a), b, a),
+                    "The larger of a and b per lane; a where b is NaN or equal (NaN propagates from a only).")
 
 
 @intrinsic
