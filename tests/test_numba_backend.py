@@ -115,7 +115,7 @@ def kernel_calls(monkeypatch):
 
     calls: dict[str, int] = {}
     for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce", "scan_pair_map", "map_scan", "logsumexp",
-                 "column_sums"):
+                 "column_sums", "product_fold"):
         original = getattr(kernels.cpu, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -685,8 +685,8 @@ def test_a_fold_copies_no_statement_that_reads_a_costly_shared_value():
 
 def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(kernel_calls):
     """A map whose body cannot be one scalar function (it multiplies by a captured 64 x 16 matrix) runs
-    batched, with the backend's fusions inside the body: its distances-then-minimum is one segmented kernel
-    over (rows, centroids); the gradient's runs are kernels too."""
+    batched, with the backend's fusions inside the body: its products, distances and minimum are one
+    product_fold kernel (the products never stored); the gradient's runs are kernels too."""
     points, centroids = rng.normal(size=(COMPILE_FROM // 64 + 7, 16)), rng.normal(size=(64, 16))
 
     def cost(p, c):
@@ -697,7 +697,7 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_same(*both(cost, points, centroids))
-        assert kernel_calls == {"segmented_reduce": 1}
+        assert kernel_calls == {"product_fold": 1}
         assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
     # the gradient: its runs are kernels, and its row sums fold private copies of the cheap values they read
     assert kernel_calls["map"] >= 1 and kernel_calls["segmented_reduce"] >= 3, kernel_calls
@@ -705,8 +705,8 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
 
 def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
     """fold.sum over an elementwise run, even of one statement, joins it: at the top level one map_reduce,
-    in a batched map body (k-means' |p|^2 beside its distances) one segmented reduce per row; the products
-    are never stored. Integer sums too (exact either way: wrap-around arithmetic is associative)."""
+    in a batched map body (k-means' |p|^2 beside its distances, which kernels.cpu.product_fold folds)
+    one segmented reduce per row; the products are never stored. Integer sums too (exact either way: wrap-around arithmetic is associative)."""
     n = COMPILE_FROM + 3
     x, y = rng.normal(size=n), rng.normal(size=n)
     points, centroids = rng.normal(size=(COMPILE_FROM // 16 + 7, 16)), rng.normal(size=(64, 16))
@@ -721,7 +721,7 @@ def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
         assert kernel_calls == {"map_reduce": 1}
         kernel_calls.clear()
         assert_same(*both(cost, points, centroids), scaled=True)
-        assert kernel_calls == {"segmented_reduce": 2}
+        assert kernel_calls == {"segmented_reduce": 1, "product_fold": 1}
         kernel_calls.clear()
         i = rng.integers(-1000, 1000, size=n)
         numpy_result, numba_result = both(lambda i: fold.sum(i * i), i)
@@ -745,10 +745,12 @@ def test_row_folds_in_a_batched_body_run_on_the_segmented_kernel(kernel_calls):
 
 
 def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_rows(kernel_calls, monkeypatch):
-    """k-means' cost: per point 64 distances, one minimum. Where n rows of the distances exceed twice the
-    block budget, the body runs on blocks of rows (each block's kernels once; the last, short block on
-    NumPy); the results are those of the numpy backend. The gradient's body returns 64-wide values per row:
-    not blocked. Values made from captured ones alone (the transposed centroids) do not count as wide."""
+    """Per point 64 sines of distances, one minimum (no F64x4 form for sin: the products are stored).
+    Where n rows of the distances exceed twice the block budget, the body runs on blocks of rows (each
+    block's kernels once; the last, short block on NumPy); the results are those of the numpy backend.
+    k-means' cost itself, whose products product_fold folds, holds nothing wide: one call, no blocks.
+    The gradient's body returns 64-wide values per row: not blocked. Values made from captured ones alone
+    (the transposed centroids) and broadcasts (views) do not count as wide."""
     from fold.primitives import Map
     from runtime.numba_backend import lowering
 
@@ -760,10 +762,17 @@ def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_row
         nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q))  # noqa: E731
         return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
 
+    def sine_cost(p, c):
+        nearest = lambda q: fold.reduce(fold.monoids.min, fold.sin(fold.sum(q * q) - 2.0 * fold.matmul(c, q)))  # noqa: E731
+        return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same(*both(cost, points, centroids), scaled=True)
+        assert_same(*both(sine_cost, points, centroids), scaled=True)
         assert kernel_calls == {"segmented_reduce": 6}  # |p|^2 and the minimum, in each of 3 full blocks
+        kernel_calls.clear()
+        assert_same(*both(cost, points, centroids), scaled=True)
+        assert kernel_calls == {"segmented_reduce": 1, "product_fold": 1}
         assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids), scaled=True)
 
     def body_of(f, *args):
@@ -777,6 +786,68 @@ def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_row
     assert lowering.block_rows(narrow.body, narrow.num_consts, 1000) == 1000
     assert lowering.block_rows(wide.body, wide.num_consts, n) == n
     assert lowering.block_rows(constant.body, constant.num_consts, n) == n
+
+
+def test_arrays_closed_over_are_operands_of_elementwise_kernels(kernel_calls):
+    """A NumPy array the traced function closes over (a literal of some shape) inside an elementwise run is
+    read by the run's kernel like any other operand, at the top level and in a batched body."""
+    x, bias, w = rng.normal(size=(COMPILE_FROM // 40 + 3, 40)), rng.normal(size=40), rng.normal(size=(40, 80))
+    top = lambda x: fold.exp(x * 0.5 + bias) - bias  # noqa: E731
+    in_body = lambda x: fold.map(lambda row: fold.sum(fold.sin(row @ w + 1.0) * w[0]), x)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(top, x))
+        assert kernel_calls == {"map": 1}
+        kernel_calls.clear()
+        assert_same(*both(in_body, x), scaled=True)
+        assert kernel_calls == {"segmented_reduce": 1}
+
+
+def test_matrix_vector_products_folded_in_a_body_run_on_the_product_fold_kernel(kernel_calls):
+    """A fold that alone reads a captured matrix times the row (either order), through elementwise work
+    with per-row, per-column, full (rows, m) or scalar operands, runs as kernels.cpu.product_fold: the
+    numpy backend's results, one kernel call. Per-row matrices, float32 and an operator not known to
+    commute keep the statements (results right, no product_fold)."""
+    from runtime.numba_backend.passes import prepare
+    from runtime.numba_backend.product_fold_fusion import ProductFold
+
+    rows = COMPILE_FROM // 80 + 5  # 80 products per row: more than one scalar function holds (a batched body)
+    x, w, bias, r = rng.normal(size=(rows, 12)), rng.normal(size=(12, 80)), rng.normal(size=80), rng.normal(size=(rows, 80))
+    wt, weights = np.ascontiguousarray(w.T), rng.normal(size=3)
+    fused = {
+        "row @ matrix + bias, max": (lambda x: fold.map(lambda q: fold.reduce(fold.monoids.max, q @ w + bias), x), (x,)),
+        "exp of a full operand, sum": (lambda x, r: fold.map(
+            lambda q, ri: fold.sum(fold.exp(fold.matmul(wt, q) * ri - 1.0)), x, r), (x, r)),
+        "a computed scalar, min": (lambda x, v: fold.map(
+            lambda q: fold.reduce(fold.monoids.min, fold.matmul(wt, q) * fold.sum(v)), x), (x, weights)),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name, (f, args) in fused.items():
+            kernel_calls.clear()
+            assert_same(*both(f, *args), scaled=True)
+            assert kernel_calls.get("product_fold") == 1, (name, kernel_calls)
+
+        per_row = rng.normal(size=(rows, 80, 12))
+        kept = {
+            "per-row matrices": (lambda x, m: fold.map(lambda q, mi: fold.reduce(fold.monoids.min, fold.matmul(mi, q)), x, m),
+                                 (x, per_row)),
+            "float32": (lambda x: fold.map(lambda q: fold.reduce(fold.monoids.max, q @ w.astype(np.float32)), x),
+                        (x.astype(np.float32),)),
+        }
+        for name, (f, args) in kept.items():
+            kernel_calls.clear()
+            assert_same(*both(f, *args), rtol=1e-5 if name == "float32" else 1e-12, scaled=True)
+            assert "product_fold" not in kernel_calls, (name, kernel_calls)
+
+        for commutative in (False, True):
+            plus = fold.Monoid(lambda a, b: a + b * 1.0, 0.0, commutative=commutative, name="plus")
+            f = lambda x: fold.map(lambda q: fold.reduce(plus, fold.matmul(wt, q) * 2.0), x)  # noqa: E731
+            body = next(st.prim.body for st in fold.trace(f, x).stmts if isinstance(st.prim, fold.primitives.Map))
+            assert any(isinstance(st.prim, ProductFold) for st in prepare(body).stmts) == commutative
+            kernel_calls.clear()
+            assert_same(*both(f, x), scaled=True)
+            assert ("product_fold" in kernel_calls) == commutative, kernel_calls
 
 
 def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls):

@@ -4,7 +4,11 @@
   near overflow and underflow (subnormal results), and the special values (exact); each both in vectors
   whose lanes are all in the common range and in vectors that also hold a lane outside it (the second path);
   the same when Numba compiles for a generic x86-64 CPU (a subprocess);
-- load from float64 and float32 arrays, contiguous and strided; maximum's lanes and NaN rule.
+- load from float64 and float32 arrays, contiguous and strided; maximum's lanes and NaN rule;
+- mul, div, neg, fma and NumPy's NaN-propagating minimum and maximum per lane, against the scalar
+  definitions (scalar_helpers' _minimum and _maximum: the same signed zero);
+- the F64x4 forms the backend's codegen writes for programs of float64 scalars, against their scalar
+  functions lane by lane, and the programs that get none.
 """
 
 from __future__ import annotations
@@ -115,3 +119,87 @@ def _splat_add_sub(v, w):
 def test_splat_add_sub():
     assert _splat_add_sub(1.5, 2.25) == (1.5, 1.5)
     assert _splat_add_sub(np.float32(0.1), 1.0) == (float(np.float32(0.1)), float(np.float32(0.1)))
+
+
+@njit
+def _lanes(v):
+    return np.array([simd.lane(v, j) for j in range(W)])
+
+
+@njit
+def _arithmetic(a, b, c):
+    va, vb, vc = simd.load(a, 0), simd.load(b, 0), simd.load(c, 0)
+    return (_lanes(simd.mul(va, vb)), _lanes(simd.div(va, vb)), _lanes(simd.neg(va)), _lanes(simd.fma(va, vb, vc)),
+            _lanes(simd.nan_minimum(va, vb)), _lanes(simd.nan_maximum(va, vb)))
+
+
+def _bits(x) -> list[int]:
+    return np.asarray(x, dtype=np.float64).view(np.int64).tolist()
+
+
+@pytest.mark.parametrize("a, b", [
+    ([1.5, -0.0, np.nan, 3.0], [2.0, 0.0, 1.0, np.nan]),
+    ([np.inf, -2.0, 0.0, 7.0], [np.inf, -np.inf, -0.0, -7.0]),
+    ([1e300, 1e-300, -1.0, 0.1], [1e10, 1e-30, 3.0, 0.3]),
+])
+def test_arithmetic_and_propagating_minimum_maximum_per_lane(a, b):
+    from runtime.numba_backend.scalar_helpers import _maximum, _minimum
+
+    a, b = np.array(a), np.array(b)
+    c = np.array([0.25, -1.0, 2.0, 1e-17])
+    product, quotient, negated, fused, smaller, larger = _arithmetic(a, b, c)
+    with np.errstate(all="ignore"):
+        assert _bits(product) == _bits(a * b) and _bits(quotient) == _bits(a / b) and _bits(negated) == _bits(-a)
+        unfused = a * b + c
+    np.testing.assert_allclose(fused, unfused, rtol=1e-15)  # one rounding or two: within an ulp of each other
+    assert _bits(smaller) == _bits([_minimum(x, y) for x, y in zip(a, b)])
+    assert _bits(larger) == _bits([_maximum(x, y) for x, y in zip(a, b)])
+    np.testing.assert_array_equal(np.isnan(smaller), np.isnan(a) | np.isnan(b))  # NaN from either side, as NumPy
+
+
+@njit
+def _apply_form(form, a, b, out):
+    for i in range(0, a.shape[0] - W + 1, W):
+        r = form(simd.load(a, i), simd.load(b, i))
+        for j in range(W):
+            out[i + j] = simd.lane(r, j)
+
+
+def _scalar_program(f, dtype=np.float64):
+    import fold
+
+    return fold.trace(f, np.zeros((), dtype), np.zeros((), dtype))
+
+
+def test_codegen_writes_f64x4_forms_that_compute_what_the_scalar_function_does():
+    import fold
+    from runtime.numba_backend.codegen import compile_scalar_program, has_f64x4_form
+
+    def f(a, b):
+        return fold.maximum(fold.exp(a - b) * 2.0, -a) / (b + 3.0) - fold.minimum(a, b * b)
+
+    program = _scalar_program(f)
+    assert has_f64x4_form(program)
+    fn = compile_scalar_program(program)
+    form = simd.vector_form(fn)
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=4000) * 3, rng.normal(size=4000) * 3
+    a[:8], b[:8] = [np.nan, 0.0, -0.0, np.inf, 1.0, -np.inf, 2.0, 700.0], [1.0, np.nan, 0.0, 1.0, -2.5, 0.5, np.inf, -10.0]
+    out = np.empty_like(a)
+    _apply_form(form, a, b, out)
+    want = np.array([fn(x, y) for x, y in zip(a, b)])
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(out[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+    np.testing.assert_allclose(out[finite], want[finite], rtol=1e-14, atol=1e-14)  # exp within 2 ulp of the scalar one
+
+
+def test_programs_outside_the_templates_get_no_f64x4_form():
+    import fold
+    from runtime.numba_backend.codegen import has_f64x4_form
+
+    assert not has_f64x4_form(_scalar_program(lambda a, b: fold.sin(a) + b))  # no template for sin
+    assert not has_f64x4_form(_scalar_program(lambda a, b: fold.where(a < b, a, b)))  # comparisons, selection
+    assert not has_f64x4_form(_scalar_program(lambda a, b: a + b, np.float32))  # float64 only
+    assert not has_f64x4_form(_scalar_program(lambda a, b: a * b, np.int64))
+    assert has_f64x4_form(_scalar_program(lambda a, b: a))  # a value passed through

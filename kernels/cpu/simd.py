@@ -4,9 +4,12 @@ kernels.cpu.vector_math hands four scalars to libmvec and takes four back. Numba
 straight-line code (its SLP vectoriser is off), so around each call the four values are packed and
 unpacked, and the call clobbers every vector register: a loop that sums exps keeps its partial sums on the
 stack. Here the four values stay one LLVM `<4 x double>` from load to accumulator (the F64x4 type), and
-`exp` is written in LLVM IR, so it is inlined into the loop. Used by the kernels whose inner loop is a
-transcendental over contiguous memory (kernels.cpu.logsumexp). The IR is target-independent: on a CPU
-without AVX2 LLVM splits each operation in two, slower but the same results.
+`exp` is written in LLVM IR, so it is inlined into the loop. Used by kernels.cpu.logsumexp (exps over
+contiguous memory), and by kernels.cpu.product_fold, which accumulates a matrix product in F64x4 values
+(`fma`) and maps and folds them with F64x4 forms of scalar functions: the same function with every value
+four lanes wide, registered here by whoever compiles it (the numba backend's codegen writes them). The IR
+is target-independent: on a CPU without AVX2 LLVM splits each operation in two, slower but the same
+results.
 
 exp: Cody-Waite reduction x = k ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts), exp(r) by a polynomial
 of degree 11 (a Chebyshev interpolant of exp, coefficients fitted in long double), and 2^k put into the
@@ -17,6 +20,9 @@ range tested (tests/test_simd.py), special values exact.
 """
 
 from __future__ import annotations
+
+import weakref
+from typing import Any
 
 from llvmlite import ir
 from numba import types
@@ -164,10 +170,39 @@ def _lanewise(emit, doc: str):
     return operation
 
 
+def _propagating(builder: ir.IRBuilder, a, b, keep_a: str):
+    """a where `a keep_a b` holds or a is NaN, else b: NumPy's minimum ("<=") or maximum (">="), NaN from
+    either operand."""
+    keep = builder.or_(builder.fcmp_ordered(keep_a, a, b), builder.fcmp_unordered("uno", a, a))
+    return builder.select(keep, a, b)
+
+
 add = _lanewise(lambda builder, a, b: builder.fadd(a, b), "a + b per lane.")
 sub = _lanewise(lambda builder, a, b: builder.fsub(a, b), "a - b per lane.")
+mul = _lanewise(lambda builder, a, b: builder.fmul(a, b), "a * b per lane.")
+div = _lanewise(lambda builder, a, b: builder.fdiv(a, b), "a / b per lane.")
 maximum = _lanewise(lambda builder, a, b: builder.select(builder.fcmp_ordered(">", b, a), b, a),
                     "The larger of a and b per lane; a where b is NaN or equal (NaN propagates from a only).")
+nan_maximum = _lanewise(lambda builder, a, b: _propagating(builder, a, b, ">="),
+                        "NumPy's maximum per lane: NaN where either is NaN.")
+nan_minimum = _lanewise(lambda builder, a, b: _propagating(builder, a, b, "<="),
+                        "NumPy's minimum per lane: NaN where either is NaN.")
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c per lane, rounded once where the target has FMA (else twice: llvm.fmuladd)."""
+    if a != f64x4 or b != f64x4 or c != f64x4:
+        return None
+    return f64x4(f64x4, f64x4, f64x4), lambda context, builder, signature, args: _fma(builder, *args)
+
+
+@intrinsic
+def neg(typingctx, a):
+    """-a per lane (the sign bit flipped, as Python's unary minus: -0.0 for 0.0)."""
+    if a != f64x4:
+        return None
+    return f64x4(f64x4), lambda context, builder, signature, args: builder.fneg(args[0])
 
 
 @intrinsic
@@ -186,4 +221,21 @@ def lane(typingctx, a, index):
     return types.float64(f64x4, types.intp), lambda context, builder, signature, args: builder.extract_element(*args)
 
 
-__all__ = ["WIDTH", "add", "emit_exp", "exp", "f64x4", "lane", "load", "maximum", "splat", "sub"]
+# F64x4 forms of compiled scalar functions: the same function with every float64 argument and result
+# four lanes wide. Whoever compiles a scalar function that has one registers it here; kernels that hold
+# four lanes of every operand in registers (kernels.cpu.product_fold) look it up.
+_FORMS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def register_form(fn: Any, vector_fn: Any) -> None:
+    """Record `vector_fn` as the F64x4 form of `fn` (both Numba-compiled)."""
+    _FORMS[fn] = vector_fn
+
+
+def vector_form(fn: Any) -> Any | None:
+    """The registered F64x4 form of `fn`, or None."""
+    return None if fn is None else _FORMS.get(fn)
+
+
+__all__ = ["WIDTH", "add", "div", "emit_exp", "exp", "f64x4", "fma", "lane", "load", "maximum", "mul", "nan_maximum",
+           "nan_minimum", "neg", "register_form", "splat", "sub", "vector_form"]

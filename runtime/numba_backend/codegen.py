@@ -26,7 +26,7 @@ import numpy as np
 from fold.ir import Lit, Program, Var
 from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, SumAxes, Transpose)
-from kernels.cpu import lanes, vector_math
+from kernels.cpu import lanes, simd, vector_math
 from kernels.cpu.modules import load_module
 from runtime.numpy_impl.structural import index_key
 
@@ -345,24 +345,71 @@ def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str)
                      + [f"    return ({', '.join(results)},)"])
 
 
-def _module_source(program: Program) -> tuple[str, bool]:
-    """The program as the text of a module: its imports, `scalar_fn` and its lane form `scalar_fn_lanes`
-    if any (and whether there is one). The helpers' own source is hashed into it, so the text (which names
-    the module on disk) changes whenever what it calls changes."""
+# The F64x4 form of a function of float64 scalars (see kernels.cpu.simd): every value four lanes wide, each
+# operation on the four at once, computing per lane what the scalar template computes (exp within 2 ulp).
+_F64X4_TEMPLATES = {
+    "add": "add({0}, {1})", "sub": "sub({0}, {1})", "mul": "mul({0}, {1})", "div": "div({0}, {1})", "neg": "neg({0})",
+    "exp": "exp({0})", "maximum": "nan_maximum({0}, {1})", "minimum": "nan_minimum({0}, {1})",
+}
+
+
+def _f64x4_source(program: Program, name: str) -> str | None:
+    """`def name(x0, x1, ...)` on F64x4 values, or None unless every value of the program is a float64
+    scalar and every statement has a template."""
+    f64 = np.dtype(np.float64)
+    if not all(v.aval.shape == () and v.aval.dtype == f64 for v in _values(program) if isinstance(v, Var)):
+        return None
+    names: dict[Var, str] = {v: f"x{i}" for i, v in enumerate(program.inputs)}
+
+    def atom(a) -> str | None:
+        if not isinstance(a, Lit):
+            return names[a]
+        return f"splat(np.float64({_literal(a.value[()])}))" if a.value.shape == () and a.value.dtype == f64 else None
+
+    lines = []
+    for i, stmt in enumerate(program.stmts):
+        args = [atom(a) for a in stmt.args]
+        template = "{0}" if isinstance(stmt.prim, Convert) else (
+            _F64X4_TEMPLATES.get(stmt.prim.op) if isinstance(stmt.prim, Elementwise) else None)
+        if template is None or None in args or len(stmt.outs) != 1:
+            return None
+        names[stmt.outs[0]] = f"t{i}"
+        lines.append(f"    t{i} = {template.format(*args)}")
+    outs = [atom(o) for o in program.outputs]
+    if None in outs:
+        return None
+    result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
+    return "\n".join([f"def {name}({', '.join(names[v] for v in program.inputs)}):", *lines, f"    return {result}"])
+
+
+def has_f64x4_form(program: Program) -> bool:
+    """Whether compile_scalar_program gives this program an F64x4 form (registered in kernels.cpu.simd)."""
+    return _f64x4_source(program, "scalar_fn_f64x4") is not None
+
+
+def _module_source(program: Program) -> tuple[str, bool, bool]:
+    """The program as the text of a module: its imports, `scalar_fn`, its lane form `scalar_fn_lanes` if any
+    and its F64x4 form `scalar_fn_f64x4` if any (and whether there are those two). The helpers' own source
+    is hashed into it, so the text (which names the module on disk) changes whenever what it calls changes."""
     expanded = _expand(program)
     lane_form = _lane_source(*expanded, "scalar_fn_lanes")
+    f64x4_form = _f64x4_source(program, "scalar_fn_f64x4")
     vector_imports = [] if lane_form is None else [
         f"# vector math {_VECTOR_MATH_DIGEST}",
         "from kernels.cpu.vector_math import "
         + ", ".join(sorted({*vector_math.FUNCTIONS.values(), *vector_math.FUNCTIONS_F32.values()}))]
+    simd_imports = [] if f64x4_form is None else [
+        f"# simd {_SIMD_DIGEST}",
+        "from kernels.cpu.simd import add, div, exp, mul, nan_maximum, nan_minimum, neg, splat, sub"]
+    forms = [form for form in (lane_form, f64x4_form) if form is not None]
     return "\n".join([
         f"# scalar helpers {_HELPERS_DIGEST}",
         "import math",
         "import numpy as np",
         f"from runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
-        *vector_imports,
-        "", "", _scalar_source(*expanded, "scalar_fn"), *([] if lane_form is None else ["", "", lane_form]), ""]), \
-        lane_form is not None
+        *vector_imports, *simd_imports,
+        "", "", _scalar_source(*expanded, "scalar_fn"), *[part for form in forms for part in ("", "", form)], ""]), \
+        lane_form is not None, f64x4_form is not None
 
 
 def _digest(module) -> str:
@@ -371,6 +418,7 @@ def _digest(module) -> str:
 
 _HELPERS_DIGEST = _digest(scalar_helpers)
 _VECTOR_MATH_DIGEST = _digest(vector_math)
+_SIMD_DIGEST = _digest(simd)
 _compiled: "weakref.WeakKeyDictionary[Program, Callable]" = weakref.WeakKeyDictionary()
 _problems: "weakref.WeakKeyDictionary[Program, str | None]" = weakref.WeakKeyDictionary()
 
@@ -384,10 +432,13 @@ def compile_scalar_program(program: Program) -> Callable:
     if fn is None:
         inline = sum(components(v.aval) for v in program.inputs) <= MAX_INLINED_PARAMETERS
         options = {"inline": "always"} if inline else {}
-        source, has_lane_form = _module_source(program)
-        jit = {"scalar_fn": options, **({"scalar_fn_lanes": {"inline": "always"}} if has_lane_form else {})}
+        source, has_lane_form, has_f64x4_form = _module_source(program)
+        jit = {"scalar_fn": options, **({"scalar_fn_lanes": {"inline": "always"}} if has_lane_form else {}),
+               **({"scalar_fn_f64x4": {"inline": "always"}} if has_f64x4_form else {})}
         module = load_module(source, jit)
         fn = _compiled[program] = module.scalar_fn
         if has_lane_form:
             lanes.register(fn, module.scalar_fn_lanes)
+        if has_f64x4_form:
+            simd.register_form(fn, module.scalar_fn_f64x4)
     return fn

@@ -75,11 +75,25 @@ def _scalar_body(region: Program) -> Program:
 
 
 def _region(members: list[Let], used_later: set[Var]) -> Let:
+    """The members as one statement. An array the traced function closed over (a Lit of some shape) is an
+    operand like any other: the statement reads it, its region takes it as an input, its scalar body one
+    element of it."""
     produced = {o for s in members for o in s.outs}
     inputs = list(dict.fromkeys(a for s in members for a in s.args if isinstance(a, Var) and a not in produced))
+    arrays: dict[int, tuple[Lit, Var]] = {}
+    members = [_with_arrays_as_inputs(s, arrays) for s in members]
     outputs = tuple(o for s in members for o in s.outs if o in used_later)
-    region = Program(tuple(inputs), tuple(members), outputs)
-    return Let(outputs, FusedElementwise(region), tuple(inputs))
+    region = Program(tuple(inputs) + tuple(v for _, v in arrays.values()), tuple(members), outputs)
+    return Let(outputs, FusedElementwise(region), tuple(inputs) + tuple(lit for lit, _ in arrays.values()))
+
+
+def _with_arrays_as_inputs(stmt: Let, arrays: dict[int, tuple[Lit, Var]]) -> Let:
+    """`stmt` reading a Var in place of each array Lit (the same Var for the same Lit, recorded in `arrays`)."""
+    if not any(isinstance(a, Lit) and a.value.shape for a in stmt.args):
+        return stmt
+    args = tuple(arrays.setdefault(id(a), (a, Var(a.aval)))[1] if isinstance(a, Lit) and a.value.shape else a
+                 for a in stmt.args)
+    return Let(stmt.outs, stmt.prim, args)
 
 
 def _shape(stmt: Let) -> tuple | None:

@@ -17,7 +17,7 @@ import numpy as np
 
 import fold
 from fold.ir import Program, Var
-from fold.primitives import Map, Reduce, ReduceByIndex, Scan, SumAxes
+from fold.primitives import BroadcastTo, Map, Reduce, ReduceByIndex, Scan, SumAxes
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
@@ -291,7 +291,8 @@ def block_rows(body: Program, num_consts: int, n: int) -> int:
     row is at least WIDENING times its results per row and n rows of it would not fit BLOCK_BYTES (then
     as many as fit, at least MIN_BLOCK_ROWS). k-means' distances to 64 centroids, then their minimum: the
     (n, 64) products and distances are never written to memory. Values computed from the captured ones
-    alone (a transposed weight matrix) are the same for every row, held once: they do not count."""
+    alone (a transposed weight matrix) are the same for every row, held once, and broadcasts are views:
+    neither counts."""
     widest, results = _row_widths(body, num_consts)
     if widest * n <= 2 * BLOCK_BYTES or widest < WIDENING * results:
         return max(n, 1)
@@ -308,7 +309,8 @@ def _row_widths(body: Program, num_consts: int) -> tuple[int, int]:
         for stmt in body.stmts:
             if any(isinstance(a, Var) and a in varying for a in stmt.args):
                 varying.update(stmt.outs)
-        widest = max((o.aval.nbytes for stmt in body.stmts for o in stmt.outs if o in varying), default=0)
+        widest = max((o.aval.nbytes for stmt in body.stmts for o in stmt.outs
+                      if o in varying and not isinstance(stmt.prim, BroadcastTo)), default=0)
         found = per_body[num_consts] = (widest, max(sum(a.nbytes for a in body.out_avals), 1))
     return found
 

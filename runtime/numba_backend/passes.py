@@ -11,6 +11,7 @@ from .fold_producers import private_fold_producers
 from .fusion import fuse
 from .gemm_backward_fusion import fuse_gemm_backward
 from .lowering import COMPILE_FROM
+from .product_fold_fusion import fuse_product_folds
 from .scale_hoisting import hoist_scales
 from .scan_fusion import fuse_map_scans
 from .scan_pair_fusion import fuse_scan_pairs
@@ -25,7 +26,8 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     block sum, scan pairs read by a map, scans
     with the maps that make their elements and read their results, maps read by a reduce, maps of scalar maps
     as elementwise statements, scaled matrix products as products of a scaled operand, folds with private
-    copies of the cheap values they read, repeated views merged, runs of elementwise statements); memoised, since gemm block
+    copies of the cheap values they read, repeated views merged, runs of elementwise statements; in a map body,
+    matrix-vector products folded by one kernel); memoised, since gemm block
     programs are run many times. `whole_arrays`: the program runs on arrays of its own shapes (a jitted
     program, a gemm block; not a map body), so elementwise runs too small to compile stay unfused."""
     per_program = _prepared.setdefault(program, {})
@@ -33,5 +35,6 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     if found is None:
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         fused = share_views(private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))))
-        found = per_program[whole_arrays] = fuse_elementwise(fused, COMPILE_FROM if whole_arrays else 0)
+        fused = fuse_elementwise(fused, COMPILE_FROM if whole_arrays else 0)
+        found = per_program[whole_arrays] = fused if whole_arrays else fuse_product_folds(fused)
     return found

@@ -1,0 +1,156 @@
+"""A matrix product folded row by row without being stored: each row's products mapped and combined.
+
+    s = x @ b.T                                                    (x: rows x K, b: m x K)
+    out[r] = f(s[r, 0], operands at (r, 0)) . ... . f(s[r, m-1], operands at (r, m-1))
+
+with `.` a commutative operator and f a function of the product and of operands that are per row, per
+column, one scalar, or a full (rows, m) array. k-means' cost per point: s = P C^T,
+f(s, |p|^2, |c|^2) = |p|^2 - 2 s + |c|^2, `.` = minimum.
+
+With a short inner dimension (k-means' 16) BLAS runs far below the machine's FMA rate, and its (rows, m)
+result is written to memory and read back by the fold. Here each block of ROWS rows by COLUMNS columns of s is
+accumulated in vector registers (kernels.cpu.simd's F64x4: an element of b loaded once for ROWS rows, an
+element of x broadcast once for COLUMNS columns, one FMA per lane and term), then mapped and folded by f's
+and `.`'s F64x4 forms (kernels.cpu.simd.vector_form) while still in registers. Lane l of a row's
+accumulator folds the columns j = l (mod 4); the four lanes, then the last m mod COLUMNS columns (with the
+scalar f and `.`, their products summed in order without FMA) are combined at the end: an order other than
+the columns', hence the commutative operator. Row blocks run in parallel (prange); a last partial block
+computes its missing rows as copies of the last row and does not store them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import host, simd
+from .codegen import compile_kernel, indent
+
+ROWS = 4
+COLUMNS = 8
+KINDS = ("product", "row", "column", "scalar", "full")
+_SIMD_DIGEST = hashlib.sha256(Path(simd.__file__).read_bytes()).hexdigest()[:16]
+
+
+def _argument(kind: str, a: int, r: int, half: int) -> str:
+    """How the vector form's argument `a` of kind `kind` is read for row r of the block, columns j + 4 half."""
+    return {"product": f"s{r}_{half}", "row": f"row{a}_{r}", "column": f"load(o{a}, j + {4 * half})",
+            "scalar": f"scalar{a}", "full": f"load(o{a}[i{r}], j + {4 * half})"}[kind]
+
+
+def _scalar_argument(kind: str, a: int, r: int) -> str:
+    return {"product": "s", "row": f"o{a}[i{r}]", "column": f"o{a}[j]", "scalar": f"o{a}[0]",
+            "full": f"o{a}[i{r}, j]"}[kind]
+
+
+def _block_source(kinds: tuple[str, ...]) -> str:
+    """The body of one row block (starting at row i0)."""
+    operands = [(a, kind) for a, kind in enumerate(kinds) if kind != "product"]
+    half_count = COLUMNS // simd.WIDTH
+    lines = [f"i{r} = min(i0 + {r}, rows - 1)" for r in range(ROWS)]
+    lines += [f"row{a}_{r} = splat(o{a}[i{r}])" for a, kind in operands if kind == "row" for r in range(ROWS)]
+    lines += [f"scalar{a} = splat(o{a}[0])" for a, kind in operands if kind == "scalar"]
+    lines += [f"acc{r} = splat(identity)" for r in range(ROWS)]
+    lines.append(f"for j in range(0, tiled, {COLUMNS}):")
+    tile = [f"s{r}_{h} = splat(0.0)" for r in range(ROWS) for h in range(half_count)]
+    tile.append("for q in range(K):")
+    step = ["b_row = bt[q]"] + [f"b{h} = load(b_row, j + {4 * h})" for h in range(half_count)]
+    for r in range(ROWS):
+        step.append(f"x_rq = splat(x[i{r}, q])")
+        step += [f"s{r}_{h} = fma(x_rq, b{h}, s{r}_{h})" for h in range(half_count)]
+    tile += [f"    {line}" for line in step]
+    for r in range(ROWS):
+        for h in range(half_count):
+            args = ", ".join(_argument(kind, a, r, h) for a, kind in enumerate(kinds))
+            tile.append(f"acc{r} = combine_f64x4(acc{r}, mapper_f64x4({args}))")
+    lines += [f"    {line}" for line in tile]
+    for r in range(ROWS):
+        scalar_args = ", ".join(_scalar_argument(kind, a, r) for a, kind in enumerate(kinds))
+        lines += [
+            f"total = as_scalar(combine(as_scalar(combine(lane(acc{r}, 0), lane(acc{r}, 1))),"
+            f" as_scalar(combine(lane(acc{r}, 2), lane(acc{r}, 3)))))",
+            "for j in range(tiled, m):",
+            "    s = 0.0",
+            "    for q in range(K):",
+            f"        s += x[i{r}, q] * bt[q, j]",
+            f"    total = as_scalar(combine(total, as_scalar(mapper({scalar_args}))))",
+            f"if i0 + {r} < rows:",
+            f"    out[i0 + {r}] = total",
+        ]
+    return "\n".join(lines)
+
+
+def _source(kinds: tuple[str, ...]) -> str:
+    operands = ", ".join(f"o{a}" for a, kind in enumerate(kinds) if kind != "product")
+    block = _block_source(kinds)
+    return f"""# simd {_SIMD_DIGEST}
+from kernels.cpu.simd import fma, lane, load, splat
+
+
+def kernel(T, x, bt, {operands + ", " if operands else ""}identity, out):
+    rows, K = x.shape
+    m = bt.shape[1]
+    tiled = m - m % {COLUMNS}
+    blocks = (rows + {ROWS - 1}) // {ROWS}
+    if T == 1:
+        for block in range(blocks):
+            i0 = block * {ROWS}
+{indent(block, 12)}
+    else:
+        for block in prange(blocks):
+            i0 = block * {ROWS}
+{indent(block, 12)}
+"""
+
+
+def product_fold_kernel(mapper: Any, combine: Any, kinds: tuple[str, ...], parallel: bool) -> Any:
+    """The compiled kernel(T, x, bt, operands.., identity, out) for these functions and argument kinds."""
+    forms = {"mapper_f64x4": simd.vector_form(mapper), "combine_f64x4": simd.vector_form(combine)}
+    return compile_kernel(("product_fold", mapper, combine, kinds, parallel), lambda: _source(kinds),
+                          {"mapper": mapper, "combine": combine, **forms}, parallel=parallel)
+
+
+def product_fold(mapper: Any, combine: Any, identity: float, x: np.ndarray, b: np.ndarray, kinds: Sequence[str],
+                 operands: Sequence[np.ndarray], *, parallel: bool | None = None) -> np.ndarray:
+    """out[r] = fold over j of mapper(arguments at (r, j)), the argument of kind "product" being (x @ b.T)[r, j].
+
+    x (rows, K) and b (m, K) are float64. `kinds` names each of mapper's arguments: exactly one "product";
+    "row" (an operand of shape (rows,)), "column" (m,), "scalar" (1,) or "full" (rows, m), the operands
+    given in that order. mapper and combine are njit functions of float64 scalars with F64x4 forms
+    registered in kernels.cpu.simd; combine must be commutative and associative, with `identity` its
+    identity. Returns a float64 array of length rows (the identity in every row when m == 0).
+    """
+    host.check_function(mapper, "mapper")
+    host.check_function(combine, "combine")
+    missing = [what for what, fn in (("mapper", mapper), ("combine", combine)) if simd.vector_form(fn) is None]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} must have an F64x4 form registered with kernels.cpu.simd.register_form")
+    kinds = tuple(kinds)
+    if kinds.count("product") != 1 or any(kind not in KINDS for kind in kinds):
+        raise ValueError(f"kinds must name exactly one 'product' and otherwise {KINDS[1:]}, got {kinds}")
+    for what, a in (("x", x), ("b", b)):
+        if not isinstance(a, np.ndarray) or a.ndim != 2 or a.dtype != np.float64:
+            raise ValueError(f"{what} must be a 2-D float64 array, got {getattr(a, 'dtype', type(a).__name__)} "
+                             f"of shape {getattr(a, 'shape', None)}")
+    rows, m = x.shape[0], b.shape[0]
+    if b.shape[1] != x.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} columns and b {b.shape[1]}: x @ b.T needs them equal")
+    operands = list(operands)
+    expected = {"row": (rows,), "column": (m,), "scalar": (1,), "full": (rows, m)}
+    shapes = [expected[kind] for kind in kinds if kind != "product"]
+    if len(operands) != len(shapes):
+        raise ValueError(f"kinds {kinds} take {len(shapes)} operands, got {len(operands)}")
+    for j, (a, shape) in enumerate(zip(operands, shapes, strict=True)):
+        if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != np.float64:
+            raise ValueError(f"operands[{j}] must be a float64 array of shape {shape}, got "
+                             f"{getattr(a, 'dtype', type(a).__name__)} of shape {getattr(a, 'shape', None)}")
+    out = np.empty(rows, np.float64)
+    if rows == 0:
+        return out
+    T = host.num_chunks(rows * m * x.shape[1], None) if parallel is None else 1 + bool(parallel)
+    kernel = product_fold_kernel(mapper, combine, kinds, T > 1)
+    kernel(T, np.ascontiguousarray(x), np.ascontiguousarray(b.T), *operands, float(identity), out)
+    return out
