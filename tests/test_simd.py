@@ -203,3 +203,14 @@ def test_programs_outside_the_templates_get_no_f64x4_form():
     assert not has_f64x4_form(_scalar_program(lambda a, b: a + b, np.float32))  # float64 only
     assert not has_f64x4_form(_scalar_program(lambda a, b: a * b, np.int64))
     assert has_f64x4_form(_scalar_program(lambda a, b: a))  # a value passed through
+
+
+def test_vector_math_off_leaves_exp_to_libm(monkeypatch):
+    """FOLD_VECTOR_MATH=0 asks for libm's exp: lambdas that call exp get no F64x4 form (arithmetic still does)."""
+    import fold
+    from kernels.cpu import vector_math
+    from runtime.numba_backend.codegen import has_f64x4_form
+
+    monkeypatch.setattr(vector_math, "REQUESTED", False)
+    assert not has_f64x4_form(_scalar_program(lambda a, b: fold.exp(a) + b))
+    assert has_f64x4_form(_scalar_program(lambda a, b: a * b - a))
