@@ -105,6 +105,12 @@ def _write_once(folder: Path, name: str, source: str) -> Path | None:
         return None
 
 
+def file_digest(module: ModuleType) -> str:
+    """A short hash of a module's source file, for generated text that must change when that module does
+    (a generated module that calls it is then another module, with its own cache entry)."""
+    return hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:16]
+
+
 def variant(fn: FunctionType, label: str) -> FunctionType:
     """A copy of `fn` named `<name>_<label>`, for one of several njit compilations of the same source with
     different options (serial, parallel): Numba names a cache entry by the function's qualified name and line

@@ -20,19 +20,18 @@ computes its missing rows as copies of the last row and does not store them.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from . import host, simd
+from .modules import file_digest
 from .codegen import compile_kernel, indent
 
 ROWS = 4
 COLUMNS = 8
 KINDS = ("product", "row", "column", "scalar", "full")
-_SIMD_DIGEST = hashlib.sha256(Path(simd.__file__).read_bytes()).hexdigest()[:16]
+_SIMD_DIGEST = file_digest(simd)
 
 
 def _argument(kind: str, a: int, r: int, half: int) -> str:

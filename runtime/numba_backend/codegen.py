@@ -14,11 +14,9 @@ backend keeps the numpy implementation for them.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 import weakref
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -27,7 +25,7 @@ from fold.ir import Lit, Program, Var
 from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, SumAxes, Transpose)
 from kernels.cpu import lanes, simd, vector_math
-from kernels.cpu.modules import load_module
+from kernels.cpu.modules import file_digest, load_module
 from runtime.numpy_impl.structural import index_key
 
 from . import scalar_helpers
@@ -415,13 +413,9 @@ def _module_source(program: Program) -> tuple[str, bool, bool]:
         lane_form is not None, f64x4_form is not None
 
 
-def _digest(module) -> str:
-    return hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:16]
-
-
-_HELPERS_DIGEST = _digest(scalar_helpers)
-_VECTOR_MATH_DIGEST = _digest(vector_math)
-_SIMD_DIGEST = _digest(simd)
+_HELPERS_DIGEST = file_digest(scalar_helpers)
+_VECTOR_MATH_DIGEST = file_digest(vector_math)
+_SIMD_DIGEST = file_digest(simd)
 _compiled: "weakref.WeakKeyDictionary[Program, Callable]" = weakref.WeakKeyDictionary()
 _problems: "weakref.WeakKeyDictionary[Program, str | None]" = weakref.WeakKeyDictionary()
 
@@ -435,13 +429,13 @@ def compile_scalar_program(program: Program) -> Callable:
     if fn is None:
         inline = sum(components(v.aval) for v in program.inputs) <= MAX_INLINED_PARAMETERS
         options = {"inline": "always"} if inline else {}
-        source, has_lane_form, has_f64x4_form = _module_source(program)
+        source, has_lane_form, has_vector_form = _module_source(program)
         jit = {"scalar_fn": options, **({"scalar_fn_lanes": {"inline": "always"}} if has_lane_form else {}),
-               **({"scalar_fn_f64x4": {"inline": "always"}} if has_f64x4_form else {})}
+               **({"scalar_fn_f64x4": {"inline": "always"}} if has_vector_form else {})}
         module = load_module(source, jit)
         fn = _compiled[program] = module.scalar_fn
         if has_lane_form:
             lanes.register(fn, module.scalar_fn_lanes)
-        if has_f64x4_form:
+        if has_vector_form:
             simd.register_form(fn, module.scalar_fn_f64x4)
     return fn

@@ -54,6 +54,11 @@ class FusedElementwise(Primitive):
         last = self.region.stmts[-1].prim
         return last if isinstance(last, Reduce) else None
 
+    @property
+    def identity(self):
+        """The reduce's identity (a literal: see joinable_fold), if there is a reduce."""
+        return self.region.stmts[-1].args[0].value[()]
+
     @cached_property
     def body(self) -> Program:
         if self.reduce is None:
@@ -260,7 +265,7 @@ def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: i
         combine = compile_scalar_program(prim.reduce.body)
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its reduce operator does not compile: {type(err).__name__}")
-    identity = (prim.region.stmts[-1].args[0].value[()],)
+    identity = (prim.identity,)
     if depth == 0:  # the whole run folded to one value
         total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs,
                            **fold_options(prim.reduce))

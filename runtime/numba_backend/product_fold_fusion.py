@@ -152,7 +152,6 @@ def _product_fold(prim: ProductFold, args: list, depth: int):
     kinds.insert(prim.product, "product")
     fold = prim.fold
     mapper, combine = compile_scalar_program(fold.body), compile_scalar_program(fold.reduce.body)
-    identity = fold.region.stmts[-1].args[0].value[()]  # the reduce's identity, a literal
-    out = run_kernel(prim, "product_fold", mapper, combine, identity, np.broadcast_to(vector, (rows, vector.shape[1])),
+    out = run_kernel(prim, "product_fold", mapper, combine, fold.identity, np.broadcast_to(vector, (rows, vector.shape[1])),
                      b, kinds, [a for _, a in operands])
     return None if out is None else [out]
