@@ -1067,6 +1067,18 @@ def test_top_level_sums_over_the_first_axis_run_on_the_column_kernel(kernel_call
         assert kernel_calls == {}
 
 
+def test_top_level_sums_over_the_last_axis_run_on_the_row_kernel(kernel_calls):
+    """fold.sum(x, axis=1) of a large float matrix (softmax's row sums in a gemm block) is the segmented
+    kernel, its rows folded on F64x4 lanes: within reassociation of NumPy's sums."""
+    x = rng.normal(size=(COMPILE_FROM // 64 + 3, 67))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda x: fold.sum(x, axis=1), x), scaled=True)
+        assert kernel_calls == {"segmented_reduce": 1}
+        np.testing.assert_allclose(fold.jit(lambda x: fold.sum(x, axis=1), backend="numba")(x), x.sum(axis=1),
+                                   rtol=1e-12, atol=1e-12)
+
+
 def _scaled_operands(program) -> list[tuple]:
     """The shapes of the prepared program's matrix-product operands that are a value times a literal."""
     from fold.ir import Lit

@@ -8,7 +8,8 @@
 - mul, div, neg, fma and NumPy's NaN-propagating minimum and maximum per lane, against the scalar
   definitions (scalar_helpers' _minimum and _maximum: the same signed zero);
 - the F64x4 forms the backend's codegen writes for programs of float64 scalars, against their scalar
-  functions lane by lane, and the programs that get none.
+  functions lane by lane, and the programs that get none; booleans as lanes of 1.0 / 0.0 (comparisons,
+  where, and / or / not, conversions, boolean arrays loaded).
 """
 
 from __future__ import annotations
@@ -199,10 +200,61 @@ def test_programs_outside_the_templates_get_no_f64x4_form():
     from runtime.numba_backend.codegen import has_f64x4_form
 
     assert not has_f64x4_form(_scalar_program(lambda a, b: fold.sin(a) + b))  # no template for sin
-    assert not has_f64x4_form(_scalar_program(lambda a, b: fold.where(a < b, a, b)))  # comparisons, selection
+    assert not has_f64x4_form(_scalar_program(lambda a, b: a < b))  # a boolean result
     assert not has_f64x4_form(_scalar_program(lambda a, b: a + b, np.float32))  # float64 only
     assert not has_f64x4_form(_scalar_program(lambda a, b: a * b, np.int64))
     assert has_f64x4_form(_scalar_program(lambda a, b: a))  # a value passed through
+
+
+def _masked(a, b, m):
+    import fold
+
+    inside = fold.logical_and(m, a < b) | ~(a >= b * 0.5)
+    picked = fold.where(inside, fold.exp(a), -b) + fold.convert(a != a, np.float64) * 7.0
+    return fold.where(fold.convert(b, np.bool_), picked, fold.convert(m == (a <= b), np.float64))
+
+
+def test_f64x4_forms_of_comparisons_selections_and_boolean_inputs():
+    """Booleans are lanes of 1.0 / 0.0: comparisons (NaN as in Python), where, and / or / not, conversions
+    both ways, and boolean inputs loaded from a boolean array, against the scalar function."""
+    import fold
+    from runtime.numba_backend.codegen import compile_scalar_program, has_f64x4_form
+
+    program = fold.trace(_masked, np.zeros(()), np.zeros(()), np.zeros((), np.bool_))
+    assert has_f64x4_form(program)
+    fn = compile_scalar_program(program)
+    form = simd.vector_form(fn)
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=4000), rng.normal(size=4000)
+    a[:12] = [np.nan, 1.0, -np.inf, np.inf, 0.0, -0.0, 2.0, np.nan, 3.0, 1.0, 0.5, -1.0]
+    b[:12] = [1.0, np.nan, 0.0, np.inf, -0.0, 0.0, 4.0, np.nan, 0.0, 2.0, 1.0, -2.0]
+    b[100:200] = 0.0
+    m = rng.random(4000) < 0.5
+    out = np.empty_like(a)
+    _apply_form3(form, a, b, m, out)
+    want = np.array([fn(x, y, z) for x, y, z in zip(a, b, m)])
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_allclose(out, want, rtol=5e-16, atol=0)  # exp within 2 ulp; the rest exact
+
+
+@njit
+def _apply_form3(form, a, b, m, out):
+    for i in range(0, a.shape[0] - W + 1, W):
+        r = form(simd.load(a, i), simd.load(b, i), simd.load(m, i))
+        for j in range(W):
+            out[i + j] = simd.lane(r, j)
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_load_reads_booleans_as_zero_and_one(step):
+    m = np.array([True, False, False, True, True, True, False, False] * 3)[::step]
+    got = np.array([simd_lane_of_load(m, i, j) for i in range(0, len(m) - W + 1, W) for j in range(W)])
+    np.testing.assert_array_equal(got, m[: len(got)].astype(np.float64))
+
+
+@njit
+def simd_lane_of_load(m, i, j):
+    return simd.lane(simd.load(m, i), j)
 
 
 def test_vector_math_off_leaves_exp_to_libm(monkeypatch):

@@ -17,6 +17,7 @@ Helpers for writing templates, with `k` leaves:
     each("acc{j} = id{j}", 2, indent=8)      -> "        acc0 = id0\n        acc1 = id1"
     indent(block, 4)                         -> every line of block indented by 4 more spaces
     call("acc", "combine", "acc0, x0[i]", 1) -> "acc0 = as_scalar(combine(acc0, x0[i]))"
+    simd_import("load", "splat")             -> the import of those kernels.cpu.simd functions
 """
 
 from __future__ import annotations
@@ -103,6 +104,14 @@ def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any],
                 kernel = njit(**options)(namespace["kernel"])
             _KERNELS[key] = kernel
         return kernel
+
+
+def simd_import(*functions: str) -> str:
+    """A kernel text's import of these kernels.cpu.simd functions, led by a digest of simd's source, so that
+    the text (which names the module on disk) changes whenever simd does."""
+    from . import simd
+
+    return f"# simd {modules.file_digest(simd)}\nfrom kernels.cpu.simd import {', '.join(sorted(functions))}\n"
 
 
 def clear_kernels() -> None:

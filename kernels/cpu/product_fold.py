@@ -25,13 +25,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import host, simd
-from .modules import file_digest
-from .codegen import compile_kernel, indent
+from .codegen import compile_kernel, indent, simd_import
 
 ROWS = 4
 COLUMNS = 8
 KINDS = ("product", "row", "column", "scalar", "full")
-_SIMD_DIGEST = file_digest(simd)
 
 
 def _argument(kind: str, a: int, r: int, half: int) -> str:
@@ -85,9 +83,7 @@ def _block_source(kinds: tuple[str, ...]) -> str:
 def _source(kinds: tuple[str, ...]) -> str:
     operands = ", ".join(f"o{a}" for a, kind in enumerate(kinds) if kind != "product")
     block = _block_source(kinds)
-    return f"""# simd {_SIMD_DIGEST}
-from kernels.cpu.simd import fma, lane, load, splat
-
+    return f"""{simd_import("fma", "lane", "load", "splat")}
 
 def kernel(T, x, bt, {operands + ", " if operands else ""}identity, out):
     rows, K = x.shape

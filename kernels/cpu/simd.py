@@ -1,4 +1,4 @@
-"""Four float64 in one vector register, as a Numba value: loads, arithmetic, and exp computed inline.
+"""Four float64 in one vector register, as a Numba value: loads, stores, arithmetic, and exp computed inline.
 
 kernels.cpu.vector_math hands four scalars to libmvec and takes four back. Numba does not vectorise
 straight-line code (its SLP vectoriser is off), so around each call the four values are packed and
@@ -7,7 +7,8 @@ stack. Here the four values stay one LLVM `<4 x double>` from load to accumulato
 `exp` is written in LLVM IR, so it is inlined into the loop. Used by kernels.cpu.logsumexp (exps over
 contiguous memory), and by kernels.cpu.product_fold, which accumulates a matrix product in F64x4 values
 (`fma`) and maps and folds them with F64x4 forms of scalar functions: the same function with every value
-four lanes wide, registered here by whoever compiles it (the numba backend's codegen writes them). The IR
+four lanes wide, registered here by whoever compiles it (the numba backend's codegen writes them); and by
+the wide paths of kernels.cpu.map and kernels.cpu.segmented, which map and fold with those forms. The IR
 is target-independent: on a CPU without AVX2 LLVM splits each operation in two, slower but the same
 results.
 
@@ -137,14 +138,15 @@ def splat(typingctx, value):
 
 @intrinsic
 def load(typingctx, array, index):
-    """array[index : index + 4] as float64 lanes (a 1-D float array of any stride; no bounds check)."""
-    if not (isinstance(array, types.Array) and array.ndim == 1 and isinstance(array.dtype, types.Float)):
+    """array[index : index + 4] as float64 lanes (a 1-D float or boolean array of any stride; no bounds
+    check). Booleans become 0.0 and 1.0, the form's truth values (see `select`)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and isinstance(array.dtype, (types.Float, types.Boolean))):
         return None
 
     def codegen(context, builder, signature, args):
         array_type = signature.args[0]
         view = context.make_array(array_type)(context, builder, args[0])
-        element = context.get_value_type(array_type.dtype)
+        element = context.get_data_type(array_type.dtype)  # a boolean is one byte in memory
         first = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]], wraparound=False)
         if array_type.layout == "C":
             packed = builder.load(builder.bitcast(first, ir.VectorType(element, WIDTH).as_pointer()), align=1)
@@ -154,9 +156,34 @@ def load(typingctx, array, index):
                 at = builder.add(args[1], ir.Constant(args[1].type, lane))
                 pointer = cgutils.get_item_pointer(context, builder, array_type, view, [at], wraparound=False)
                 packed = builder.insert_element(packed, builder.load(pointer), ir.Constant(_LANE, lane))
+        if isinstance(array_type.dtype, types.Boolean):
+            return builder.uitofp(packed, _VECTOR)
         return packed if element == _DOUBLE else builder.fpext(packed, _VECTOR)
 
     return f64x4(array, types.intp), codegen
+
+
+@intrinsic
+def store(typingctx, array, index, value):
+    """array[index : index + 4] = the lanes of value (a 1-D float64 array of any stride; no bounds check)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.float64
+            and array.mutable and value == f64x4):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        view = context.make_array(array_type)(context, builder, args[0])
+        first = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]], wraparound=False)
+        if array_type.layout == "C":
+            builder.store(args[2], builder.bitcast(first, _VECTOR.as_pointer()), align=1)
+        else:
+            for lane in range(WIDTH):
+                at = builder.add(args[1], ir.Constant(args[1].type, lane))
+                pointer = cgutils.get_item_pointer(context, builder, array_type, view, [at], wraparound=False)
+                builder.store(builder.extract_element(args[2], ir.Constant(_LANE, lane)), pointer)
+        return context.get_dummy_value()
+
+    return types.none(array, types.intp, f64x4), codegen
 
 
 def _lanewise(emit, doc: str):
@@ -187,6 +214,35 @@ nan_maximum = _lanewise(lambda builder, a, b: _propagating(builder, a, b, ">="),
                         "NumPy's maximum per lane: NaN where either is NaN.")
 nan_minimum = _lanewise(lambda builder, a, b: _propagating(builder, a, b, "<="),
                         "NumPy's minimum per lane: NaN where either is NaN.")
+
+
+def _comparison(predicate: str, doc: str):
+    """A comparison per lane giving the form's truth values, 1.0 or 0.0 (NaN compares as in Python)."""
+    return _lanewise(lambda builder, a, b: builder.uitofp(builder.fcmp_ordered(predicate, a, b)
+                                                          if predicate != "!=" else builder.fcmp_unordered("!=", a, b),
+                                                          _VECTOR), doc)
+
+
+less = _comparison("<", "1.0 where a < b, else 0.0, per lane.")
+less_equal = _comparison("<=", "1.0 where a <= b, else 0.0, per lane.")
+greater = _comparison(">", "1.0 where a > b, else 0.0, per lane.")
+greater_equal = _comparison(">=", "1.0 where a >= b, else 0.0, per lane.")
+equal = _comparison("==", "1.0 where a == b, else 0.0, per lane.")
+not_equal = _comparison("!=", "1.0 where a != b (or either is NaN), else 0.0, per lane.")
+
+
+@intrinsic
+def select(typingctx, condition, a, b):
+    """a where the condition lane is true (not 0.0), else b, per lane: a boolean value of an F64x4 form is a
+    lane of 1.0 or 0.0 (comparisons give them, `load` makes them of a boolean array)."""
+    if condition != f64x4 or a != f64x4 or b != f64x4:
+        return None
+
+    def codegen(context, builder, signature, args):
+        truth = builder.fcmp_unordered("!=", args[0], _splat(0.0))
+        return builder.select(truth, args[1], args[2])
+
+    return f64x4(f64x4, f64x4, f64x4), codegen
 
 
 @intrinsic
@@ -237,5 +293,6 @@ def vector_form(fn: Any) -> Any | None:
     return None if fn is None else _FORMS.get(fn)
 
 
-__all__ = ["WIDTH", "add", "div", "emit_exp", "exp", "f64x4", "fma", "lane", "load", "maximum", "mul", "nan_maximum",
-           "nan_minimum", "neg", "register_form", "splat", "sub", "vector_form"]
+__all__ = ["WIDTH", "add", "div", "emit_exp", "equal", "exp", "f64x4", "fma", "greater", "greater_equal", "lane", "less",
+           "less_equal", "load", "maximum", "mul", "nan_maximum", "nan_minimum", "neg", "not_equal", "register_form",
+           "select", "splat", "store", "sub", "vector_form"]

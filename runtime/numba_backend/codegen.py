@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from fold.ir import Lit, Program, Var
+from fold.ir import Let, Lit, Program, Var
 from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, SumAxes, Transpose)
 from kernels.cpu import lanes, simd, vector_math
@@ -343,35 +343,57 @@ def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str)
                      + [f"    return ({', '.join(results)},)"])
 
 
-# The F64x4 form of a function of float64 scalars (see kernels.cpu.simd): every value four lanes wide, each
-# operation on the four at once, computing per lane what the scalar template computes (exp within 2 ulp;
-# with FOLD_VECTOR_MATH=0, which asks for libm's own results, a lambda that calls exp gets no form).
+# The F64x4 form of a function of float64 and boolean scalars (see kernels.cpu.simd): every value four lanes
+# wide, each operation on the four at once, computing per lane what the scalar template computes (exp within
+# 2 ulp; with FOLD_VECTOR_MATH=0, which asks for libm's own results, a lambda that calls exp gets no form). A
+# boolean is a lane of 1.0 or 0.0, so and, or and not are *, maximum and 1 - x on them.
 _F64X4_TEMPLATES = {
     "add": "add({0}, {1})", "sub": "sub({0}, {1})", "mul": "mul({0}, {1})", "div": "div({0}, {1})", "neg": "neg({0})",
     "exp": "exp({0})", "maximum": "nan_maximum({0}, {1})", "minimum": "nan_minimum({0}, {1})",
+    "lt": "less({0}, {1})", "le": "less_equal({0}, {1})", "gt": "greater({0}, {1})", "ge": "greater_equal({0}, {1})",
+    "eq": "equal({0}, {1})", "ne": "not_equal({0}, {1})", "where": "select({0}, {1}, {2})",
 }
+_F64X4_LOGICAL = {"and": "mul({0}, {1})", "or": "maximum({0}, {1})", "not": "sub(splat(np.float64(1.0)), {0})"}
+_F64X4_IMPORTS = ("add", "div", "equal", "exp", "greater", "greater_equal", "less", "less_equal", "maximum", "mul",
+                  "nan_maximum", "nan_minimum", "neg", "not_equal", "select", "splat", "sub")
+_F64 = np.dtype(np.float64)
+_BOOL = np.dtype(np.bool_)
+
+
+def _f64x4_template(stmt: Let) -> str | None:
+    """The F64x4 text of one statement (arguments as {0}, {1}, ...), or None where it has none."""
+    arg_dtypes = {a.aval.dtype for a in stmt.args}
+    if isinstance(stmt.prim, Convert):  # a boolean's 0.0 / 1.0 is its float64; a float's truth is != 0
+        if stmt.prim.dtype == _F64 or arg_dtypes == {_BOOL} and stmt.prim.dtype == _BOOL:
+            return "{0}"
+        return "not_equal({0}, splat(np.float64(0.0)))" if stmt.prim.dtype == _BOOL else None
+    if not isinstance(stmt.prim, Elementwise) or (stmt.prim.op == "exp" and not vector_math.REQUESTED):
+        return None
+    if stmt.prim.op in _F64X4_LOGICAL:
+        return _F64X4_LOGICAL[stmt.prim.op] if arg_dtypes == {_BOOL} else None
+    return _F64X4_TEMPLATES.get(stmt.prim.op)
 
 
 def _f64x4_source(program: Program, name: str) -> str | None:
-    """`def name(x0, x1, ...)` on F64x4 values, or None unless every value of the program is a float64
-    scalar and every statement has a template."""
-    f64 = np.dtype(np.float64)
-    if not all(v.aval.shape == () and v.aval.dtype == f64 for v in _values(program) if isinstance(v, Var)):
+    """`def name(x0, x1, ...)` on F64x4 values, or None unless every value of the program is a float64 or
+    boolean scalar, its results float64, and every statement has a template."""
+    if not all(v.aval.shape == () and v.aval.dtype in (_F64, _BOOL) for v in _values(program) if isinstance(v, Var)):
+        return None
+    if not all(o.aval.dtype == _F64 for o in program.outputs):
         return None
     names: dict[Var, str] = {v: f"x{i}" for i, v in enumerate(program.inputs)}
 
     def atom(a) -> str | None:
         if not isinstance(a, Lit):
             return names[a]
-        return f"splat(np.float64({_literal(a.value[()])}))" if a.value.shape == () and a.value.dtype == f64 else None
+        if a.value.shape != () or a.value.dtype not in (_F64, _BOOL):
+            return None
+        return f"splat(np.float64({_literal(np.float64(a.value[()]))}))"
 
     lines = []
     for i, stmt in enumerate(program.stmts):
         args = [atom(a) for a in stmt.args]
-        template = "{0}" if isinstance(stmt.prim, Convert) else (
-            _F64X4_TEMPLATES.get(stmt.prim.op) if isinstance(stmt.prim, Elementwise) else None)
-        if isinstance(stmt.prim, Elementwise) and stmt.prim.op == "exp" and not vector_math.REQUESTED:
-            template = None
+        template = _f64x4_template(stmt)
         if template is None or None in args or len(stmt.outs) != 1:
             return None
         names[stmt.outs[0]] = f"t{i}"
@@ -401,7 +423,7 @@ def _module_source(program: Program) -> tuple[str, bool, bool]:
         + ", ".join(sorted({*vector_math.FUNCTIONS.values(), *vector_math.FUNCTIONS_F32.values()}))]
     simd_imports = [] if f64x4_form is None else [
         f"# simd {_SIMD_DIGEST}",
-        "from kernels.cpu.simd import add, div, exp, mul, nan_maximum, nan_minimum, neg, splat, sub"]
+        f"from kernels.cpu.simd import {', '.join(_F64X4_IMPORTS)}"]
     forms = [form for form in (lane_form, f64x4_form) if form is not None]
     return "\n".join([
         f"# scalar helpers {_HELPERS_DIGEST}",

@@ -270,5 +270,6 @@ def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: i
         total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs,
                            **fold_options(prim.reduce))
         return None if total is None else [np.asarray(total[0])]
-    rows = run_kernel(prim, "segmented_reduce", fn, combine, 1, identity, inputs)  # one fold per row
+    rows = run_kernel(prim, "segmented_reduce", fn, combine, 1, identity, inputs,  # one fold per row
+                      commutative=fold_options(prim.reduce)["commutative"])
     return None if rows is None else [rows[0]]

@@ -186,23 +186,25 @@ def _reduce(prim: Reduce, args: list, depth: int):
                        shapes)
     rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
     full = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs]
-    return _joined(run_kernel(prim, "segmented_reduce", None, combine, k, ident, _split(full, shapes, 2)), shapes)
+    return _joined(run_kernel(prim, "segmented_reduce", None, combine, k, ident, _split(full, shapes, 2),
+                              commutative=is_commutative(prim)), shapes)
 
 
 @numba_impls.register(SumAxes)
 def _sum(prim: SumAxes, args: list, depth: int):
-    """The sum over the first axis of a C-contiguous float matrix, where a kernel uses two or more threads
-    (NumPy's sums run on one): one map deep each row's sum of a vector (the segmented kernel), at the top
-    level its column sums (a gradient's sum over a batch)."""
+    """The sum of a C-contiguous float matrix over one axis, where a kernel uses two or more threads
+    (NumPy's sums run on one): its row sums (the segmented kernel) for the last axis, or one map deep for a
+    vector's sum; at the top level its column sums (a gradient's sum over a batch)."""
     (x,) = args
-    if (depth > 1 or prim.axes != (0,) or x.ndim != 2 or x.dtype.kind != "f" or not x.flags.c_contiguous
+    axis = depth + prim.axes[0] if len(prim.axes) == 1 else None
+    if (depth > 1 or axis is None or x.ndim != 2 or x.dtype.kind != "f" or not x.flags.c_contiguous
             or _kernels().host.num_chunks(x.size, None) < 2):
         return None
-    if depth == 0:
+    if axis == 0:
         sums = run_kernel(prim, "column_sums", x)
         return None if sums is None else [sums]
     combine = compile_scalar_program(sum_reduce_program(x.dtype).stmts[0].prim.body)
-    rows = run_kernel(prim, "segmented_reduce", None, combine, 1, (0.0,), [x])
+    rows = run_kernel(prim, "segmented_reduce", None, combine, 1, (0.0,), [x], commutative=True)
     return None if rows is None else [rows[0]]
 
 

@@ -1,0 +1,182 @@
+"""The F64x4 ("wide") paths of the map and segmented-reduce kernels, against the scalar paths and NumPy.
+
+A mapper or operator with a registered F64x4 form (kernels.cpu.simd.register_form), over float64 arrays,
+runs four elements per step on vector registers: loaded and stored four at a time (simd.load / simd.store,
+any stride, the stride-0 rows of a broadcast included). These tests register forms for small njit
+functions and check
+- simd.store into contiguous and strided arrays;
+- map: 1-D and 2-D, serial and parallel, lengths around the four-element step, consts, two results,
+  broadcast and transposed inputs, a strided `out`; exact where the mapper is arithmetic, exp within
+  2 ulp of the scalar one; which inputs take the wide path (float64 only, a form needed);
+- segmented reduce: commutative folds of rows (maximum with NaN exactly as NumPy's, sums within
+  reassociation, a mapped fold over a broadcast input), row lengths around the 16-element step; a
+  non-commutative fold keeps the ordered kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from numba import njit
+
+import kernels.cpu as kc
+from kernels.cpu import simd
+
+map_module = importlib.import_module("kernels.cpu.map")  # the package exports the function map
+segmented_module = importlib.import_module("kernels.cpu.segmented")
+
+
+@njit(inline="always")
+def affine(c, x):
+    return (x * c - 1.5, x + c)
+
+
+@njit(inline="always")
+def affine_f64x4(c, x):
+    return (simd.sub(simd.mul(x, c), simd.splat(1.5)), simd.add(x, c))
+
+
+@njit(inline="always")
+def exp_of_difference(a, b):
+    return np.exp(a - b)
+
+
+@njit(inline="always")
+def exp_of_difference_f64x4(a, b):
+    return simd.exp(simd.sub(a, b))
+
+
+@njit(inline="always")
+def maximum(a, b):
+    return b if b > a or np.isnan(b) else a  # NumPy's maximum on the values used here: NaN wins
+
+
+@njit(inline="always")
+def add(a, b):
+    return a + b
+
+
+@njit(inline="always")
+def add_f64x4(a, b):
+    return simd.add(a, b)
+
+
+@njit(inline="always")
+def square_f64x4(a):
+    return simd.mul(a, a)
+
+
+@njit(inline="always")
+def square(a):
+    return a * a
+
+
+simd.register_form(affine, affine_f64x4)
+simd.register_form(exp_of_difference, exp_of_difference_f64x4)
+simd.register_form(maximum, simd.nan_maximum)
+simd.register_form(add, add_f64x4)
+simd.register_form(square, square_f64x4)
+
+
+@njit
+def _store_each_step(x, out):
+    for i in range(0, x.shape[0] - 3, 4):
+        simd.store(out, i, simd.add(simd.load(x, i), simd.splat(1.0)))
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_store_writes_four_consecutive_elements(step):
+    x = np.arange(13.0)
+    out = np.full(13 * step, -7.0)
+    _store_each_step(x, out[::step])
+    want = np.full(13 * step, -7.0)
+    want[: 12 * step : step] = x[:12] + 1.0
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("parallel", [None, False, True])
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1001, 2 * kc.host.MIN_CHUNK + 3])
+def test_wide_map_1d_matches_the_scalar_mapper(n, parallel):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n)
+    c = np.float64(-2.25)
+    assert map_module.has_wide_form(affine, [c.dtype], [x.dtype], [np.float64, np.float64])
+    got = kc.map(affine, 1, 2, [x], consts=[c], parallel=parallel)
+    np.testing.assert_array_equal(got[0], x * c - 1.5)
+    np.testing.assert_array_equal(got[1], x + c)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (300, 257), (64, 1024)])
+def test_wide_map_2d_reads_broadcast_and_transposed_views(shape, parallel):
+    rng = np.random.default_rng(shape[1])
+    rows, cols = shape
+    full = rng.uniform(-30, 30, (cols, rows)).T  # transposed: rows are strided
+    per_row = np.broadcast_to(rng.uniform(-30, 30, (rows, 1)), shape)  # stride 0 along a row
+    (got,) = kc.map(exp_of_difference, 2, 1, [full, per_row], parallel=parallel)
+    want = np.array([[exp_of_difference(a, b) for a, b in zip(r, s)] for r, s in zip(full, per_row)]).reshape(shape)
+    np.testing.assert_allclose(got, want, rtol=5e-16, atol=0)  # the vector exp within 2 ulp of the scalar one
+    wide_out = np.full((rows, 2 * cols), np.nan)
+    kc.map(affine, 1, 2, [full], consts=[np.float64(3.0)], parallel=parallel,
+           out=[wide_out[:, ::2], wide_out[:, 1::2]])  # strided outputs: stored lane by lane
+    np.testing.assert_array_equal(wide_out[:, ::2], full * 3.0 - 1.5)
+    np.testing.assert_array_equal(wide_out[:, 1::2], full + 3.0)
+
+
+def test_only_float64_maps_with_a_form_are_wide(monkeypatch):
+    chosen = []
+    original = map_module.map_kernel
+
+    def spy(mapper, k, m, parallel=True, c=0, ndim=1, wide=False):
+        chosen.append(wide)
+        return original(mapper, k, m, parallel, c, ndim, wide)
+
+    monkeypatch.setattr(map_module, "map_kernel", spy)
+    x = np.linspace(-1, 1, 50)
+    kc.map(square, 1, 1, [x])
+    kc.map(square, 1, 1, [x.astype(np.float32)])  # float32 results: the scalar path
+    kc.map(square, 1, 1, [np.arange(50)])  # integers
+    (y,) = kc.map(maximum, 2, 1, [x, -x])  # a form of a combine used as a mapper is fine too
+    np.testing.assert_array_equal(y, np.abs(x))
+    assert chosen == [True, False, False, True]
+    with pytest.raises(ValueError, match="needs a mapper with a registered F64x4 form"):
+        map_module.map_kernel(njit(lambda a: a), 1, 1, wide=True)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("n", [1, 5, 15, 16, 17, 33, 1024, 1029])
+def test_wide_segmented_folds_rows_commutatively(n, parallel):
+    rng = np.random.default_rng(n)
+    rows = 9
+    x = rng.standard_normal((rows, n))
+    x[2, n // 2] = np.nan
+    x[3, n - 1] = np.inf
+    x[4] = -np.inf
+    (got,) = kc.segmented_reduce(None, maximum, 1, (-np.inf,), [x], parallel=parallel, commutative=True)
+    np.testing.assert_array_equal(got, x.max(axis=1))  # NaN rows NaN, -inf rows -inf: NumPy's rule
+    y = rng.standard_normal((rows, n))
+    (sums,) = kc.segmented_reduce(None, add, 1, (0.0,), [y], parallel=parallel, commutative=True)
+    np.testing.assert_allclose(sums, y.sum(axis=1), rtol=1e-12, atol=1e-12 * n)
+    per_row = np.broadcast_to(rng.standard_normal((rows, 1)), (rows, n))
+    (squares,) = kc.segmented_reduce(square, add, 1, (0.0,), [per_row], parallel=parallel, commutative=True)
+    np.testing.assert_allclose(squares, n * per_row[:, 0] ** 2, rtol=1e-12)
+
+
+def test_segmented_reduce_is_wide_only_when_commutative_float64_and_formed(monkeypatch):
+    chosen = []
+    original = segmented_module.segmented_kernel
+
+    def spy(mapper, combine, k, m, parallel=True, lanes=1, wide=False):
+        chosen.append(wide)
+        return original(mapper, combine, k, m, parallel, lanes, wide)
+
+    monkeypatch.setattr(segmented_module, "segmented_kernel", spy)
+    x = np.arange(60.0).reshape(3, 20)
+    for commutative in (True, False):
+        (got,) = kc.segmented_reduce(None, add, 1, (0.0,), [x], commutative=commutative)
+        np.testing.assert_array_equal(got, x.sum(axis=1))  # small integers: every order exact
+    kc.segmented_reduce(None, add, 1, (0.0,), [x.astype(np.float32)], commutative=True)
+    kc.segmented_reduce(njit(lambda a: a + 1.0), add, 1, (0.0,), [x], commutative=True)  # a mapper without a form
+    assert chosen == [True, False, False, False]
