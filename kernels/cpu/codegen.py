@@ -18,6 +18,7 @@ Helpers for writing templates, with `k` leaves:
     indent(block, 4)                         -> every line of block indented by 4 more spaces
     call("acc", "combine", "acc0, x0[i]", 1) -> "acc0 = as_scalar(combine(acc0, x0[i]))"
     simd_import("load", "splat")             -> the import of those kernels.cpu.simd functions
+    serial_or_parallel("for r in {0}(rows):", body) -> that loop with range if T == 1, else with prange
 """
 
 from __future__ import annotations
@@ -104,6 +105,17 @@ def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any],
                 kernel = njit(**options)(namespace["kernel"])
             _KERNELS[key] = kernel
         return kernel
+
+
+def serial_or_parallel(loop: str, body: str) -> str:
+    """A kernel's loop text, `loop` (e.g. "for r in {0}(rows):") run with range when T == 1 (no parallel
+    region at all) and with prange otherwise, each time around `body`."""
+    return f"""if T == 1:  # no parallel region at all
+{indent(loop.format("range"), 4)}
+{indent(body, 8)}
+else:
+{indent(loop.format("prange"), 4)}
+{indent(body, 8)}"""
 
 
 def simd_import(*functions: str) -> str:

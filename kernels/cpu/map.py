@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import host, simd
-from .codegen import call, compile_kernel, each, indent, names, simd_import
+from .codegen import call, compile_kernel, each, indent, names, serial_or_parallel, simd_import
 from .lanes import WIDTH, lane_call, lane_form
 
 
@@ -45,12 +45,7 @@ def kernel(T, {_params(m, k, c)}):
     return f"""
 def kernel(T, {_params(m, k, c)}):
     n = x0.shape[0]
-    if T == 1:  # no parallel region at all
-        for i in range(n):
-{indent(body, 12)}
-    else:
-        for i in prange(n):
-{indent(body, 12)}
+{indent(serial_or_parallel("for i in {0}(n):", body), 4)}
 """
 
 
@@ -101,12 +96,7 @@ for j in range({WIDTH} * (x0.shape[1] // {WIDTH}), x0.shape[1]):
 def kernel(T, {_params(m, k, c)}):
 {indent(splats, 4)}
     n = x0.shape[0]
-    if T == 1:  # no parallel region at all
-        for i in range(n):
-{indent(row, 12)}
-    else:
-        for i in prange(n):
-{indent(row, 12)}
+{indent(serial_or_parallel("for i in {0}(n):", row), 4)}
 """
 
 

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import host, simd
-from .codegen import call, compile_kernel, each, indent, names, simd_import
+from .codegen import call, compile_kernel, each, indent, names, serial_or_parallel, simd_import
 from .lanes import WIDTH, lane_form
 from .reduce import LANES, _element, _lanes_loop
 
@@ -46,12 +46,7 @@ for i in range(n):
     return f"""
 def kernel(T, {names("x", m)}, {names("id", k)}, {names("out", k)}):
     rows, n = x0.shape
-    if T == 1:  # no parallel region at all
-        for r in range(rows):
-{indent(row, 12)}
-    else:
-        for r in prange(rows):
-{indent(row, 12)}
+{indent(serial_or_parallel("for r in {0}(rows):", row), 4)}
 """
 
 
@@ -82,12 +77,7 @@ out0[r] = acc0"""
 
 def kernel(T, {names("x", m)}, id0, out0):
     rows, n = x0.shape
-    if T == 1:  # no parallel region at all
-        for r in range(rows):
-{indent(row, 12)}
-    else:
-        for r in prange(rows):
-{indent(row, 12)}
+{indent(serial_or_parallel("for r in {0}(rows):", row), 4)}
 """
 
 
