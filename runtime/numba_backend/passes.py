@@ -11,6 +11,7 @@ from .fold_producers import private_fold_producers
 from .fusion import fuse
 from .gemm_backward_fusion import fuse_gemm_backward
 from .lowering import COMPILE_FROM
+from .one_hots import sparse_one_hots
 from .product_fold_fusion import fuse_product_folds
 from .scale_hoisting import hoist_scales
 from .scan_fusion import fuse_map_scans
@@ -23,7 +24,7 @@ _prepared: "weakref.WeakKeyDictionary[Program, dict[bool, Program]]" = weakref.W
 
 def prepare(program: Program, whole_arrays: bool = False) -> Program:
     """The program with the backend's fusions applied to its top level (a gemm_map_reduce with its vjp's
-    block sum, scan pairs read by a map, scans
+    block sum, one-hot vectors of map bodies read as index and value, scan pairs read by a map, scans
     with the maps that make their elements and read their results, maps read by a reduce, maps of scalar maps
     as elementwise statements, scaled matrix products as products of a scaled operand, folds with private
     copies of the cheap values they read, repeated views merged, runs of elementwise statements; in a map body,
@@ -34,6 +35,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     found = per_program.get(whole_arrays)
     if found is None:
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
+        program = sparse_one_hots(program)
         fused = share_views(private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))))
         fused = fuse_elementwise(fused, COMPILE_FROM if whole_arrays else 0)
         found = per_program[whole_arrays] = fused if whole_arrays else fuse_product_folds(fused)

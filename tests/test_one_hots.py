@@ -1,0 +1,110 @@
+"""runtime/numba_backend/one_hots.py: one-hot vectors in map bodies read as (index, value) pairs.
+
+The numba backend's results against the numpy backend's, which runs the dense program (within 1e-12), for
+- k-means' gradient (the min monoid's one-hot cotangent: in-body product and sum, stacked one-hots summed
+  over the points and multiplied by them), with the prepared program checked to hold no (points, K)
+  product any more but two reduce_by_index statements;
+- a max over W x per row, differentiated for W and x;
+- one-hots written by hand with indices outside [0, K) (all-zero vectors), readers the rewrite leaves
+  dense (an output of the program, an elementwise use), a one-hot read both ways;
+and the rewrite's own output for a program without one-hots (the same program).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fold
+from fold.primitives import Map, MatMul, ReduceByIndex
+from runtime.numba_backend.one_hots import sparse_one_hots
+
+rng = np.random.default_rng(7)
+
+
+def both(f, *args):
+    return fold.jit(f, backend="numpy")(*args), fold.jit(f, backend="numba")(*args)
+
+
+def assert_same(a, b, rtol=1e-12):
+    for x, y in zip(fold.tree_flatten(a)[0], fold.tree_flatten(b)[0], strict=True):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=rtol, atol=1e-12)
+
+
+def kmeans(points, centroids):
+    cc = fold.map(lambda c: fold.sum(c * c), centroids)
+    return fold.reduce(fold.monoids.sum, fold.map(
+        lambda p: fold.reduce(fold.monoids.min, fold.sum(p * p) - 2.0 * fold.matmul(centroids, p) + cc), points))
+
+
+def kmeans_gradient(points, centroids):
+    return fold.vjp(kmeans, (points, centroids), 1.0)
+
+
+def test_kmeans_gradient_scatters_instead_of_multiplying_one_hots():
+    points, centroids = rng.normal(size=(3000, 8)), rng.normal(size=(24, 8))
+    assert_same(*both(kmeans_gradient, points, centroids))
+    dense = fold.trace(kmeans_gradient, points, centroids)
+    sparse = sparse_one_hots(dense)
+    assert sum(isinstance(s.prim, ReduceByIndex) for s in sparse.stmts) == 2
+    assert not any(isinstance(s.prim, MatMul) for s in sparse.stmts)  # the (K, points) @ (points, d) product is gone
+    (body,) = [s.prim.body for s in sparse.stmts if isinstance(s.prim, Map) and len(s.outs) > 2]
+    assert not any(isinstance(s.prim, MatMul) and s.args[1].aval.shape == (24, 1) for s in body.stmts)
+    assert all(o.aval.shape != (24,) for o in body.outputs)  # no one-hot leaves the body
+
+
+def test_gradient_of_a_row_maximum_for_the_matrix_and_the_rows():
+    x, w = rng.normal(size=(2000, 6)), rng.normal(size=(10, 6))
+
+    def f(x, w):
+        return fold.sum(fold.map(lambda r: fold.reduce(fold.monoids.max, fold.matmul(w, r)) ** 2, x))
+
+    assert_same(*both(lambda x, w: fold.vjp(f, (x, w), 1.0), x, w))
+    assert sparse_one_hots(fold.trace(lambda x, w: fold.vjp(f, (x, w), 1.0), x, w)).stmts  # it ran
+
+
+K = 7
+
+
+def _hand_written(i, v, a, x):
+    """Per row: a one-hot at i (possibly outside [0, K)) with value v, read by a product with a, by a sum,
+    and output; its negation scaled, stacked, summed and multiplied at the top level."""
+    def row(i, v):
+        h = fold.where(fold.iota(K) == i, v, 0.0)
+        column = fold.reshape(-2.0 * h, (K, 1))
+        return fold.matmul(a, column)[:, 0] + fold.sum(h), h, 3.0 * h
+    through, hots, scaled = fold.map(row, i, v)
+    return through, fold.sum(hots, axis=0), fold.matmul(fold.transpose(scaled), x), hots * 2.0 + 1.0
+
+
+@pytest.mark.parametrize("low,high", [(0, K), (-2, K + 3)])
+def test_hand_written_one_hots_with_indices_in_and_out_of_range(low, high):
+    n = 500
+    i = rng.integers(low, high, n)
+    v, a, x = rng.normal(size=n), rng.normal(size=(4, K)), rng.normal(size=(n, 3))
+    numpy_result, numba_result = both(_hand_written, i, v, a, x)
+    assert_same(numpy_result, numba_result)
+    program = fold.trace(_hand_written, i, v, a, x)
+    sparse = sparse_one_hots(program)
+    # the product of the scaled one-hots is a scatter; `hots` is also read elementwise, so it stays dense and
+    # so does its sum (an output is rewritten only where every reader is)
+    assert sum(isinstance(s.prim, ReduceByIndex) for s in sparse.stmts) == 1
+    outside = (i < 0) | (i >= K)
+    if outside.any():
+        assert np.all(numba_result[1] == np.bincount(i[~outside], v[~outside], minlength=K))
+
+
+def test_one_hots_the_program_returns_stay_dense():
+    i, v, x = rng.integers(0, K, 300), rng.normal(size=300), rng.normal(size=(300, 2))
+
+    def f(i, v, x):
+        hots = fold.map(lambda i, v: fold.where(fold.iota(K) == i, v, 0.0), i, v)
+        t = fold.transpose(hots)
+        return hots, fold.sum(hots, axis=0), t, fold.matmul(t, x)
+
+    assert_same(*both(f, i, v, x))
+
+
+def test_a_program_without_one_hots_is_left_as_it_is():
+    program = fold.trace(lambda x: fold.map(lambda r: fold.sum(r * r), x), rng.normal(size=(5, 3)))
+    assert sparse_one_hots(program) is program
