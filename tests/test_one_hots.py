@@ -105,6 +105,18 @@ def test_one_hots_the_program_returns_stay_dense():
     assert_same(*both(f, i, v, x))
 
 
+def test_a_rewrite_that_fails_leaves_the_map_dense_with_a_warning(monkeypatch):
+    from runtime.numba_backend import one_hots
+
+    def broken(*args):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(one_hots, "_map_rewrite", broken)
+    program = fold.trace(kmeans_gradient, rng.normal(size=(50, 4)), rng.normal(size=(6, 4)))
+    with pytest.warns(UserWarning, match=r"one-hot values of a map left dense \(RuntimeError: no\)"):
+        assert sparse_one_hots(program) is program
+
+
 def test_a_program_without_one_hots_is_left_as_it_is():
     program = fold.trace(lambda x: fold.map(lambda r: fold.sum(r * r), x), rng.normal(size=(5, 3)))
     assert sparse_one_hots(program) is program
