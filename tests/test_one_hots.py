@@ -12,6 +12,8 @@ and the rewrite's own output for a program without one-hots (the same program).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -60,7 +62,12 @@ def test_gradient_of_a_row_maximum_for_the_matrix_and_the_rows():
         return fold.sum(fold.map(lambda r: fold.reduce(fold.monoids.max, fold.matmul(w, r)) ** 2, x))
 
     assert_same(*both(lambda x, w: fold.vjp(f, (x, w), 1.0), x, w))
-    assert sparse_one_hots(fold.trace(lambda x, w: fold.vjp(f, (x, w), 1.0), x, w)).stmts  # it ran
+    sparse = sparse_one_hots(fold.trace(lambda x, w: fold.vjp(f, (x, w), 1.0), x, w))
+    assert sparse.stmts  # it ran
+    assert sum(isinstance(s.prim, ReduceByIndex) for s in sparse.stmts) == 1  # w's cotangent: a scatter-add
+    assert not any(isinstance(s.prim, MatMul) for s in sparse.stmts)
+    (body,) = [s.prim.body for s in sparse.stmts if isinstance(s.prim, Map) and len(s.outs) > 2]
+    assert not any(isinstance(s.prim, MatMul) and s.args[1].aval.shape == (10, 1) for s in body.stmts)  # x's: a gather
 
 
 K = 7
@@ -103,6 +110,25 @@ def test_one_hots_the_program_returns_stay_dense():
         return hots, fold.sum(hots, axis=0), t, fold.matmul(t, x)
 
     assert_same(*both(f, i, v, x))
+
+
+def test_stacked_row_one_hots_and_elementwise_readers_stay_dense():
+    """One-hot rows (1, K) stacked and transposed are not columns to scatter; one-hots read only elementwise
+    leave the map as it is."""
+    i, v = rng.integers(0, K, 300), rng.normal(size=300)
+
+    def rows(i, v):
+        hots = fold.map(lambda i, v: fold.reshape(fold.where(fold.iota(K) == i, v, 0.0), (1, K)), i, v)
+        return fold.matmul(fold.reshape(fold.transpose(hots, (1, 0, 2)), (300, K)), np.ones((K, 2)))
+
+    program = fold.trace(rows, i, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no rewrite attempted, so none fails
+        assert sparse_one_hots(program) is program
+    assert_same(*both(rows, i, v))
+    elementwise = fold.trace(lambda i, v: fold.map(lambda i, v: fold.where(fold.iota(K) == i, v, 0.0) * 2.0 + 1.0, i, v),
+                             i, v)
+    assert sparse_one_hots(elementwise) is elementwise
 
 
 def test_a_rewrite_that_fails_leaves_the_map_dense_with_a_warning(monkeypatch):

@@ -48,15 +48,25 @@ class OneHot:
     shape: tuple[int, ...]
 
 
+def _renaming(rename: dict[Var, Any]) -> Callable[[Any], Any]:
+    """atom -> what `rename` says it became (following chains of renames), or the atom itself."""
+    def sub(a):
+        while isinstance(a, Var) and a in rename:
+            a = rename[a]
+        return a
+
+    return sub
+
+
+def _reading(stmt: Let, sub: Callable[[Any], Any]) -> Let:
+    return Let(stmt.outs, stmt.prim, tuple(sub(a) for a in stmt.args))
+
+
 def _spliced(fn: Callable, args: list) -> tuple[list[Let], list]:
     """The statements of `fn` traced on values shaped like the atoms `args`, reading those atoms; its outputs."""
     program = fold.trace(fn, *[np.zeros(a.aval.shape, a.aval.dtype) for a in args])
-    rename = dict(zip(program.inputs, args, strict=True))
-
-    def sub(a):
-        return rename.get(a, a) if isinstance(a, Var) else a
-
-    return [Let(s.outs, s.prim, tuple(sub(a) for a in s.args)) for s in program.stmts], [sub(o) for o in program.outputs]
+    sub = _renaming(dict(zip(program.inputs, args, strict=True)))
+    return [_reading(s, sub) for s in program.stmts], [sub(o) for o in program.outputs]
 
 
 def _scalar(a) -> bool:
@@ -68,19 +78,17 @@ def _is_zero(a) -> bool:
 
 
 def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, OneHot]]:
-    """The body's statements with one-hot readers rewritten, the renamed values, and the one-hots found."""
+    """The body's statements with one-hot readers rewritten, the values those readers made (renamed to what
+    replaces them), and the one-hots found."""
     iotas: dict[Var, int] = {}
     scalars: dict[Var, Any] = {}  # broadcasts of a scalar
     masks: dict[Var, tuple[Any, int]] = {}
     hots: dict[Var, OneHot] = {}
     rename: dict[Var, Any] = {}
+    sub = _renaming(rename)
     stmts: list[Let] = []
-
-    def sub(a):
-        return rename.get(a, a) if isinstance(a, Var) else a
-
     for stmt in body.stmts:
-        stmt = Let(stmt.outs, stmt.prim, tuple(sub(a) for a in stmt.args))
+        stmt = _reading(stmt, sub)
         prim, args, out = stmt.prim, stmt.args, stmt.outs[0]
         stmts.append(stmt)
         if isinstance(prim, Iota) and out.aval.ndim == 1:
@@ -167,7 +175,6 @@ def _live(stmts: list[Let], outputs: list) -> list[Let]:
 def sparse_one_hots(program: Program) -> Program:
     """The program with the one-hot values of its top-level maps' bodies read as (index, value) pairs (see
     the module docstring); the program itself where there are none."""
-    stmts: list[Let] = []
     changed = False
     readers: dict[Var, list[Let]] = {}
     for stmt in program.stmts:
@@ -194,15 +201,8 @@ def sparse_one_hots(program: Program) -> Program:
             rename.update(renamed)
     if not changed:
         return program
-
-    def sub(a):
-        while isinstance(a, Var) and a in rename:
-            a = rename[a]
-        return a
-
-    for stmt in program.stmts:
-        for made in replaced.get(id(stmt), [stmt]):
-            stmts.append(Let(made.outs, made.prim, tuple(sub(a) for a in made.args)))
+    sub = _renaming(rename)
+    stmts = [_reading(made, sub) for stmt in program.stmts for made in replaced.get(id(stmt), [stmt])]
     outputs = tuple(sub(o) for o in program.outputs)
     return Program(program.inputs, tuple(_live(stmts, list(outputs))), outputs, program.in_tree, program.out_tree,
                    dict(program.meta))
@@ -213,7 +213,7 @@ def _map_rewrite(stmt: Let, readers: dict[Var, list[Let]], program_outputs):
     body_stmts, body_rename, hots = _body_rewrite(prim.body)
     if not hots:
         return None
-    body_outputs = [body_rename.get(o, o) if isinstance(o, Var) else o for o in prim.body.outputs]
+    body_outputs = [_renaming(body_rename)(o) for o in prim.body.outputs]
     n = stmt.outs[0].aval.shape[0]
     extra: dict[int, list[Let]] = {}
     renamed: dict[Var, Any] = {}
@@ -229,7 +229,7 @@ def _map_rewrite(stmt: Let, readers: dict[Var, list[Let]], program_outputs):
         added.append(((idx_out, val_out), hot))
         return idx_out, val_out
 
-    body_changed = len(body_stmts) != len(prim.body.stmts) or bool(body_rename)
+    body_changed = bool(body_rename)  # a reader in the body rewritten
     for body_out, top_out in zip(body_outputs, stmt.outs, strict=True):
         hot = hots.get(body_out) if isinstance(body_out, Var) else None
         rewritten = None
@@ -267,7 +267,7 @@ def _top_level_readers(top: Var, hot: OneHot, readers: dict[Var, list[Let]], pai
             made[id(reader)] = stmts
             renames[out] = total
             continue
-        chain = _transposed_product(reader, readers, top, program_outputs)
+        chain = _transposed_product(reader, readers, top, hot, program_outputs)
         if chain is None:
             return None
         ids, product = chain
@@ -283,10 +283,10 @@ def _top_level_readers(top: Var, hot: OneHot, readers: dict[Var, list[Let]], pai
     return made, renames
 
 
-def _transposed_product(first: Let, readers: dict[Var, list[Let]], top: Var, program_outputs):
-    """(ids of the statements, the product) for transpose(top) [-> reshape to (K, n)] -> matmul(., X), the
-    values between read by nothing else."""
-    if not isinstance(first.prim, Transpose) or first.prim.perm[:2] != (1, 0) or list(first.prim.perm[2:]) != list(
+def _transposed_product(first: Let, readers: dict[Var, list[Let]], top: Var, hot: OneHot, program_outputs):
+    """(ids of the statements, the product) for transpose(top) [-> reshape to (K, n)] -> matmul(., X), with
+    `top` stacked columns or vectors (not rows) and the values between read by nothing else."""
+    if hot.shape == (1, hot.size) or not isinstance(first.prim, Transpose) or first.prim.perm[:2] != (1, 0) or list(first.prim.perm[2:]) != list(
             range(2, top.aval.ndim)):
         return None
     ids, value, stmt = [id(first)], first.outs[0], first
@@ -298,7 +298,7 @@ def _transposed_product(first: Let, readers: dict[Var, list[Let]], top: Var, pro
         ids.append(id(stmt))
         value = stmt.outs[0]
         next_readers = readers.get(value, [])
-    if value.aval.ndim != 2 or len(next_readers) != 1 or value in program_outputs:
+    if value.aval.shape != (hot.size, top.aval.shape[0]) or len(next_readers) != 1 or value in program_outputs:
         return None
     product = next_readers[0]
     if not isinstance(product.prim, MatMul) or product.args[0] is not value or product.args[1] is value:
