@@ -135,3 +135,71 @@ def test_errors_name_the_problem():
         kc.product_fold(distance, minimum, np.inf, x, b, ("product", "row", "column"), [xx, xx])
     with pytest.raises(ValueError, match="take 2 operands, got 1"):
         kc.product_fold(distance, minimum, np.inf, x, b, ("product", "row", "column"), [xx])
+
+
+def first_extreme_reference(v: np.ndarray, extreme: str, fill: int) -> tuple[np.ndarray, np.ndarray]:
+    """The statements a min/max gradient runs, in NumPy: the extreme, then the first column equal to it."""
+    value = np.minimum.reduce(v, axis=1) if extreme == "minimum" else np.maximum.reduce(v, axis=1)
+    positions = np.where(v == value[:, None], np.arange(v.shape[1]), fill)
+    return value, positions.min(axis=1)
+
+
+def first_nearest(x, b, xx, cc, extreme="minimum", fill=None, **options):
+    fill = b.shape[0] if fill is None else fill
+    return kc.product_first_extreme(distance, extreme, x, b, ("product", "row", "column"), [xx, cc], fill, **options)
+
+
+@pytest.mark.parametrize("rows, K, m", [(0, 3, 5), (1, 1, 1), (5, 3, 7), (13, 16, 64), (9, 5, 19), (37, 7, 17),
+                                        (4, 0, 8), (2000, 16, 64)])
+@pytest.mark.parametrize("extreme", ["minimum", "maximum"])
+@pytest.mark.parametrize("parallel", [None, False, True])
+def test_first_extreme_matches_the_gradient_statements(rows, K, m, extreme, parallel):
+    x, b = rng.normal(size=(rows, K)), rng.normal(size=(m, K))
+    xx, cc = (x * x).sum(1), (b * b).sum(1)
+    values, index = first_nearest(x, b, xx, cc, extreme, parallel=parallel)
+    v = xx[:, None] - 2.0 * (x @ b.T) + cc
+    want_values, want_index = first_extreme_reference(v, extreme, m)
+    assert values.dtype == np.float64 and index.dtype == np.int64 and values.shape == index.shape == (rows,)
+    np.testing.assert_allclose(values, want_values, rtol=1e-12, atol=1e-12)
+    # the kernel's products may round differently from BLAS's: compare the index where the runner-up is clearly apart
+    ordered = np.sort(v, axis=1) if m > 1 else np.zeros((rows, 2))
+    gap = (ordered[:, 1] - ordered[:, 0]) if extreme == "minimum" else (ordered[:, -1] - ordered[:, -2]) if m > 1 else np.ones(rows)
+    clear = gap > 1e-9
+    np.testing.assert_array_equal(index[clear], want_index[clear])
+    np.testing.assert_allclose(v[np.arange(rows), index], values, rtol=1e-12, atol=1e-12)  # the value is at the index
+
+
+@pytest.mark.parametrize("extreme", ["minimum", "maximum"])
+def test_first_extreme_ties_infinities_and_nan(extreme):
+    # x = 0 makes every product 0: the mapped values are the column operand, exactly, so ties are exact
+    rows, m = 6, 21
+    x, b, xx = np.zeros((rows, 3)), rng.normal(size=(m, 3)), np.zeros(rows)
+    sign = 1.0 if extreme == "minimum" else -1.0
+    cases = {
+        "ties in different lanes and after the tiles": np.where(np.isin(np.arange(m), [5, 6, 9, 17, 20]), -sign * 3.0, 0.0),
+        "all +-inf at the identity": np.full(m, sign * np.inf),
+        "the extreme in the last column only": np.where(np.arange(m) == m - 1, -sign * 1.0, 0.0),
+        "signed zeros": np.where(np.arange(m) % 2 == 0, 0.0, -0.0),
+    }
+    for name, cc in cases.items():
+        values, index = first_nearest(x, b, xx, cc, extreme)
+        want_values, want_index = first_extreme_reference(np.broadcast_to(cc, (rows, m)), extreme, m)
+        np.testing.assert_array_equal(index, want_index, err_msg=name)
+        np.testing.assert_array_equal(values, want_values, err_msg=name)
+    for column in (0, 6, 18):  # NaN in a tile's first half, its second half, the columns after the tiles
+        cc = rng.normal(size=m)
+        cc[column] = np.nan
+        values, index = first_nearest(x, b, xx, cc, extreme, fill=99)
+        want_values, want_index = first_extreme_reference(np.broadcast_to(cc, (rows, m)), extreme, 99)
+        assert np.isnan(values).all() and np.isnan(want_values).all()
+        np.testing.assert_array_equal(index, want_index)  # the fill: no column equals NaN
+
+
+def test_first_extreme_errors_name_the_problem():
+    x, b, xx, cc = np.ones((3, 2)), np.ones((5, 2)), np.ones(3), np.ones(5)
+    with pytest.raises(ValueError, match="extreme must be one of \\['maximum', 'minimum'\\], got 'median'"):
+        first_nearest(x, b, xx, cc, "median")
+    with pytest.raises(ValueError, match="at least one row"):
+        first_nearest(x, np.ones((0, 2)), xx, np.ones(0))
+    with pytest.raises(ValueError, match="mapper must have an F64x4 form"):
+        kc.product_first_extreme(no_form, "minimum", x, b, ("product", "row", "column"), [xx, cc], 5)

@@ -12,6 +12,8 @@
     logsumexp(x, *, chunks=None, vector=None)                                  -> a scalar
     product_fold(mapper, combine, identity, x, b, kinds, operands, *, parallel=None)
                                                                                -> an array (rows,)
+    product_first_extreme(mapper, extreme, x, b, kinds, operands, fill, *, parallel=None)
+                                                                               -> (values, index) (rows,)
     column_sums(x, *, chunks=None)                                             -> an array (columns,)
     scan_pair_map(combine, k, identity, leaves, mapper, r, others=(), consts=(), *, block, parallel)
                                                                                -> r arrays (n,)
@@ -36,7 +38,7 @@ from .columns import column_sums
 from .histogram import histogram
 from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)
-from .product_fold import product_fold
+from .product_fold import product_first_extreme, product_fold
 from .reduce import map_reduce, reduce
 from .scan import map_scan, scan
 from .segmented import segmented_reduce
@@ -48,4 +50,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
+__all__ = ["clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
