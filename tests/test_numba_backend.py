@@ -115,7 +115,7 @@ def kernel_calls(monkeypatch):
 
     calls: dict[str, int] = {}
     for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce", "scan_pair_map", "map_scan", "logsumexp",
-                 "column_sums", "product_fold"):
+                 "column_sums", "product_fold", "product_first_extreme"):
         original = getattr(kernels.cpu, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -652,7 +652,7 @@ def test_folds_recompute_the_cheap_values_they_share(zeros, kernel_calls):
     def grad(a):
         return fold.vjp(lambda a: fold.reduce(lambda p, q: p * q, a, identity=1.0), (a,), 1.0)
 
-    prepared = prepare(fold.trace(grad, a))
+    prepared = prepare(fold.trace(grad, a), whole_arrays=True)
     kinds = [("fold" if s.prim.reduce is not None else "map") if isinstance(s.prim, FusedElementwise) else s.prim.name
              for s in prepared.stmts if s.prim.name != "broadcast"]  # broadcasts are views, never written
     assert kinds == ["fold", "fold", "eq", "eq", "map"], str(prepared)  # eq: tests of the count, on scalars
@@ -686,7 +686,8 @@ def test_a_fold_copies_no_statement_that_reads_a_costly_shared_value():
 def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(kernel_calls):
     """A map whose body cannot be one scalar function (it multiplies by a captured 64 x 16 matrix) runs
     batched, with the backend's fusions inside the body: its products, distances and minimum are one
-    product_fold kernel (the products never stored); the gradient's folds and scatter-adds are kernels too."""
+    product_fold kernel (the products never stored); the gradient's folds and scatter-adds are kernels too, and
+    its nearest centroid (the min's first position) is found in the products' registers as well."""
     points, centroids = rng.normal(size=(COMPILE_FROM // 64 + 7, 16)), rng.normal(size=(64, 16))
 
     def cost(p, c):
@@ -699,9 +700,10 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
         assert_same(*both(cost, points, centroids))
         assert kernel_calls == {"product_fold": 1}
         assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
-    # the gradient: its row folds are kernels (private copies of the cheap values they read), and its one-hot
-    # cotangents are scatter-adds (runtime/numba_backend/one_hots.py), not (points, 64) arrays summed by column
-    assert kernel_calls["segmented_reduce"] >= 2 and kernel_calls["histogram"] == 2, kernel_calls
+    # the gradient: the distances' minimum and its first position are one product kernel (first_extremes.py), and
+    # its one-hot cotangents are scatter-adds (runtime/numba_backend/one_hots.py), not (points, 64) arrays
+    # summed by column
+    assert kernel_calls["product_first_extreme"] == 1 and kernel_calls["histogram"] == 2, kernel_calls
     assert "column_sums" not in kernel_calls, kernel_calls
 
 

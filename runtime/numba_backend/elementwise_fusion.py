@@ -92,6 +92,12 @@ def _region(members: list[Let], used_later: set[Var]) -> Let:
     return Let(outputs, FusedElementwise(region), tuple(inputs) + tuple(lit for lit, _ in arrays.values()))
 
 
+def as_run(stmt: Let) -> Let:
+    """One elementwise statement as a FusedElementwise of itself, for a rewrite that fuses runs further
+    (fuse_elementwise leaves a run of one statement as it is, with nothing to gain on its own)."""
+    return _region([stmt], set(stmt.outs))
+
+
 def _with_arrays_as_inputs(stmt: Let, arrays: dict[int, tuple[Lit, Var]]) -> Let:
     """`stmt` reading a Var in place of each array Lit (the same Var for the same Lit, recorded in `arrays`)."""
     if not any(isinstance(a, Lit) and a.value.shape for a in stmt.args):
@@ -101,9 +107,9 @@ def _with_arrays_as_inputs(stmt: Let, arrays: dict[int, tuple[Lit, Var]]) -> Let
     return Let(stmt.outs, stmt.prim, args)
 
 
-def _shape(stmt: Let) -> tuple | None:
-    """The shape the statement runs over, if it is elementwise over an array."""
-    if not isinstance(stmt.prim, ELEMENTWISE) or len(stmt.outs) != 1 or stmt.outs[0].aval.ndim == 0:
+def _shape(stmt: Let, scalars: bool) -> tuple | None:
+    """The shape the statement runs over, if it is elementwise over an array (over a scalar, with `scalars`)."""
+    if not isinstance(stmt.prim, ELEMENTWISE) or len(stmt.outs) != 1 or (stmt.outs[0].aval.ndim == 0) != scalars:
         return None
     return stmt.outs[0].aval.shape
 
@@ -138,7 +144,7 @@ def _as_sum_reduce(stmt: Let) -> Let:
     return Let(stmt.outs, reduce.prim, (reduce.args[0], x))
 
 
-def fuse_elementwise(program: Program, min_size: int = 0) -> Program:
+def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False) -> Program:
     """The program with each run of at least two elementwise statements of one shape as one statement, and
     each run (of one statement or more) that a reduce alone reads as one statement with that reduce.
 
@@ -146,7 +152,9 @@ def fuse_elementwise(program: Program, min_size: int = 0) -> Program:
     of its values, say) waits until the run ends, and the run goes on past it as long as no later member
     needs what waits. `min_size`: statements over fewer elements are left alone, for programs whose shapes
     are the arrays' own (not a map body's, whose rows come on top), where the fused statement would only
-    decline to run them one by one."""
+    decline to run them one by one. `scalars`: fuse the runs of statements over scalars instead (in a map
+    body, where each is a pass over the rows; a second pass, after the arrays' runs, so that neither kind
+    of run splits the other)."""
     uses = use_counts(program)
     stmts: list[Let] = []
     members: list[Let] = []
@@ -210,7 +218,7 @@ def fuse_elementwise(program: Program, min_size: int = 0) -> Program:
         return any(isinstance(a, Var) and a in values for a in stmt.args)
 
     for stmt in program.stmts:
-        shape = _shape(stmt)
+        shape = _shape(stmt, scalars)
         if shape is not None and math.prod(shape) < min_size:
             shape = None
         if shape is not None and members and shape == members[0].outs[0].aval.shape and not reads(stmt, waiting_outs):

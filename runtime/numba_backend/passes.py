@@ -7,6 +7,7 @@ import weakref
 from fold.ir import Program
 
 from .elementwise_fusion import fuse_elementwise
+from .first_extremes import has_first_extremes, mark_first_extremes
 from .fold_producers import private_fold_producers
 from .fusion import fuse
 from .gemm_backward_fusion import fuse_gemm_backward
@@ -36,7 +37,25 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     if found is None:
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         program = sparse_one_hots(program)
-        fused = share_views(private_fold_producers(hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))))
-        fused = fuse_elementwise(fused, COMPILE_FROM if whole_arrays else 0)
-        found = per_program[whole_arrays] = fused if whole_arrays else fuse_product_folds(fused)
+        staged = hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))
+        found = per_program[whole_arrays] = _whole_array_fusions(staged) if whole_arrays else _body_fusions(staged)
     return found
+
+
+def _whole_array_fusions(program: Program) -> Program:
+    return fuse_elementwise(share_views(private_fold_producers(program)), COMPILE_FROM)
+
+
+def _body_fusions(program: Program) -> Program:
+    """A map body's last fusions. A min/max gradient's first extreme is worth marking only where it then
+    joins a product kernel; otherwise its two folds fuse with their maps as usual (the unmarked body)."""
+    def fusions(body: Program) -> Program:
+        arrays = fuse_product_folds(fuse_elementwise(share_views(private_fold_producers(body)), 0))
+        return fuse_elementwise(arrays, 0, scalars=True)
+
+    plain = fusions(program)
+    marked = mark_first_extremes(program)
+    if marked is program:
+        return plain
+    candidate = fusions(marked)
+    return plain if has_first_extremes(candidate) else candidate

@@ -7,7 +7,9 @@ k-means' body, `reduce(min, |p|^2 - 2 C p + |c|^2)` for a point p, reads after e
 (or `p @ B` with a (K, m) matrix B: reshape(p, (1, K)), matmul, reshape). Batched over a block of points,
 that is a (rows, K) @ (K, m) BLAS product written to memory, then read again by the fold's kernel.
 `fuse_product_folds(body)` writes the four statements as one `ProductFold`, which the numba backend runs
-with kernels.cpu.product_fold: the products in vector registers, mapped and folded there.
+with kernels.cpu.product_fold: the products in vector registers, mapped and folded there. A min/max
+gradient's first position of the extreme (first_extremes.py's FirstExtreme, of an elementwise map of the
+product) is fused alike, run by kernels.cpu.product_first_extreme.
 
 It applies where the kernel can run the fold: every value float64, a commutative operator (the kernel
 folds the columns in another order), and F64x4 forms of the elementwise function and the operator
@@ -29,16 +31,18 @@ from fold.primitives import MatMul, Reshape
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, has_f64x4_form
-from .elementwise_fusion import FusedElementwise
+from .elementwise_fusion import ELEMENTWISE, FusedElementwise, as_run
+from .first_extremes import FirstExtreme
 from .lowering import is_commutative, numba_impls, run_kernel, worth_compiling
 
 
 @dataclass(frozen=True, eq=False)
 class ProductFold(Primitive):
     """`fold` (a FusedElementwise with a reduce) reading the product of a matrix and a vector at argument
-    `product`: `region` runs the original statements (the reference). Arguments: the matrix, the vector,
-    then fold's other arguments in order. `vector_first`: the product is vector @ matrix (a (K, m)
-    matrix), else matrix @ vector (an (m, K) one)."""
+    `product`, or a FirstExtreme of an elementwise map (a FusedElementwise without a reduce) reading it
+    there: `region` runs the original statements (the reference). Arguments: the matrix, the vector, then
+    the map's other arguments in order (then a FirstExtreme's positions). `vector_first`: the product is
+    vector @ matrix (a (K, m) matrix), else matrix @ vector (an (m, K) one)."""
 
     region: Program
     product: int
@@ -49,13 +53,20 @@ class ProductFold(Primitive):
     num_consts = 0
 
     @property
+    def first_extreme(self) -> FirstExtreme | None:
+        last = self.region.stmts[-1].prim
+        return last if isinstance(last, FirstExtreme) else None
+
+    @property
     def fold(self) -> FusedElementwise:
-        return self.region.stmts[-1].prim
+        """The fold (a FusedElementwise with a reduce); with a first_extreme, the map of the product."""
+        return self.region.stmts[-2 if self.first_extreme else -1].prim
 
 
 def _product_of(value: Var, producer: dict, uses: Counter) -> tuple[list[Let], Var, Var, bool] | None:
     """(the statements making `value`, the matrix, the vector, vector_first) if `value` is an (m,) matrix-vector
-    product made by reshape(matmul(...)) whose intermediate values nothing else reads."""
+    product made by reshape(matmul(...)) whose product nothing else reads (the vector's reshape may have
+    other readers: the region gets a copy of it)."""
     flat = producer.get(value)
     if flat is None or not isinstance(flat.prim, Reshape) or not isinstance(flat.args[0], Var):
         return None
@@ -67,7 +78,7 @@ def _product_of(value: Var, producer: dict, uses: Counter) -> tuple[list[Let], V
     column = left if vector_first else right
     matrix = right if vector_first else left
     lift = producer.get(column) if isinstance(column, Var) else None
-    if lift is None or not isinstance(lift.prim, Reshape) or uses[column] != 1 or not isinstance(lift.args[0], Var):
+    if lift is None or not isinstance(lift.prim, Reshape) or not isinstance(lift.args[0], Var):
         return None
     vector = lift.args[0]
     if vector.aval.ndim != 1 or value.aval.ndim != 1:
@@ -75,15 +86,32 @@ def _product_of(value: Var, producer: dict, uses: Counter) -> tuple[list[Let], V
     return [lift, product, flat], matrix, vector, vector_first
 
 
-def _fusable(stmt: Let) -> bool:
-    """A fold the kernel can run: float64 throughout, commutative, with F64x4 forms."""
-    prim = stmt.prim
-    if not isinstance(prim, FusedElementwise) or prim.reduce is None:
-        return False
+def _float64_with_forms(prim: FusedElementwise) -> bool:
+    """Whether the kernel can run this map: float64 throughout, with F64x4 forms (of its reduce's too)."""
     f64 = np.dtype(np.float64)
     values = list(prim.region.inputs) + [o for s in prim.region.stmts for o in s.outs]
-    return (all(v.aval.dtype == f64 for v in values) and is_commutative(prim.reduce)
-            and has_f64x4_form(prim.body) and has_f64x4_form(prim.reduce.body))
+    return (all(v.aval.dtype == f64 for v in values) and has_f64x4_form(prim.body)
+            and (prim.reduce is None or has_f64x4_form(prim.reduce.body)))
+
+
+def _folds_of_maps(stmt: Let, producer: dict, uses: Counter) -> tuple[list[Let], list[Let]] | None:
+    """(the statements, ending with `stmt`, that map values elementwise and fold them, the first being the
+    map; the program's statements they replace besides `stmt`) if the kernel can run them: a
+    FusedElementwise with a commutative reduce, or a FirstExtreme alone reading an elementwise map's one
+    result."""
+    prim = stmt.prim
+    if isinstance(prim, FusedElementwise):
+        fusable = prim.reduce is not None and is_commutative(prim.reduce) and _float64_with_forms(prim)
+        return ([stmt], []) if fusable else None
+    if isinstance(prim, FirstExtreme):  # (x the product itself, with no map between, is not taken)
+        x = stmt.args[0]
+        source = mapped = producer.get(x) if isinstance(x, Var) else None
+        if mapped is not None and isinstance(mapped.prim, ELEMENTWISE) and len(mapped.outs) == 1:
+            mapped = as_run(mapped)  # a single statement (x = product + bias), which elementwise fusion leaves
+        if (mapped is not None and uses[x] == 1 and isinstance(mapped.prim, FusedElementwise)
+                and mapped.prim.reduce is None and mapped.outs == (x,) and _float64_with_forms(mapped.prim)):
+            return [mapped, stmt], [source]
+    return None
 
 
 def fuse_product_folds(program: Program) -> Program:
@@ -93,23 +121,26 @@ def fuse_product_folds(program: Program) -> Program:
     replaced: dict[int, Let] = {}
     removed: set[int] = set()
     for stmt in program.stmts:
-        if not _fusable(stmt):
+        found_chain = _folds_of_maps(stmt, producer, uses)
+        if found_chain is None:
             continue
-        for position, arg in enumerate(stmt.args):
+        chain, sources = found_chain
+        mapped, extra = chain[0], list(stmt.args[1:]) if len(chain) > 1 else []
+        for position, arg in enumerate(mapped.args):
             found = _product_of(arg, producer, uses) if isinstance(arg, Var) and uses[arg] == 1 else None
-            if found is None or sum(a is arg for a in stmt.args) != 1:
+            if found is None or sum(a is arg for a in mapped.args) != 1:
                 continue
             made, matrix, vector, vector_first = found
-            others = [a for a in stmt.args if a is not arg]
+            others = [a for a in mapped.args if a is not arg] + extra
             if any(a is matrix or a is vector for a in others) or matrix is vector:
                 continue  # the region's inputs must be distinct
             outer = [matrix, *others]
             params = [Var(a.aval) if isinstance(a, Lit) else a for a in outer]  # an array closed over: an input
             renamed = dict(zip(map(id, outer), params, strict=True))
-            made_and_fold = [Let(s.outs, s.prim, tuple(renamed.get(id(a), a) for a in s.args)) for s in (*made, stmt)]
-            region = Program((params[0], vector, *params[1:]), tuple(made_and_fold), stmt.outs)
+            statements = [Let(s.outs, s.prim, tuple(renamed.get(id(a), a) for a in s.args)) for s in (*made, *chain)]
+            region = Program((params[0], vector, *params[1:]), tuple(statements), stmt.outs)
             replaced[id(stmt)] = Let(stmt.outs, ProductFold(region, position, vector_first), (matrix, vector, *others))
-            removed.update(id(s) for s in made)
+            removed.update(id(s) for s in (*made, *sources) if s is not made[0] or uses[s.outs[0]] == 1)
             break
     if not replaced:
         return program
@@ -139,9 +170,10 @@ def _operand(x: np.ndarray, rows: int, m: int) -> tuple[str, np.ndarray]:
 def _product_fold(prim: ProductFold, args: list, depth: int):
     """One map deep (each value with a leading batch axis, of size 1 for a captured one) with a captured
     matrix, from COMPILE_FROM products: the kernel; else None (the region runs)."""
-    matrix, vector, *others = args
+    extreme = prim.first_extreme
+    matrix, vector, *others = args[:-1] if extreme else args  # a first extreme's positions: the kernel counts
     if (depth != 1 or matrix.ndim != 3 or matrix.shape[0] != 1 or vector.ndim != 2 or any(a.ndim != 2 for a in others)
-            or any(a.dtype != np.float64 for a in args)):
+            or any(a.dtype != np.float64 for a in (matrix, vector, *others))):
         return None
     b = matrix[0].T if prim.vector_first else matrix[0]  # (m, K)
     rows, m = max(a.shape[0] for a in (vector, *others)), b.shape[0]
@@ -151,7 +183,14 @@ def _product_fold(prim: ProductFold, args: list, depth: int):
     kinds = [kind for kind, _ in operands]
     kinds.insert(prim.product, "product")
     fold = prim.fold
-    mapper, combine = compile_scalar_program(fold.body), compile_scalar_program(fold.reduce.body)
-    out = run_kernel(prim, "product_fold", mapper, combine, fold.identity, np.broadcast_to(vector, (rows, vector.shape[1])),
-                     b, kinds, [a for _, a in operands])
+    mapper = compile_scalar_program(fold.body)
+    x = np.broadcast_to(vector, (rows, vector.shape[1]))
+    if extreme is not None:
+        if m == 0:
+            return None  # no position to find: the statements give the identity and int64's maximum
+        out = run_kernel(prim, "product_first_extreme", mapper, extreme.extreme, x, b, kinds,
+                         [a for _, a in operands], extreme.fill)
+        return None if out is None else list(out)
+    combine = compile_scalar_program(fold.reduce.body)
+    out = run_kernel(prim, "product_fold", mapper, combine, fold.identity, x, b, kinds, [a for _, a in operands])
     return None if out is None else [out]
