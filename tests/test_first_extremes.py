@@ -29,6 +29,7 @@ from runtime.numba_backend.first_extremes import FirstExtreme, mark_first_extrem
 from runtime.numba_backend.passes import prepare
 from runtime.numba_backend.product_fold_fusion import ProductFold
 from runtime.numba_backend.shared_views import share_views
+from test_one_hots import kmeans_gradient
 
 rng = np.random.default_rng(11)
 
@@ -41,16 +42,6 @@ def assert_same(a, b, rtol=1e-12):
     for x, y in zip(fold.tree_flatten(a)[0], fold.tree_flatten(b)[0], strict=True):
         x, y = np.asarray(x), np.asarray(y)
         np.testing.assert_allclose(y, x, rtol=rtol, atol=1e-12 * max(1.0, float(np.nanmax(np.abs(x), initial=0.0))))
-
-
-def kmeans(points, centroids):
-    cc = fold.map(lambda c: fold.sum(c * c), centroids)
-    return fold.reduce(fold.monoids.sum, fold.map(
-        lambda p: fold.reduce(fold.monoids.min, fold.sum(p * p) - 2.0 * fold.matmul(centroids, p) + cc), points))
-
-
-def kmeans_gradient(points, centroids):
-    return fold.vjp(kmeans, (points, centroids), 1.0)
 
 
 def prepared_body(f, *args) -> Program:
