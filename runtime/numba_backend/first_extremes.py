@@ -126,6 +126,7 @@ def mark_first_extremes(program: Program) -> Program:
 
 
 def has_first_extremes(program: Program) -> bool:
+    """Whether a FirstExtreme statement is left at the program's top level (one no product kernel took)."""
     return any(isinstance(s.prim, FirstExtreme) for s in program.stmts)
 
 
