@@ -135,6 +135,16 @@ def use_counts(program: Program) -> Counter:
     return uses
 
 
+def with_statements_replaced(program: Program, replaced: dict[int, Let], removed: set[int]) -> Program:
+    """The program with the statement of each id in `replaced` swapped for its replacement and those whose ids
+    are in `removed` dropped (the bookkeeping of a rewrite that fuses statements into one); the program
+    itself when nothing is replaced."""
+    if not replaced:
+        return program
+    stmts = tuple(replaced.get(id(s), s) for s in program.stmts if id(s) not in removed)
+    return Program(program.inputs, stmts, program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+
+
 def reorder_inputs(program: Program, order: list[int]) -> Program:
     """The same Program taking its inputs in another order: input i of the result is input order[i]."""
     return Program(tuple(program.inputs[i] for i in order), program.stmts, program.outputs,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fold.ir import Let, Lit, Primitive, Program, Var, use_counts
+from fold.ir import Let, Lit, Primitive, Program, Var, use_counts, with_statements_replaced
 from fold.primitives import BroadcastTo, Elementwise, Iota, Reduce
 from fold.recognize import recognize_binary_op
 
@@ -54,8 +54,9 @@ def _reduce_op(stmt: Let | None) -> str | None:
     return recognize_binary_op(stmt.prim.body)
 
 
-def _literal(atom) -> float | None:
-    return float(atom.value) if isinstance(atom, Lit) and atom.value.shape == () else None
+def _literal(atom) -> int | float | None:
+    """A scalar literal's value as a Python number (exact for int64), or None."""
+    return atom.value.item() if isinstance(atom, Lit) and atom.value.shape == () else None
 
 
 def _elementwise(stmt: Let | None, op: str) -> bool:
@@ -65,7 +66,7 @@ def _elementwise(stmt: Let | None, op: str) -> bool:
 def _match(first: Let, producer: dict[Var, Let], uses: Counter) -> tuple[list[Let], Var, Var, str, int] | None:
     """(the statements, x, the positions, the extreme, the fill) if `first` ends the pattern (see the
     module), each intermediate value read only by the next statement."""
-    if _reduce_op(first) != "minimum" or _literal(first.args[0]) != float(np.iinfo(np.int64).max):
+    if _reduce_op(first) != "minimum" or _literal(first.args[0]) != np.iinfo(np.int64).max:
         return None
     candidates = first.args[1]
     chosen = producer.get(candidates) if isinstance(candidates, Var) else None
@@ -119,10 +120,7 @@ def mark_first_extremes(program: Program) -> Program:
         region = Program(region_inputs, stmts, (m, stmt.outs[0]))
         replaced[id(stmt)] = Let((m, stmt.outs[0]), FirstExtreme(region, extreme, fill), (x, positions))
         removed.update(id(s) for s in made[:-1])
-    if not replaced:
-        return program
-    stmts = tuple(replaced.get(id(s), s) for s in program.stmts if id(s) not in removed)
-    return Program(program.inputs, stmts, program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+    return with_statements_replaced(program, replaced, removed)
 
 
 def has_first_extremes(program: Program) -> bool:

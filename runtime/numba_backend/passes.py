@@ -53,9 +53,9 @@ def _body_fusions(program: Program) -> Program:
         arrays = fuse_product_folds(fuse_elementwise(share_views(private_fold_producers(body)), 0))
         return fuse_elementwise(arrays, 0, scalars=True)
 
-    plain = fusions(program)
     marked = mark_first_extremes(program)
-    if marked is program:
-        return plain
-    candidate = fusions(marked)
-    return plain if has_first_extremes(candidate) else candidate
+    if marked is not program:
+        candidate = fusions(marked)
+        if not has_first_extremes(candidate):
+            return candidate
+    return fusions(program)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fold.ir import Let, Lit, Primitive, Program, Var, use_counts
+from fold.ir import Let, Lit, Primitive, Program, Var, use_counts, with_statements_replaced
 from fold.primitives import MatMul, Reshape
 
 from ..interpreter import eval_program, numpy_impls
@@ -142,10 +142,7 @@ def fuse_product_folds(program: Program) -> Program:
             replaced[id(stmt)] = Let(stmt.outs, ProductFold(region, position, vector_first), (matrix, vector, *others))
             removed.update(id(s) for s in (*made, *sources) if s is not made[0] or uses[s.outs[0]] == 1)
             break
-    if not replaced:
-        return program
-    stmts = tuple(replaced.get(id(s), s) for s in program.stmts if id(s) not in removed)
-    return Program(program.inputs, stmts, program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+    return with_statements_replaced(program, replaced, removed)
 
 
 @numpy_impls.register(ProductFold)

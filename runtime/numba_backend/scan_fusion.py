@@ -21,7 +21,7 @@ import numpy as np
 
 from fold.dce import dce
 from fold.inline import inline_program
-from fold.ir import Let, Lit, Primitive, Program, Var, use_counts
+from fold.ir import Let, Lit, Primitive, Program, Var, use_counts, with_statements_replaced
 from fold.primitives import Map, Scan
 from fold.recognize import recognize_binary_op
 from fold.tracing import trace_body
@@ -204,10 +204,7 @@ def fuse_map_scans(program: Program) -> Program:
         last = members[-1]
         replaced[id(last)] = _fused_statement(members, uses, outputs)
         removed |= {id(m) for m in members[:-1]}
-    if not replaced:
-        return program
-    stmts = tuple(replaced.get(id(s), s) for s in program.stmts if id(s) not in removed)
-    return Program(program.inputs, stmts, program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+    return with_statements_replaced(program, replaced, removed)
 
 
 def _fused_statement(members: list[Let], uses: Counter, outputs: set) -> Let:

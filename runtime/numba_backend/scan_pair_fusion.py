@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fold.ir import Let, Primitive, Program, Var, reorder_inputs, same_atom, use_counts
+from fold.ir import Let, Primitive, Program, Var, reorder_inputs, same_atom, use_counts, with_statements_replaced
 from fold.primitives import Map, Scan
 
 from ..interpreter import numpy_impls
@@ -105,10 +105,7 @@ def fuse_scan_pairs(program: Program) -> Program:
             if found is not None and not (found[1] & removed):
                 replaced[id(stmt)], gone = found
                 removed |= gone
-    if not replaced:
-        return program
-    stmts = tuple(replaced.get(id(s), s) for s in program.stmts if id(s) not in removed)
-    return Program(program.inputs, stmts, program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+    return with_statements_replaced(program, replaced, removed)
 
 
 def _split_args(prim: FusedScanPairMap, args: list) -> tuple[list, list, list, list]:
