@@ -115,7 +115,7 @@ def kernel_calls(monkeypatch):
 
     calls: dict[str, int] = {}
     for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce", "scan_pair_map", "map_scan", "logsumexp",
-                 "column_sums", "product_fold", "product_first_extreme"):
+                 "column_sums", "product_fold", "product_first_extreme", "map_with_row_sums"):
         original = getattr(kernels.cpu, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -513,7 +513,8 @@ def test_elementwise_runs_of_large_arrays_are_one_parallel_kernel(shape, kernel_
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert_same(*both(_softmax_rows, x, r))
-        assert kernel_calls["map"] == 2  # the two runs; the row maximum is the segmented kernel
+        # the two runs, the first with the row sums of its exponentials; the row maximum is the segmented kernel
+        assert kernel_calls == {"map_with_row_sums": 1, "map": 1, "segmented_reduce": 1}, kernel_calls
     else:
         f = lambda x: fold.where(x > 0.0, fold.exp(-x) * x, fold.sin(x) + 1.0)  # noqa: E731
         with warnings.catch_warnings():
@@ -542,9 +543,14 @@ def test_gemm_blocks_run_their_elementwise_work_in_kernels(layer, kernel_calls):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_same(*both(fn, *args), rtol=1e-10)
-        forward_kernels = kernel_calls.get("map", 0)
+        forward_kernels = _elementwise_kernels(kernel_calls)
         assert_same(*both(lambda *a: fold.vjp(fn, a, ct), *args), rtol=1e-9)
-    assert forward_kernels >= 2 and kernel_calls["map"] > forward_kernels, kernel_calls
+    assert forward_kernels >= 2 and _elementwise_kernels(kernel_calls) > forward_kernels, kernel_calls
+
+
+def _elementwise_kernels(kernel_calls: dict) -> int:
+    """The calls of kernels that run elementwise runs and write them: maps, with or without row sums."""
+    return kernel_calls.get("map", 0) + kernel_calls.get("map_with_row_sums", 0)
 
 
 def test_repeated_and_identity_views_are_merged():
@@ -606,6 +612,101 @@ def test_gemm_pairs_backward_is_one_kernel_of_few_inputs():
     (kernel,) = [s for s in block.stmts if isinstance(s.prim, FusedElementwise)]
     assert len(kernel.args) * WIDTH <= MAX_INLINED_PARAMETERS, [str(a) for a in kernel.args]
     assert len(set(kernel.args)) == len(kernel.args)
+
+
+def _softmax_and_row_sums(x):
+    """Softmax by rows, written out: its exponentials are read by their row sums and by the division."""
+    m = fold.map(lambda row: fold.reduce(fold.monoids.max, row), x)
+    e = fold.exp(x - fold.reshape(m, (x.shape[0], 1)))
+    total = fold.sum(e, axis=1)
+    return e / fold.reshape(total, (x.shape[0], 1)), total
+
+
+@pytest.mark.parametrize("where", ["top level", "map body"])
+def test_a_row_sum_joins_the_run_whose_value_it_sums(where, kernel_calls):
+    """A sum over the last axis of a run's value joins the run: the run stores what is read later (the
+    exponentials, read by the division too) and sums the value row by row in the same pass. At the top
+    level over a matrix's rows; in a batched map body over the batch."""
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from runtime.numba_backend.passes import prepare
+
+    x = rng.normal(size=(COMPILE_FROM // 100 + 3, 100)) * 10.0
+    if where == "top level":
+        f, prepared = _softmax_and_row_sums, prepare(fold.trace(_softmax_and_row_sums, x), whole_arrays=True)
+    else:
+        def f(x):
+            def softmax(row):
+                e = fold.exp(row - fold.reduce(fold.monoids.max, row))
+                total = fold.sum(e)
+                return e / total, total
+            return fold.map(softmax, x)
+        (body,) = fold.trace(f, x).stmts[0].prim.bodies()
+        prepared = prepare(body)
+    summed = [s for s in prepared.stmts if isinstance(s.prim, FusedElementwise) and s.prim.row_sum is not None]
+    assert len(summed) == 1, str(prepared)
+    (run,) = summed
+    assert [st.prim.name for st in run.prim.region.stmts][-2:] == ["exp", "sum"]
+    assert [v.aval.ndim for v in run.outs] == ([2, 1] if where == "top level" else [1, 0])  # the exponentials, the sums
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, x), rtol=1e-12)
+    assert kernel_calls.get("map_with_row_sums") == 1, kernel_calls
+
+
+def test_a_row_sum_alone_reading_a_run_stores_nothing_else(kernel_calls):
+    """sum(a * b, axis=1) at the top level: the product is never stored, only its row sums."""
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from runtime.numba_backend.passes import prepare
+
+    a, b = rng.normal(size=(COMPILE_FROM // 64 + 1, 64)), rng.normal(size=(COMPILE_FROM // 64 + 1, 64))
+    f = lambda a, b: fold.sum(a * b, axis=1) * 2.0  # noqa: E731
+    prepared = prepare(fold.trace(f, a, b), whole_arrays=True)
+    (run,) = [s for s in prepared.stmts if isinstance(s.prim, FusedElementwise)]
+    assert run.prim.row_sum is not None and [v.aval.shape for v in run.outs] == [(a.shape[0],)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, a, b), rtol=1e-12)
+    assert kernel_calls.get("map_with_row_sums") == 1, kernel_calls
+    integer = lambda i: fold.sum(i * 3, axis=1)  # noqa: E731 (integer sums: exact in any order)
+    i = rng.integers(-50, 50, size=a.shape)
+    got, want = both(integer, i)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_run_reading_an_earlier_run_merges_with_it(kernel_calls):
+    """Attention's backward shape: p = exp(s - lse) (read by a product too), then dp - delta from work of
+    another shape, then ds = p * (dp - delta): one run writing p and ds, the per-row delta moved before it.
+    A run that needs a value computed from the first run's (through the product) stays apart."""
+    from runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from runtime.numba_backend.passes import prepare
+
+    rows, cols = COMPILE_FROM // 128 + 1, 128
+    s, dp, lse = rng.normal(size=(rows, cols)), rng.normal(size=(rows, cols)), rng.normal(size=rows)
+    g, o = rng.normal(size=(rows, 2 * cols)), rng.normal(size=(rows, 2 * cols))  # a run of its own: large enough
+
+    def backward(s, dp, lse, g, o, v):
+        p = fold.exp(s - fold.reshape(lse, (rows, 1)))
+        dv = fold.matmul(fold.transpose(p), g)
+        delta = fold.sum(g * o, axis=1)
+        ds = p * (dp - fold.reshape(delta, (rows, 1))) * 0.5
+        return ds, dv
+
+    def dependent(s, dp, lse, g, o, v):
+        p = fold.exp(s - fold.reshape(lse, (rows, 1)))
+        q = fold.matmul(p, v)  # (rows, cols): from p
+        return p * q + dp, p
+
+    v = rng.normal(size=(cols, cols))
+    args = (s, dp, lse, g, o, v)
+    merged = prepare(fold.trace(backward, *args), whole_arrays=True)
+    runs = [st for st in merged.stmts if isinstance(st.prim, FusedElementwise) and st.outs[0].aval.ndim == 2]
+    assert len(runs) == 1 and len(runs[0].outs) == 2, str(merged)  # p (for the product) and ds
+    kept = prepare(fold.trace(dependent, *args), whole_arrays=True)
+    assert sum(isinstance(st.prim, FusedElementwise) for st in kept.stmts) == 2, str(kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(backward, *args), rtol=1e-12)
+        assert_same(*both(dependent, *args), rtol=1e-12)
 
 
 def test_a_reduce_that_alone_reads_a_run_joins_it(kernel_calls):

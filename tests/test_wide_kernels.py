@@ -180,3 +180,88 @@ def test_segmented_reduce_is_wide_only_when_commutative_float64_and_formed(monke
     kc.segmented_reduce(None, add, 1, (0.0,), [x.astype(np.float32)], commutative=True)
     kc.segmented_reduce(njit(lambda a: a + 1.0), add, 1, (0.0,), [x], commutative=True)  # a mapper without a form
     assert chosen == [True, False, False, False]
+
+
+# ----------------------------------------------------------------------------- map with row sums
+
+row_sums_module = importlib.import_module("kernels.cpu.row_sums")
+
+
+@njit(inline="always")
+def scaled_exp_and_itself(c, a, b):
+    e = np.exp(a - b)
+    return (e * c, e)
+
+
+@njit(inline="always")
+def scaled_exp_and_itself_f64x4(c, a, b):
+    e = simd.exp(simd.sub(a, b))
+    return (simd.mul(e, c), e)
+
+
+simd.register_form(scaled_exp_and_itself, scaled_exp_and_itself_f64x4)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 3), (5, 4), (7, 9), (300, 257), (64, 1024)])
+def test_map_with_row_sums_stores_and_sums_in_one_pass(shape, parallel):
+    """Softmax's numerator and denominator: exp(s - m) stored (here scaled by a const) and summed per
+    row, on the wide path and (float32) the scalar one; rows around the four-element step, a broadcast
+    per-row maximum and transposed rows read in place."""
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    rows, cols = shape
+    s = rng.uniform(-20, 20, (cols, rows)).T
+    m = np.broadcast_to(s.max(axis=1, keepdims=True), shape)
+    c = np.float64(0.5)
+    want = np.array([[np.exp(a - b) for a, b in zip(r, q)] for r, q in zip(s, m)]).reshape(shape)
+    (scaled,), sums = kc.map_with_row_sums(scaled_exp_and_itself, 2, 1, [s, m], consts=[c], parallel=parallel)
+    np.testing.assert_allclose(scaled, want * 0.5, rtol=5e-16, atol=0)  # the vector exp within 2 ulp
+    np.testing.assert_allclose(sums, want.sum(axis=1), rtol=1e-14)  # reassociated: lanes, then the rest
+    (scaled32,), sums32 = kc.map_with_row_sums(scaled_exp_and_itself, 2, 1, [s.astype(np.float32), m.astype(np.float32)],
+                                               consts=[np.float32(0.5)], parallel=parallel)
+    assert scaled32.dtype == sums32.dtype == np.float32
+    np.testing.assert_allclose(sums32, want.sum(axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_map_with_row_sums_of_nothing_stored_and_of_integers(parallel):
+    """k = 0 stores nothing (the row sums of a mapped value alone); integer sums are exact; 0 columns
+    give zeros; an `out` array is filled in place."""
+    x = np.arange(35.0).reshape(5, 7)
+    (), sums = kc.map_with_row_sums(square, 1, 0, [x], parallel=parallel)
+    np.testing.assert_array_equal(sums, (x * x).sum(axis=1))  # small integers: every order exact
+    ints = np.arange(-12, 12).reshape(4, 6)
+    out = np.full((4, 6), -1)
+    (stored,), int_sums = kc.map_with_row_sums(njit(lambda a: (a * 3, a * a)), 1, 1, [ints], parallel=parallel, out=[out])
+    assert stored is out and int_sums.dtype == ints.dtype
+    np.testing.assert_array_equal(out, ints * 3)
+    np.testing.assert_array_equal(int_sums, (ints * ints).sum(axis=1))
+    (empty,), zero_sums = kc.map_with_row_sums(scaled_exp_and_itself, 2, 1, [np.empty((3, 0))] * 2, consts=[1.0])
+    assert empty.shape == (3, 0)
+    np.testing.assert_array_equal(zero_sums, np.zeros(3))
+
+
+def test_map_with_row_sums_is_wide_only_for_float64_with_a_form_and_checks_its_arguments(monkeypatch):
+    chosen = []
+    original = row_sums_module.row_sums_kernel
+
+    def spy(mapper, k, m, c, parallel, wide):
+        chosen.append(wide)
+        return original(mapper, k, m, c, parallel, wide)
+
+    monkeypatch.setattr(row_sums_module, "row_sums_kernel", spy)
+    x = np.linspace(-1, 1, 60).reshape(6, 10)
+    kc.map_with_row_sums(square, 1, 0, [x])
+    kc.map_with_row_sums(square, 1, 0, [x.astype(np.float32)])
+    kc.map_with_row_sums(njit(lambda a: a + 1.0), 1, 0, [x])  # no form
+    assert chosen == [True, False, False]
+    with pytest.raises(ValueError, match=r"mapper must return 2 value\(s\)"):
+        kc.map_with_row_sums(square, 1, 1, [x])
+    with pytest.raises(ValueError, match="k must be an integer >= 0"):
+        kc.map_with_row_sums(square, 1, -1, [x])
+    with pytest.raises(ValueError, match="must be 2-D"):
+        kc.map_with_row_sums(square, 1, 0, [x.ravel()])
+    with pytest.raises(TypeError, match="summed .* must be a number"):
+        kc.map_with_row_sums(njit(lambda a: a > 0.0), 1, 0, [x])
+    with pytest.raises(ValueError, match="needs a mapper with a registered F64x4 form"):
+        row_sums_module.row_sums_kernel(njit(lambda a: a), 0, 1, 0, False, True)

@@ -9,6 +9,8 @@
              step=None, live=None, chunks=None, out=None)                      -> k (or r) arrays (n,)
     histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
     map(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)           -> k arrays (n,) or (rows, n)
+    map_with_row_sums(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)
+                                                            -> (k arrays (rows, n), row sums (rows,))
     logsumexp(x, *, chunks=None, vector=None)                                  -> a scalar
     product_fold(mapper, combine, identity, x, b, kinds, operands, *, parallel=None)
                                                                                -> an array (rows,)
@@ -40,6 +42,7 @@ from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)
 from .product_fold import product_first_extreme, product_fold
 from .reduce import map_reduce, reduce
+from .row_sums import map_with_row_sums
 from .scan import map_scan, scan
 from .segmented import segmented_reduce
 
@@ -50,4 +53,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
+__all__ = ["clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "map_with_row_sums", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]

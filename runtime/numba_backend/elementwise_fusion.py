@@ -14,6 +14,9 @@ makes other values too, the reduce takes with it the members that only it reads 
 folds private copies of shared cheap members, so that this applies):
 at the top level the whole array is folded (kernels.cpu.map_reduce), one map deep (a batched body, such as
 k-means' minimum over the distances to every centroid, or its |p|^2) each row (kernels.cpu.segmented_reduce).
+A sum over the last axis of one of the run's values (`rows_ndim`: a matrix's rows at the top level, the
+batch in a map body) joins the run whoever else reads that value: the run stores what is read later and
+sums that value row by row in the same pass (kernels.cpu.map_with_row_sums), as softmax's denominator.
 The primitive's numpy implementation runs the statements it replaced, so declining is always possible.
 """
 
@@ -55,15 +58,26 @@ class FusedElementwise(Primitive):
         return last if isinstance(last, Reduce) else None
 
     @property
+    def row_sum(self) -> Let | None:
+        """The closing sum over the last axis of one of the run's values (see row_sum_of), if there is one:
+        the region's last output."""
+        last = self.region.stmts[-1]
+        return last if isinstance(last.prim, SumAxes) else None
+
+    @property
     def identity(self):
         """The reduce's identity (a literal: see joinable_fold), if there is a reduce."""
         return self.region.stmts[-1].args[0].value[()]
 
     @cached_property
     def body(self) -> Program:
+        """With a row sum: the stored values (the region's other outputs, in order), then the summed one."""
+        *mapped, last = self.region.stmts
+        if self.row_sum is not None:
+            stored = tuple(o for o in self.region.outputs if o not in last.outs)
+            return _scalar_body(Program(self.region.inputs, tuple(mapped), stored + (last.args[0],)))
         if self.reduce is None:
             return _scalar_body(self.region)
-        *mapped, last = self.region.stmts
         return _scalar_body(Program(self.region.inputs, tuple(mapped), (last.args[-1],)))
 
 
@@ -126,6 +140,18 @@ def joinable_fold(stmt: Let) -> Let | None:
     return fold if isinstance(identity, Lit) and identity.value.shape == () else None
 
 
+def row_sum_of(stmt: Let, values: set[Var], ndim: int) -> Var | None:
+    """The value of `values` that `stmt` sums over its last axis, if it is such a sum of an `ndim`-D number
+    (`ndim` = 2 for whole arrays, whose rows are their first axis; 1 in a map body, whose rows are the
+    batch), keeping its dtype; else None."""
+    if not isinstance(stmt.prim, SumAxes) or not isinstance(stmt.args[0], Var) or stmt.args[0] not in values:
+        return None
+    x = stmt.args[0]
+    ok = (x.aval.ndim == ndim and stmt.prim.axes == (ndim - 1,) and x.aval.dtype.kind in "iuf"
+          and stmt.outs[0].aval.dtype == x.aval.dtype)
+    return x if ok else None
+
+
 def _folds_only_result(fold: Let, results: Counter) -> bool:
     """Whether a joinable fold's input is the run's only result and read by nothing else (then the run's
     value is never needed whole). `results`: the run's values read after it, with their numbers of readers."""
@@ -144,7 +170,7 @@ def _as_sum_reduce(stmt: Let) -> Let:
     return Let(stmt.outs, reduce.prim, (reduce.args[0], x))
 
 
-def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False) -> Program:
+def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False, rows_ndim: int | None = None) -> Program:
     """The program with each run of at least two elementwise statements of one shape as one statement, and
     each run (of one statement or more) that a reduce alone reads as one statement with that reduce.
 
@@ -154,7 +180,9 @@ def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False)
     are the arrays' own (not a map body's, whose rows come on top), where the fused statement would only
     decline to run them one by one. `scalars`: fuse the runs of statements over scalars instead (in a map
     body, where each is a pass over the rows; a second pass, after the arrays' runs, so that neither kind
-    of run splits the other)."""
+    of run splits the other). `rows_ndim`: a sum over the last axis of a run's value of this many
+    dimensions (see row_sum_of) joins the run, which then stores its other values as before (the summed
+    one too, if anything else reads it) and sums that one row by row."""
     uses = use_counts(program)
     stmts: list[Let] = []
     members: list[Let] = []
@@ -173,8 +201,14 @@ def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False)
         nonlocal fused
         reader = next((s for s in waiting if reads(s, produced)), None)
         fold_stmt = None if reader is None else joinable_fold(reader)
+        summed = None if reader is None or rows_ndim is None or scalars else row_sum_of(reader, produced, rows_ndim)
         if fold_stmt is not None and members and _folds_only_result(fold_stmt, outside_uses()):
             stmts.append(_region(members + [fold_stmt], set(reader.outs)))
+            waiting.remove(reader)
+            fused = True
+        elif summed is not None:
+            stored = outside_uses() - Counter({summed: 1})
+            stmts.append(_region(members + [reader], set(stored) | set(reader.outs)))
             waiting.remove(reader)
             fused = True
         elif sum(isinstance(s.prim, ELEMENTWISE) for s in members) >= 2:
@@ -261,6 +295,8 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its body does not compile: {type(err).__name__}")
     inputs = [np.broadcast_to(x, shape) for x in args]
+    if prim.row_sum is not None:
+        return _fused_row_sums(prim, fn, inputs)
     if prim.reduce is not None:
         return _fused_reduce(prim, fn, inputs, depth)
     outs = [np.empty(shape, v.aval.dtype) for v in prim.region.outputs]
@@ -281,3 +317,12 @@ def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: i
     rows = run_kernel(prim, "segmented_reduce", fn, combine, 1, identity, inputs,  # one fold per row
                       commutative=fold_options(prim.reduce)["commutative"])
     return None if rows is None else [rows[0]]
+
+
+def _fused_row_sums(prim: FusedElementwise, fn, inputs: list[np.ndarray]):
+    """The run's stored values, then the row sums (the region's outputs in order), from one pass."""
+    if inputs[0].ndim != 2:
+        return None
+    stored = [np.empty(inputs[0].shape, v.aval.dtype) for v in prim.region.outputs[:-1]]
+    found = run_kernel(prim, "map_with_row_sums", fn, len(inputs), len(stored), inputs, out=stored)
+    return None if found is None else [*found[0], found[1]]

@@ -14,6 +14,7 @@ from .gemm_backward_fusion import fuse_gemm_backward
 from .lowering import COMPILE_FROM
 from .one_hots import sparse_one_hots
 from .product_fold_fusion import fuse_product_folds
+from .run_merging import merge_runs
 from .scale_hoisting import hoist_scales
 from .scan_fusion import fuse_map_scans
 from .scan_pair_fusion import fuse_scan_pairs
@@ -43,14 +44,14 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
 
 
 def _whole_array_fusions(program: Program) -> Program:
-    return fuse_elementwise(share_views(private_fold_producers(program)), COMPILE_FROM)
+    return merge_runs(fuse_elementwise(share_views(private_fold_producers(program)), COMPILE_FROM, rows_ndim=2))
 
 
 def _body_fusions(program: Program) -> Program:
     """A map body's last fusions. A min/max gradient's first extreme is worth marking only where it then
     joins a product kernel; otherwise its two folds fuse with their maps as usual (the unmarked body)."""
     def fusions(body: Program) -> Program:
-        arrays = fuse_product_folds(fuse_elementwise(share_views(private_fold_producers(body)), 0))
+        arrays = fuse_product_folds(fuse_elementwise(share_views(private_fold_producers(body)), 0, rows_ndim=1))
         return fuse_elementwise(arrays, 0, scalars=True)
 
     marked = mark_first_extremes(program)

@@ -109,7 +109,8 @@ def _folds_of_maps(stmt: Let, producer: dict, uses: Counter) -> tuple[list[Let],
         if mapped is not None and isinstance(mapped.prim, ELEMENTWISE) and len(mapped.outs) == 1:
             mapped = as_run(mapped)  # a single statement (x = product + bias), which elementwise fusion leaves
         if (mapped is not None and uses[x] == 1 and isinstance(mapped.prim, FusedElementwise)
-                and mapped.prim.reduce is None and mapped.outs == (x,) and _float64_with_forms(mapped.prim)):
+                and mapped.prim.reduce is None and mapped.prim.row_sum is None and mapped.outs == (x,)
+                and _float64_with_forms(mapped.prim)):
             return [mapped, stmt], [source]
     return None
 
