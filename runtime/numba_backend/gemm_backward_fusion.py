@@ -27,7 +27,7 @@ from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
 from ..memory import body_extra_rules, program_peak
-from ..numpy_impl.gemm import _at_top_level, add_parts, block_grid, empty_totals, fold_row_block, role_slice, zero_sums
+from ..numpy_impl.gemm import _at_top_level, add_parts, block_grid, empty_totals, fold_row_block, new_sums, role_slice
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     m, n = rows[0].shape[0], cols[0].shape[0]
     totals = empty_totals(identity, m)
     bwd_args = consts + rows + cols + totals + cts  # the totals are written before any backward block reads them
-    sums = zero_sums(bwd, m, n)
+    sums = new_sums(bwd, m, n)
     k = fwd.num_leaves
     for i0, i1, col_blocks in block_grid(m, n, fwd.block):
         row_slice = slice(i0, i1)

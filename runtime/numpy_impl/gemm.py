@@ -75,7 +75,7 @@ def role_slice(value: np.ndarray, role: str, rows: slice, cols: slice) -> np.nda
 def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
     _at_top_level(prim, depth)
     m, n = role_extents(prim, args)
-    sums = zero_sums(prim, m, n)
+    sums = new_sums(prim, m, n)
     for i0, i1, col_blocks in block_grid(m, n, prim.block):
         rows = slice(i0, i1)
         for j0, j1 in col_blocks:
@@ -85,14 +85,23 @@ def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: Block
     return sums
 
 
-def zero_sums(prim: GemmBlockSum, m: int, n: int) -> list[np.ndarray]:
-    """The block sum's outputs before any block is added: zeros of their full shapes."""
+def new_sums(prim: GemmBlockSum, m: int, n: int) -> list[np.ndarray]:
+    """The block sum's outputs before any block is added, of their full shapes: uninitialised where the
+    grid has blocks (add_parts writes each entry first, then adds), zeros where it has none (m or n is 0)."""
     extent = {"row": m, "col": n}
-    return [np.zeros(a.shape if r == "whole" else (extent[r],) + a.shape[1:], a.dtype)
+    new = np.empty if m and n else np.zeros
+    return [new(a.shape if r == "whole" else (extent[r],) + a.shape[1:], a.dtype)
             for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
 
 
 def add_parts(prim: GemmBlockSum, sums: list[np.ndarray], parts: list, rows: slice, cols: slice) -> None:
-    """Add one block's outputs into the sums, each where its role puts it."""
+    """Add one block's outputs into the sums, each where its role puts it; the first block to reach an
+    entry (the first column block for a row's part, the first row block for a column's, the first block
+    for a whole part) writes it instead, so the sums need no zeros nor a pass adding to them."""
+    first = {"row": cols.start == 0, "col": rows.start == 0, "whole": rows.start == 0 and cols.start == 0}
     for total, part, role in zip(sums, parts, prim.out_roles, strict=True):
-        role_slice(total, role, rows, cols)[...] += part
+        target = role_slice(total, role, rows, cols)
+        if first[role]:
+            target[...] = part
+        else:
+            target[...] += part
