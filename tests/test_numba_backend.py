@@ -709,6 +709,20 @@ def test_a_run_reading_an_earlier_run_merges_with_it(kernel_calls):
         assert_same(*both(dependent, *args), rtol=1e-12)
 
 
+def test_maps_returning_their_elements_run_no_kernel(kernel_calls):
+    """map(lambda r: r, x) and map(lambda a, b: b, (x, y)) compute nothing (gemm_map_reduce's identity
+    row and column maps are such): the arrays are passed through, as on the numpy backend, with no copy
+    kernel; a body that returns a captured value or computes is still compiled."""
+    x, y = rng.normal(size=(COMPILE_FROM + 1, 8)), rng.normal(size=(COMPILE_FROM + 1, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda x: fold.map(lambda r: r, x), x))
+        assert_same(*both(lambda x, y: fold.map(lambda a, b: (b, a), x, y), x, y))
+        assert kernel_calls == {}, kernel_calls
+        assert_same(*both(lambda x: fold.map(lambda r: r * 2.0, x), x))
+    assert kernel_calls == {"map": 1}, kernel_calls
+
+
 def test_a_reduce_that_alone_reads_a_run_joins_it(kernel_calls):
     """reduce(min, <elementwise run>) is one map_reduce kernel; when the run's value is also read elsewhere
     the reduce stays a statement of its own (the value must then exist whole)."""

@@ -327,13 +327,20 @@ MIN_BLOCK_ROWS = 4096
 WIDENING = 4
 
 
+def _passes_through(prim: Map) -> bool:
+    """Whether the map's body has no statements and returns only elements it was given (not consts)."""
+    elements = set(prim.body.inputs[prim.num_consts:])
+    return not prim.body.stmts and all(isinstance(o, Var) and o in elements for o in prim.body.outputs)
+
+
 @numba_impls.register(Map)
 def _map(prim: Map, args: list, depth: int):
     """A map whose body can be written as a scalar function: one compiled loop over the rows, elements with
     vector fields passed as their scalar components and captured values as scalars. Maps with vector
     bodies are compiled only from COMPILE_FROM rows; bodies that cannot be written so run batched, with
-    the backend's fusions applied to them."""
-    if depth:
+    the backend's fusions applied to them. A body that returns its own element arguments computes nothing:
+    the numpy backend's rule passes those arrays through (gemm_map_reduce's identity row and column maps)."""
+    if depth or _passes_through(prim):
         return None
     if compile_problem(prim.body) is not None:
         return _batched(prim, args)
