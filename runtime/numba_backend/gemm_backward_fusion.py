@@ -104,7 +104,7 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
             shape = (i1 - i0, j1 - j0)
             parts = (eval_program(lookup_block(prim.recompute_blocks, shape), inputs) if products is None
                      else eval_program(lookup_block(prim.backward_blocks, shape), inputs + list(products)))
-            add_parts(bwd, sums, parts, row_slice, col_slice)
+            add_parts(bwd, sums, parts, row_slice, col_slice, only_block=shape == (m, n))
     return totals + sums
 
 

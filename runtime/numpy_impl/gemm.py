@@ -81,7 +81,8 @@ def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: Block
         for j0, j1 in col_blocks:
             cols = slice(j0, j1)
             inputs = [role_slice(a, r, rows, cols) for a, r in zip(args, prim.in_roles, strict=True)]
-            add_parts(prim, sums, run_block(prim.block_program((i1 - i0, j1 - j0)), inputs), rows, cols)
+            add_parts(prim, sums, run_block(prim.block_program((i1 - i0, j1 - j0)), inputs), rows, cols,
+                      only_block=(i1 - i0, j1 - j0) == (m, n))
     return sums
 
 
@@ -94,14 +95,18 @@ def new_sums(prim: GemmBlockSum, m: int, n: int) -> list[np.ndarray]:
             for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
 
 
-def add_parts(prim: GemmBlockSum, sums: list[np.ndarray], parts: list, rows: slice, cols: slice) -> None:
+def add_parts(prim: GemmBlockSum, sums: list[np.ndarray], parts: list, rows: slice, cols: slice,
+              only_block: bool = False) -> None:
     """Add one block's outputs into the sums, each where its role puts it; the first block to reach an
     entry (the first column block for a row's part, the first row block for a column's, the first block
-    for a whole part) writes it instead, so the sums need no zeros nor a pass adding to them."""
+    for a whole part) writes it instead, so the sums need no zeros nor a pass adding to them. The parts of
+    the grid's `only_block` become the sums themselves, with no copy (no other block adds to them)."""
     first = {"row": cols.start == 0, "col": rows.start == 0, "whole": rows.start == 0 and cols.start == 0}
-    for total, part, role in zip(sums, parts, prim.out_roles, strict=True):
+    for j, (total, part, role) in enumerate(zip(sums, parts, prim.out_roles, strict=True)):
         target = role_slice(total, role, rows, cols)
-        if first[role]:
+        if only_block:
+            sums[j] = part
+        elif first[role]:
             target[...] = part
         else:
             target[...] += part
