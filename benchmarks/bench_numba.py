@@ -66,6 +66,12 @@ fold-numba (JAX's is reported too). Statements the numba backend could not compi
 with a warning: the warnings of each program's first call are captured and recorded ("fallbacks"), with the
 number of calls of each kernels.cpu driver during one warm call ("kernels").
 
+For the gradients of program 1 the memory traffic no gradient avoids is timed in the same rounds
+("gradient_traffic": each input read twice, since its fold or scan must finish before any cotangent is
+known; an array cotangent read once; the gradient written once; in parallel Numba loops that compute
+nothing else). Its time over the numba primal's is the least AD overhead a memory-bound primal allows:
+where it is near 3, the AD target is out of reach on this machine whatever the kernels do.
+
 Writes benchmarks/results/numba.json and numba.png (numba_quick.* with --quick).
 """
 
@@ -459,6 +465,48 @@ def bandwidth_sum() -> Callable[[np.ndarray], float]:
     return _bandwidth_sum
 
 
+_traffic_kernels = None
+
+
+def gradient_traffic(args: tuple, ct: Any) -> Callable[[], Any]:
+    """The memory traffic no gradient of a user-operator reduce or scan avoids, as a function to time: each
+    input read twice (its fold or scan must finish before any element's cotangent is known), an array
+    cotangent read once, the gradient written once; in parallel Numba loops (fastmath sums), nothing else
+    computed. Its time over the primal's is the least AD overhead a memory-bound primal allows."""
+    global _traffic_kernels
+    if _traffic_kernels is None:
+        import numba
+
+        @numba.njit(parallel=True, fastmath=True, cache=False)
+        def write_from_two(x, c, out):
+            for i in numba.prange(x.shape[0]):
+                out[i] = x[i] + c[i]
+
+        @numba.njit(parallel=True, fastmath=True, cache=False)
+        def write_from_one(x, out):
+            for i in numba.prange(x.shape[0]):
+                out[i] = x[i] * 2.0
+
+        _traffic_kernels = (write_from_two, write_from_one)
+    write_from_two, write_from_one = _traffic_kernels
+    psum = bandwidth_sum()
+    cts = [np.asarray(c) for c in (ct if isinstance(ct, tuple) else (ct,))]
+    arrays = [c for c in cts if c.ndim]
+    outs = [np.empty_like(a) for a in args]
+
+    def run() -> float:
+        total = 0.0
+        for j, (x, out) in enumerate(zip(args, outs)):
+            total += psum(x)
+            if j < len(arrays):
+                write_from_two(x, arrays[j], out)
+            else:
+                write_from_one(x, out)
+        return total
+
+    return run
+
+
 # ---------------------------------------------------------------------------------------------- one case
 
 def _gemm_setup(case: Case, rng) -> tuple[tuple, Any, dict[str, Callable], dict[str, Callable], int]:
@@ -557,6 +605,8 @@ def run_case(case: Case, rng: np.random.Generator, quick: bool, repeats: int, fi
         psum = bandwidth_sum()
         fns["bound_np_sum"] = lambda: np.sum(x)
         fns["bound_numba_sum"] = lambda: psum(x)
+    if case.user_operator and "numba_vjp" in fns:
+        fns["bound_traffic_vjp"] = gradient_traffic(args, ct_tree)
 
     # first calls: compile times, fallbacks, results
     outputs, first, fallbacks, errors_raised = {}, {}, {}, {}
@@ -671,6 +721,12 @@ def run_case(case: Case, rng: np.random.Generator, quick: bool, repeats: int, fi
             r["speedup_vs_numpy_tree"] = ratio(get("numpy_tree" + suffix), numba_s)
         if kind == "vjp":
             r["ad_overhead"] = {b: ratio(get(b + "_vjp"), get(b)) for b in ("numba", "numpy", "jax")}
+            if get("bound_traffic_vjp") is not None:
+                r["gradient_traffic"] = {
+                    "what": "each input read twice, an array cotangent once, the gradient written once (Numba loops)",
+                    "seconds": get("bound_traffic_vjp"), "over_numba_primal": ratio(get("bound_traffic_vjp"), get("numba")),
+                    "numba_vjp_over_traffic": ratio(numba_s, get("bound_traffic_vjp")),
+                    "samples": samples["bound_traffic_vjp"]}
         if kind == "primal" and case.bound:
             bound = min(get("bound_np_sum"), get("bound_numba_sum"))
             r["bandwidth_bound"] = {
@@ -745,6 +801,11 @@ def print_row(r: dict[str, Any]) -> None:
         print(f"      read-once bound: np.sum {_ms(b['np_sum_seconds'])} ms, numba parallel sum "
               f"{_ms(b['numba_parallel_sum_seconds'])} ms ({b['bound_gb_per_s']:.1f} GB/s); fold-numba / bound "
               f"{b['numba_over_bound']:.2f}x", flush=True)
+    if "gradient_traffic" in r:
+        g = r["gradient_traffic"]
+        print(f"      gradient's memory traffic (inputs read twice, array cotangent once, gradient written once): "
+              f"{_ms(g['seconds'])} ms = {g['over_numba_primal']:.2f}x the numba primal (the least AD overhead); "
+              f"fold-numba vjp / traffic {g['numba_vjp_over_traffic']:.2f}x", flush=True)
     if r.get("seconds", {}).get("numpy_tree") is not None:
         print(f"      numpy backend with the ufunc shortcuts off (generic tree): {_ms(r['seconds']['numpy_tree'])} ms, "
               f"numpy_tree / numba {r['speedup_vs_numpy_tree']:.2f}x", flush=True)
