@@ -68,9 +68,11 @@ number of calls of each kernels.cpu driver during one warm call ("kernels").
 
 For the gradients of program 1 the memory traffic no gradient avoids is timed in the same rounds
 ("gradient_traffic": each input read twice, since its fold or scan must finish before any cotangent is
-known; an array cotangent read once; the gradient written once; in parallel Numba loops that compute
-nothing else). Its time over the numba primal's is the least AD overhead a memory-bound primal allows:
-where it is near 3, the AD target is out of reach on this machine whatever the kernels do.
+known; an array cotangent read once; the gradient written once; one parallel Numba sum and one parallel
+writing loop per input leaf, computing nothing else). For a one-leaf element (1a) its time over the numba
+primal's is the least AD overhead a memory-bound primal allows: where that is near 3, the AD target is out
+of reach on this machine whatever the kernels do. For several leaves it is an estimate (a kernel reading
+all leaves in one pass can beat it).
 
 Writes benchmarks/results/numba.json and numba.png (numba_quick.* with --quick).
 """
@@ -471,8 +473,10 @@ _traffic_kernels = None
 def gradient_traffic(args: tuple, ct: Any) -> Callable[[], Any]:
     """The memory traffic no gradient of a user-operator reduce or scan avoids, as a function to time: each
     input read twice (its fold or scan must finish before any element's cotangent is known), an array
-    cotangent read once, the gradient written once; in parallel Numba loops (fastmath sums), nothing else
-    computed. Its time over the primal's is the least AD overhead a memory-bound primal allows."""
+    cotangent read once, the gradient written once; per input leaf, one parallel Numba sum and one parallel
+    loop writing the gradient, nothing else computed. For one leaf (1a) that is the least AD overhead a
+    memory-bound primal allows; for several, a kernel reading all leaves in one pass can beat it (1b's
+    gradient did in session 28's run), so it is an estimate there, not a bound."""
     global _traffic_kernels
     if _traffic_kernels is None:
         import numba
@@ -804,7 +808,7 @@ def print_row(r: dict[str, Any]) -> None:
     if "gradient_traffic" in r:
         g = r["gradient_traffic"]
         print(f"      gradient's memory traffic (inputs read twice, array cotangent once, gradient written once): "
-              f"{_ms(g['seconds'])} ms = {g['over_numba_primal']:.2f}x the numba primal (the least AD overhead); "
+              f"{_ms(g['seconds'])} ms = {g['over_numba_primal']:.2f}x the numba primal (one pass per leaf); "
               f"fold-numba vjp / traffic {g['numba_vjp_over_traffic']:.2f}x", flush=True)
     if r.get("seconds", {}).get("numpy_tree") is not None:
         print(f"      numpy backend with the ufunc shortcuts off (generic tree): {_ms(r['seconds']['numpy_tree'])} ms, "
