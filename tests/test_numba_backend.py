@@ -671,6 +671,11 @@ def test_a_row_sum_alone_reading_a_run_stores_nothing_else(kernel_calls):
     i = rng.integers(-50, 50, size=a.shape)
     got, want = both(integer, i)
     np.testing.assert_array_equal(got, want)
+    # sin has no F64x4 form: the kernel's scalar path would call it once per element, where the map kernel
+    # calls libmvec once per four, so that run keeps its sum apart; integers (no libmvec call) take theirs
+    for g, arg, joined in ((lambda a: fold.sum(fold.sin(a) * 2.0, axis=1), a, False), (integer, i, True)):
+        runs = [s for s in prepare(fold.trace(g, arg), whole_arrays=True).stmts if isinstance(s.prim, FusedElementwise)]
+        assert [s.prim.row_sum is not None for s in runs] == [joined], runs
 
 
 def test_a_run_reading_an_earlier_run_merges_with_it(kernel_calls):

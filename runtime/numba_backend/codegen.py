@@ -410,6 +410,12 @@ def has_f64x4_form(program: Program) -> bool:
     return _f64x4_source(program, "scalar_fn_f64x4") is not None
 
 
+def has_lane_form(program: Program) -> bool:
+    """Whether compile_scalar_program gives this program a lane form (kernels.cpu.lanes): it calls a
+    function that libmvec computes four lanes at a time."""
+    return _lane_source(*_expand(program), "scalar_fn_lanes") is not None
+
+
 def _module_source(program: Program) -> tuple[str, bool, bool]:
     """The program as the text of a module: its imports, `scalar_fn`, its lane form `scalar_fn_lanes` if any
     and its F64x4 form `scalar_fn_f64x4` if any (and whether there are those two). The helpers' own source
