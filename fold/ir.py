@@ -135,6 +135,16 @@ def use_counts(program: Program) -> Counter:
     return uses
 
 
+def depends_on(stmts: list[Let], sources: set[Var]) -> set[Var]:
+    """The variables of `stmts` (in order) computed from `sources`, and the sources: what a rewrite moving
+    statements across those that produce `sources` must not move."""
+    tainted = set(sources)
+    for stmt in stmts:
+        if any(isinstance(a, Var) and a in tainted for a in stmt.args):
+            tainted.update(stmt.outs)
+    return tainted
+
+
 def with_statements_replaced(program: Program, replaced: dict[int, Let], removed: set[int]) -> Program:
     """The program with the statement of each id in `replaced` swapped for its replacement and those whose ids
     are in `removed` dropped (the bookkeeping of a rewrite that fuses statements into one); the program

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fold.dce import dce
-from fold.ir import Let, Lit, Primitive, Program, Var, flat_program, same_atom
+from fold.ir import Let, Lit, Primitive, Program, Var, depends_on, flat_program, same_atom
 from fold.primitives import BroadcastTo, Convert, Elementwise, GemmBlockSum, GemmMapReduce, MatMul, Reshape, Transpose
 from fold.primitives.gemm import lookup_block, split_gemm_args
 from fold.printing_rules import print_rules
@@ -194,14 +194,6 @@ def _pair_of(bwd_stmt: Let, producer: dict) -> Let | None:
     return None
 
 
-def _depends_on(stmts: list[Let], sources: set[Var]) -> set[Var]:
-    """The variables of `stmts` (in order) computed from `sources`, and the sources."""
-    tainted = set(sources)
-    for stmt in stmts:
-        if any(isinstance(a, Var) and a in tainted for a in stmt.args):
-            tainted.update(stmt.outs)
-    return tainted
-
 
 def _fused_statement(fwd_stmt: Let, bwd_stmt: Let, prepare) -> Let | None:
     fwd, bwd = fwd_stmt.prim, bwd_stmt.prim
@@ -240,7 +232,7 @@ def fuse_gemm_backward(program: Program, prepare) -> Program:
             f = next(i for i, s in enumerate(stmts) if s is fwd_stmt)
             between = stmts[f + 1: b]
             cts = [a for a in bwd_stmt.args[_shared_count(fwd_stmt.prim) + fwd_stmt.prim.num_leaves:] if isinstance(a, Var)]
-            if any(c in _depends_on(between, set(fwd_stmt.outs)) for c in cts):
+            if any(c in depends_on(between, set(fwd_stmt.outs)) for c in cts):
                 continue
             fused = _fused_statement(fwd_stmt, bwd_stmt, prepare)
             if fused is None:

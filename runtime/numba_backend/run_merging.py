@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fold.ir import Let, Program, Var, use_counts
+from fold.ir import Let, Program, Var, depends_on, use_counts
 
 from .codegen import has_f64x4_form
 from .elementwise_fusion import FusedElementwise
@@ -30,14 +30,6 @@ def _plain_run(stmt: Let) -> bool:
 def _run_shape(stmt: Let) -> tuple:
     return stmt.prim.region.stmts[0].outs[0].aval.shape
 
-
-def _depends_on(stmts: list[Let], sources: set[Var]) -> set[Var]:
-    """The variables of `stmts` (in order) computed from `sources`, and the sources."""
-    tainted = set(sources)
-    for stmt in stmts:
-        if any(isinstance(a, Var) and a in tainted for a in stmt.args):
-            tainted.update(stmt.outs)
-    return tainted
 
 
 def _merged(first: Let, second: Let, read_later: set[Var]) -> Let:
@@ -53,7 +45,7 @@ def _merged(first: Let, second: Let, read_later: set[Var]) -> Let:
 def _moved_before(between: list[Let], needed: set[Var], first_outs: set[Var]) -> set[int] | None:
     """The ids of the statements of `between` that compute what the second run needs (`needed`), or None
     if one of them depends on the first run."""
-    tainted = _depends_on(between, first_outs)
+    tainted = depends_on(between, first_outs)
     moved: set[int] = set()
     for stmt in reversed(between):
         if any(v in needed for v in stmt.outs):
