@@ -23,6 +23,7 @@ import numpy as np
 from . import host, simd
 from .codegen import call, compile_kernel, each, indent, names, serial_or_parallel, simd_import
 from .lanes import WIDTH
+from .map import has_wide_form
 
 
 def _params(c: int, m: int, k: int) -> str:
@@ -83,9 +84,6 @@ def row_sums_kernel(mapper: Any, k: int, m: int, c: int, parallel: bool, wide: b
                           {"mapper": mapper, "mapper_f64x4": form}, parallel=parallel)
 
 
-_WIDE_INPUTS = (np.dtype(np.float64), np.dtype(np.bool_))
-
-
 def map_with_row_sums(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *, consts: Sequence[Any] = (),
                       parallel: bool | None = None, out: Sequence[np.ndarray] | None = None) -> tuple:
     """Apply `mapper` (len(consts) + m scalars in, k + 1 out) to m 2-D arrays of one shape (any strides: a
@@ -111,7 +109,6 @@ def map_with_row_sums(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray],
     sums = np.zeros(shape[0], dtypes[k])
     if shape[0] * shape[1] > 0:
         T = host.num_chunks(shape[0] * shape[1], None) if parallel is None else 1 + bool(parallel)
-        wide = (simd.vector_form(mapper) is not None and all(a.dtype in _WIDE_INPUTS for a in inputs)
-                and all(d == np.float64 for d in [*const_dtypes, *dtypes]))
+        wide = has_wide_form(mapper, const_dtypes, [a.dtype for a in inputs], dtypes)
         row_sums_kernel(mapper, k, m, len(consts), T > 1, wide)(T, *consts, *inputs, *outs, dtypes[k].type(0), sums)
     return outs, sums

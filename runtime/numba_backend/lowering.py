@@ -329,8 +329,10 @@ WIDENING = 4
 
 def _passes_through(prim: Map) -> bool:
     """Whether the map's body has no statements and returns only elements it was given (not consts)."""
+    if prim.body.stmts:
+        return False
     elements = set(prim.body.inputs[prim.num_consts:])
-    return not prim.body.stmts and all(isinstance(o, Var) and o in elements for o in prim.body.outputs)
+    return all(isinstance(o, Var) and o in elements for o in prim.body.outputs)
 
 
 @numba_impls.register(Map)
