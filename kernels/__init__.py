@@ -9,7 +9,8 @@ The contract (the same for every template):
   stride (the columns of an (n, k) array are read in place), or 2-D (rows, n), all of one shape: any
   strides for map and for the segmented reduce's mapper inputs (broadcast views are read as they are),
   C-contiguous for the segmented reduce's leaves. Drivers that return arrays fill the caller's `out`
-  arrays (any stride) when given, so results can land in the columns of one wider array.
+  arrays (any stride) when given, so results can land in the columns of one wider array. A 2-D map's
+  input may instead be a table read through per-row indices (`rows=`): row i is the table's row g[i].
 - A *combine* is a numba.njit function of 2k scalars, combine(a_0, ..., a_{k-1}, b_0, ..., b_{k-1}),
   returning a k-tuple (a scalar or a 1-tuple when k == 1). It must be associative; it need not be
   commutative: every kernel keeps its operands in order, a before b.
@@ -28,7 +29,7 @@ The contract (the same for every template):
   on the dtypes and layouts. Kernels whose functions come from content-addressed modules are also cached
   on disk (see kernels.cpu.codegen and kernels.cpu.modules).
 
-Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, map_scan, histogram, map, map_with_row_sums, scan_pair_map, logsumexp, column_sums, product_fold, product_first_extreme.
+Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, map_scan, histogram, map_histogram, map, map_with_row_sums, scan_pair_map, logsumexp, column_sums, product_fold, product_first_extreme.
 
 Threads: Numba's parallel kernels run on its threading layer (OpenMP here). OpenMP's worker threads spin
 for a while after each parallel region by default, which takes the cores from whatever runs next: the BLAS

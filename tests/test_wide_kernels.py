@@ -125,13 +125,75 @@ def test_wide_map_2d_reads_broadcast_and_transposed_views(shape, parallel):
     np.testing.assert_array_equal(wide_out[:, 1::2], full + 3.0)
 
 
+@njit
+def _affine_pair(a, b):  # no F64x4 form, a lane form below: the 2-D lanes path
+    return a * 3.0 - b
+
+
+@njit
+def _affine_pair_lanes(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 * 3.0 - b0, a1 * 3.0 - b1, a2 * 3.0 - b2, a3 * 3.0 - b3
+
+
+lanes_module = importlib.import_module("kernels.cpu.lanes")
+lanes_module.register(_affine_pair, _affine_pair_lanes)
+_plain_pair = njit(_affine_pair.py_func)  # no form at all: the scalar path
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (9, 7), (3001, 16), (40, 33)])
+@pytest.mark.parametrize("path", ["wide", "lanes", "scalar"])
+def test_gathered_rows_read_the_table_in_place(path, rows, cols, parallel):
+    """map(..., rows=[g, None]): input 0 is row g[i] of a table, as if table[g] were passed; the other
+    input a plain (here broadcast) array. Each of the kernel's 2-D paths: F64x4, lane form, scalar."""
+    rng = np.random.default_rng(rows * cols)
+    table = rng.uniform(-3, 3, (5, cols))
+    g = rng.integers(0, 5, rows)
+    other = np.broadcast_to(rng.uniform(-3, 3, (rows, 1)), (rows, cols))
+    mapper, dtype = {"wide": (exp_of_difference, np.float64), "lanes": (_affine_pair, np.float64),
+                     "scalar": (_plain_pair, np.float32)}[path]
+    table, other = table.astype(dtype), other.astype(dtype)
+    (got,) = kc.map(mapper, 2, 1, [table, other], rows=[g, None], parallel=parallel)
+    (want,) = kc.map(mapper, 2, 1, [table[g], other], parallel=parallel)
+    np.testing.assert_array_equal(got, want)
+    (swapped,) = kc.map(mapper, 2, 1, [other, table], rows=[None, g], parallel=parallel)  # a table second
+    (want,) = kc.map(mapper, 2, 1, [other, table[g]], parallel=parallel)
+    np.testing.assert_array_equal(swapped, want)
+
+
+def test_gathered_rows_take_the_wide_path_and_check_their_indices(monkeypatch):
+    chosen = []
+    original = map_module.map_kernel
+
+    def spy(mapper, k, m, parallel=True, c=0, ndim=1, wide=False, gathered=()):
+        chosen.append((wide, gathered))
+        return original(mapper, k, m, parallel, c, ndim, wide, gathered)
+
+    monkeypatch.setattr(map_module, "map_kernel", spy)
+    table, x = np.ones((4, 8)), np.ones((6, 8))
+    kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, 3, 3, 1, 2, 0])])
+    assert chosen == [(True, (1,))]
+    with pytest.raises(IndexError, match="rows\\[1\\]: index 4 is out of range for a table of 4 rows"):
+        kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, 4, 3, 1, 2, 0])])
+    with pytest.raises(IndexError, match="index -1 is out of range"):
+        kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, -1, 3, 1, 2, 0])])
+    with pytest.raises(ValueError, match=r"one shape, got \[\(6, 8\), \(5, 8\)\]"):
+        kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, 1, 3, 1, 2])])
+    with pytest.raises(TypeError, match="rows\\[1\\] must be a 1-D integer array, got float64"):
+        kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.zeros(6)])
+    with pytest.raises(ValueError, match="rows: expected a sequence of 2 entries"):
+        kc.map(exp_of_difference, 2, 1, [x, table], rows=[None])
+    with pytest.raises(ValueError, match="must be a 2-D table, got shape \\(4,\\)"):
+        kc.map(exp_of_difference, 2, 1, [x[0, :4], np.ones(4)], rows=[None, np.zeros(4, np.int64)])
+
+
 def test_only_float64_maps_with_a_form_are_wide(monkeypatch):
     chosen = []
     original = map_module.map_kernel
 
-    def spy(mapper, k, m, parallel=True, c=0, ndim=1, wide=False):
+    def spy(mapper, k, m, parallel=True, c=0, ndim=1, wide=False, gathered=()):
         chosen.append(wide)
-        return original(mapper, k, m, parallel, c, ndim, wide)
+        return original(mapper, k, m, parallel, c, ndim, wide, gathered)
 
     monkeypatch.setattr(map_module, "map_kernel", spy)
     x = np.linspace(-1, 1, 50)
