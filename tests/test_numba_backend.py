@@ -115,7 +115,7 @@ def kernel_calls(monkeypatch):
 
     calls: dict[str, int] = {}
     for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "map_reduce", "scan_pair_map", "map_scan", "logsumexp",
-                 "column_sums", "product_fold", "product_first_extreme", "map_with_row_sums"):
+                 "column_sums", "product_fold", "product_first_extreme", "map_with_row_sums", "map_histogram"):
         original = getattr(kernels.cpu, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -575,6 +575,18 @@ def test_repeated_and_identity_views_are_merged():
     np.testing.assert_array_equal(eval_program(shared, [x, r])[0], eval_program(program, [x, r])[0])
 
 
+def test_views_left_unread_by_merging_are_dropped():
+    """A reshape round trip (16,) -> (16, 1) -> (16,) reads the vector itself after share_views; the first
+    reshape, read by nothing any more, goes too (it kept the product stored: k-means' gradient wrote its
+    scaled centroids for it)."""
+    from runtime.numba_backend.shared_views import share_views
+
+    v, w = rng.normal(size=16), rng.normal(size=16)
+    program = fold.trace(lambda v, w: fold.reshape(fold.reshape(v * w, (16, 1)), (16,)) + w, v, w)
+    names = [s.prim.name for s in share_views(program).stmts]
+    assert names == ["mul", "add"], names
+
+
 def test_nested_map_returning_an_operand_is_unnested():
     """A map over rows of a scalar map that returns one of its operands as it is (d = g of a sum monoid, the
     per-row cotangent) is still written as elementwise statements over the (rows, columns) block."""
@@ -822,9 +834,65 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
         assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
     # the gradient: the distances' minimum and its first position are one product kernel (first_extremes.py), and
     # its one-hot cotangents are scatter-adds (runtime/numba_backend/one_hots.py), not (points, 64) arrays
-    # summed by column
+    # summed by column (at this size the scaled points are mapped by NumPy: see the test below for larger ones)
     assert kernel_calls["product_first_extreme"] == 1 and kernel_calls["histogram"] == 2, kernel_calls
     assert "column_sums" not in kernel_calls, kernel_calls
+
+
+@pytest.fixture
+def gathered_maps(monkeypatch):
+    """The `rows` each kernels.cpu.map call gets (None: no input gathered), to tell a gather read in place."""
+    import kernels.cpu
+
+    seen: list = []
+    original = kernels.cpu.map
+
+    def spy(*args, rows=None, **kwargs):
+        seen.append(None if rows is None else [r is not None for r in rows])
+        return original(*args, rows=rows, **kwargs)
+
+    monkeypatch.setattr(kernels.cpu, "map", spy)
+    return seen
+
+
+def test_k_means_gradient_reads_its_nearest_centroids_in_place(kernel_calls, gathered_maps):
+    """From COMPILE_FROM rows: the points' gradient 2 (p - c[nearest]) reads c's rows in place (one map kernel
+    with a gathered input, gather_fusion.py), and the centroids' gradient folds the scaled points straight
+    into their bins (one map_histogram, fusion.py: the scaled (points, 16) copy is never made)."""
+    points, centroids = rng.normal(size=(COMPILE_FROM + 5, 16)), rng.normal(size=(64, 16))
+
+    def cost(p, c):
+        cc = fold.map(lambda v: fold.sum(v * v), c)
+        nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q) + cc)  # noqa: E731
+        return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
+    assert kernel_calls["map_histogram"] == 1 and kernel_calls["histogram"] == 1, kernel_calls
+    assert any(r is not None and sum(r) == 1 for r in gathered_maps), gathered_maps
+
+
+def test_a_gathered_operand_of_a_run_is_read_in_place(gathered_maps):
+    """t[i] * x + 1 over whole arrays: the run's kernel reads row i[r] of t (no (n, 16) copy), with the same
+    results, gradient and errors as the numpy backend; a gather that is also an output is stored as before."""
+    n = COMPILE_FROM // 16 + 5
+    t, x = rng.normal(size=(64, 16)), rng.normal(size=(n, 16))
+    i = rng.integers(0, 64, n)
+    f = lambda t, i, x: t[i] * x + 1.0  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*both(f, t, i, x))
+        assert gathered_maps == [[True, False]]
+        assert_same(*both(lambda t, i, x: fold.vjp(lambda t, x: f(t, i, x), (t, x), np.ones((n, 16))), t, i, x))
+        gathered_maps.clear()
+        assert_same(*both(lambda t, i, x: (lambda g: (g, g * x + 1.0))(t[i]), t, i, x))
+        assert gathered_maps == [None]  # the gathered rows are stored for the output: the run reads them
+    bad = i.copy()
+    bad[7] = 64
+    for backend in ("numpy", "numba"):
+        with pytest.raises(fold.errors.FoldIndexError, match="gather: index 64 is out of range for an axis of size 64"):
+            fold.jit(f, backend=backend)(t, bad, x)
 
 
 def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):

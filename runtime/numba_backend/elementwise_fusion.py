@@ -47,6 +47,9 @@ class FusedElementwise(Primitive):
     Both take the region's inputs in order."""
 
     region: Program
+    # (table position, index position) in the arguments, per row gather the run reads in place (see
+    # gather_fusion.py); the region's first statements are those gathers, in this order
+    gathers: tuple[tuple[int, int], ...] = ()
     name = "elementwise"
     backend_internal = True
     body_fields = ("region",)
@@ -70,8 +73,22 @@ class FusedElementwise(Primitive):
         return self.region.stmts[-1].args[0].value[()]
 
     @cached_property
+    def kernel_positions(self) -> tuple[int, ...]:
+        """The argument positions the kernel reads, in the body's input order: all of them, less the indices
+        of gathers that nothing else in the run reads (a table's position stands for its gathered rows)."""
+        members = self.region.stmts[len(self.gathers):]
+        read = {a for s in members for a in s.args} | set(self.region.outputs)
+        skipped = {g for _, g in self.gathers if self.region.inputs[g] not in read}
+        return tuple(p for p in range(len(self.region.inputs)) if p not in skipped)
+
+    @cached_property
     def body(self) -> Program:
-        """With a row sum: the stored values (the region's other outputs, in order), then the summed one."""
+        """With a row sum: the stored values (the region's other outputs, in order), then the summed one.
+        With gathers: the gathered rows in place of their tables (see kernel_positions)."""
+        if self.gathers:
+            gathered = {t: stmt.outs[0] for (t, _), stmt in zip(self.gathers, self.region.stmts, strict=False)}
+            inputs = tuple(gathered.get(p, self.region.inputs[p]) for p in self.kernel_positions)
+            return _scalar_body(Program(inputs, self.region.stmts[len(self.gathers):], self.region.outputs))
         *mapped, last = self.region.stmts
         if self.row_sum is not None:
             stored = tuple(o for o in self.region.outputs if o not in last.outs)
@@ -297,6 +314,8 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
     """At the top level, or one map deep (a batched map body: the rows are the first axis)."""
     if depth > 1 or not args or not prim.region.outputs:
         return None
+    if prim.gathers:
+        return _fused_gathered(prim, args, depth)
     shape = np.broadcast_shapes(*[x.shape for x in args])
     run_ndim = prim.region.stmts[0].outs[0].aval.ndim  # the shape the elementwise statements run over
     if len(shape) not in (1, 2) or len(shape) != depth + run_ndim or not worth_compiling(math.prod(shape)):
@@ -337,3 +356,32 @@ def _fused_row_sums(prim: FusedElementwise, fn, inputs: list[np.ndarray]):
     stored = [np.empty(inputs[0].shape, v.aval.dtype) for v in prim.region.outputs[:-1]]
     found = run_kernel(prim, "map_with_row_sums", fn, len(inputs), len(stored), inputs, out=stored)
     return None if found is None else [*found[0], found[1]]
+
+
+def _fused_gathered(prim: FusedElementwise, args: list, depth: int):
+    """A run reading rows of small tables through per-row indices (see gather_fusion.py): one map kernel that
+    reads each row where its index points. The tables must be the same for every row of a map body, and the
+    indices in range (otherwise the reference runs, and its gather names the bad index)."""
+    tables: dict[int, np.ndarray] = {}
+    rows: dict[int, np.ndarray] = {}
+    for t, g in prim.gathers:
+        table, idx = args[t], args[g]
+        if table.ndim != depth + 2 or any(b != 1 for b in table.shape[:depth]) or idx.ndim != 1:
+            return None
+        table = table.reshape(table.shape[depth:])
+        if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= table.shape[0])):
+            return None
+        tables[t], rows[t] = table, idx
+    shape = np.broadcast_shapes(*[args[p].shape for p in prim.kernel_positions if p not in tables],
+                                *[rows[t].shape + tables[t].shape[1:] for t in tables])
+    if len(shape) != 2 or not worth_compiling(math.prod(shape)):
+        return None
+    try:
+        fn = compile_scalar_program(prim.body)
+    except Exception as err:  # noqa: BLE001
+        return decline(prim, f"its body does not compile: {type(err).__name__}")
+    inputs = [tables[p] if p in tables else np.broadcast_to(args[p], shape) for p in prim.kernel_positions]
+    gathered = [np.broadcast_to(rows[p], shape[:1]) if p in tables else None for p in prim.kernel_positions]
+    outs = [np.empty(shape, v.aval.dtype) for v in prim.region.outputs]
+    done = run_kernel(prim, "map", fn, len(inputs), len(outs), inputs, out=outs, rows=gathered)
+    return None if done is None else outs

@@ -10,6 +10,7 @@ from .elementwise_fusion import fuse_elementwise
 from .first_extremes import has_first_extremes, mark_first_extremes
 from .fold_producers import private_fold_producers
 from .fusion import fuse
+from .gather_fusion import absorb_gathers
 from .gemm_backward_fusion import fuse_gemm_backward
 from .lowering import COMPILE_FROM
 from .one_hots import sparse_one_hots
@@ -44,7 +45,8 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
 
 
 def _whole_array_fusions(program: Program) -> Program:
-    return merge_runs(fuse_elementwise(share_views(private_fold_producers(program)), COMPILE_FROM, rows_ndim=2))
+    runs = merge_runs(fuse_elementwise(share_views(private_fold_producers(program)), COMPILE_FROM, rows_ndim=2))
+    return absorb_gathers(runs, 2)
 
 
 def _body_fusions(program: Program) -> Program:
@@ -52,6 +54,7 @@ def _body_fusions(program: Program) -> Program:
     joins a product kernel; otherwise its two folds fuse with their maps as usual (the unmarked body)."""
     def fusions(body: Program) -> Program:
         arrays = fuse_product_folds(fuse_elementwise(share_views(private_fold_producers(body)), 0, rows_ndim=1))
+        arrays = absorb_gathers(arrays, 1)
         return fuse_elementwise(arrays, 0, scalars=True)
 
     marked = mark_first_extremes(program)

@@ -50,4 +50,18 @@ def share_views(program: Program) -> Program:
     if not rename and not changed:
         return program
     outputs = tuple(rename.get(o, o) if isinstance(o, Var) else o for o in program.outputs)
-    return Program(program.inputs, tuple(stmts), outputs, program.in_tree, program.out_tree, dict(program.meta))
+    return Program(program.inputs, _without_dead_views(stmts, outputs), outputs, program.in_tree, program.out_tree,
+                   dict(program.meta))
+
+
+def _without_dead_views(stmts: list[Let], outputs: tuple) -> tuple[Let, ...]:
+    """The statements less the views nothing reads any more: a reshape whose reader now reads its operand
+    would otherwise keep that operand stored by an elementwise run that need not store it."""
+    needed = {o for o in outputs if isinstance(o, Var)}
+    kept: list[Let] = []
+    for stmt in reversed(stmts):
+        if isinstance(stmt.prim, VIEWS) and stmt.outs[0] not in needed:
+            continue
+        kept.append(stmt)
+        needed.update(a for a in stmt.args if isinstance(a, Var))
+    return tuple(reversed(kept))
