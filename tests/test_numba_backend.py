@@ -815,6 +815,13 @@ def test_a_fold_copies_no_statement_that_reads_a_costly_shared_value():
     assert_same(*both(g, x))
 
 
+def kmeans_cost(p, c):
+    """The k-means cost with a matrix product for the distances: sum over points of min_j |p - c_j|^2."""
+    cc = fold.map(lambda v: fold.sum(v * v), c)
+    nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q) + cc)  # noqa: E731
+    return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
+
+
 def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(kernel_calls):
     """A map whose body cannot be one scalar function (it multiplies by a captured 64 x 16 matrix) runs
     batched, with the backend's fusions inside the body: its products, distances and minimum are one
@@ -822,16 +829,11 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
     its nearest centroid (the min's first position) is found in the products' registers as well."""
     points, centroids = rng.normal(size=(COMPILE_FROM // 64 + 7, 16)), rng.normal(size=(64, 16))
 
-    def cost(p, c):
-        cc = fold.map(lambda v: fold.sum(v * v), c)
-        nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q) + cc)  # noqa: E731
-        return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same(*both(cost, points, centroids))
+        assert_same(*both(kmeans_cost, points, centroids))
         assert kernel_calls == {"product_fold": 1}
-        assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
+        assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, (p, c), 1.0), points, centroids))
     # the gradient: the distances' minimum and its first position are one product kernel (first_extremes.py), and
     # its one-hot cotangents are scatter-adds (runtime/numba_backend/one_hots.py), not (points, 64) arrays
     # summed by column (at this size the scaled points are mapped by NumPy: see the test below for larger ones)
@@ -861,14 +863,9 @@ def test_k_means_gradient_reads_its_nearest_centroids_in_place(kernel_calls, gat
     into their bins (one map_histogram, fusion.py: the scaled (points, 16) copy is never made)."""
     points, centroids = rng.normal(size=(COMPILE_FROM + 5, 16)), rng.normal(size=(64, 16))
 
-    def cost(p, c):
-        cc = fold.map(lambda v: fold.sum(v * v), c)
-        nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q) + cc)  # noqa: E731
-        return fold.reduce(fold.monoids.sum, fold.map(nearest, p))
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids))
+        assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, (p, c), 1.0), points, centroids))
     assert kernel_calls["map_histogram"] == 1 and kernel_calls["histogram"] == 1, kernel_calls
     assert any(r is not None and sum(r) == 1 for r in gathered_maps), gathered_maps
 
