@@ -129,8 +129,9 @@ def _fused_histogram_reference(prim: FusedMapHistogram, args: list, depth: int) 
 
 @numba_impls.register(FusedMapHistogram)
 def _fused_histogram(prim: FusedMapHistogram, args: list, depth: int):
-    """The histogram kernel with the map's body as its mapper, at the top level; elsewhere, or below the size
-    worth compiling a vector body for, the two statements as the numpy backend runs them."""
+    """The histogram kernel with the map's body as its mapper, at the top level. Below the size worth compiling
+    a vector body for, the map as NumPy runs it, then the histogram kernel; in a map body, the two statements
+    as the numpy backend runs them."""
     indices, xs = args[1], args[2:]
     shapes = [v.aval.shape for v in prim.map.body.inputs]
     n = indices.shape[0] if indices.ndim == 1 else -1
