@@ -72,6 +72,11 @@ class FusedElementwise(Primitive):
         """The reduce's identity (a literal: see joinable_fold), if there is a reduce."""
         return self.region.stmts[-1].args[0].value[()]
 
+    @property
+    def run_shape(self) -> tuple:
+        """The shape the elementwise statements run over (a gathered value has it too: see gather_fusion.py)."""
+        return self.region.stmts[0].outs[0].aval.shape
+
     @cached_property
     def kernel_positions(self) -> tuple[int, ...]:
         """The argument positions the kernel reads, in the body's input order: all of them, less the indices
@@ -317,7 +322,7 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
     if prim.gathers:
         return _fused_gathered(prim, args, depth)
     shape = np.broadcast_shapes(*[x.shape for x in args])
-    run_ndim = prim.region.stmts[0].outs[0].aval.ndim  # the shape the elementwise statements run over
+    run_ndim = len(prim.run_shape)
     if len(shape) not in (1, 2) or len(shape) != depth + run_ndim or not worth_compiling(math.prod(shape)):
         return None  # NumPy's passes are cheap at this size; the kernel is for large arrays
     try:
@@ -360,18 +365,17 @@ def _fused_row_sums(prim: FusedElementwise, fn, inputs: list[np.ndarray]):
 
 def _fused_gathered(prim: FusedElementwise, args: list, depth: int):
     """A run reading rows of small tables through per-row indices (see gather_fusion.py): one map kernel that
-    reads each row where its index points. The tables must be the same for every row of a map body, and the
-    indices in range (otherwise the reference runs, and its gather names the bad index)."""
+    reads each row where its index points. The tables must be the same for every row of a map body. The
+    kernel's driver checks the indices: if one is out of range the reference runs, and its gather names it."""
     tables: dict[int, np.ndarray] = {}
     rows: dict[int, np.ndarray] = {}
     for t, g in prim.gathers:
         table, idx = args[t], args[g]
         if table.ndim != depth + 2 or any(b != 1 for b in table.shape[:depth]) or idx.ndim != 1:
             return None
-        table = table.reshape(table.shape[depth:])
-        if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= table.shape[0])):
+        if idx.dtype.kind not in "iu":
             return None
-        tables[t], rows[t] = table, idx
+        tables[t], rows[t] = table.reshape(table.shape[depth:]), idx
     shape = np.broadcast_shapes(*[args[p].shape for p in prim.kernel_positions if p not in tables],
                                 *[rows[t].shape + tables[t].shape[1:] for t in tables])
     if len(shape) != 2 or not worth_compiling(math.prod(shape)):

@@ -54,7 +54,7 @@ def absorb_gathers(program: Program, rows_ndim: int) -> Program:
     for stmt in program.stmts:
         prim = stmt.prim
         if isinstance(prim, FusedElementwise) and not prim.gathers and prim.reduce is None and prim.row_sum is None:
-            run_shape = prim.region.stmts[0].outs[0].aval.shape
+            run_shape = prim.run_shape
             found: list[tuple[int, Let]] = []
             for p, a in enumerate(stmt.args):
                 g = _absorbable(a, producer, uses, run_shape) if len(run_shape) == rows_ndim else None

@@ -110,9 +110,12 @@ def components_of(shape: tuple) -> int:
 
 
 def run_kernel(prim, kernel: str, *args, **kwargs):
-    """kernels.cpu.<kernel>(*args), or None after declining with a warning if Numba cannot compile it."""
+    """kernels.cpu.<kernel>(*args), or None after declining with a warning if Numba cannot compile it (without
+    one if the driver rejects indices)."""
     try:
         return getattr(_kernels(), kernel)(*args, **kwargs)
+    except IndexError:  # indices a driver rejects (a gathered row out of range): the reference runs and names them
+        return None
     except Exception as err:  # noqa: BLE001 - a kernel that does not compile: the reference implementation runs
         return decline(prim, f"its kernel does not compile: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
 

@@ -27,11 +27,6 @@ def _plain_run(stmt: Let) -> bool:
     return isinstance(stmt.prim, FusedElementwise) and stmt.prim.reduce is None
 
 
-def _run_shape(stmt: Let) -> tuple:
-    return stmt.prim.region.stmts[0].outs[0].aval.shape
-
-
-
 def _merged(first: Let, second: Let, read_later: set[Var]) -> Let:
     """One FusedElementwise running both regions' statements, returning the values of `read_later`."""
     outer = {v: a for s in (first, second) for v, a in zip(s.prim.region.inputs, s.args, strict=True)}
@@ -61,7 +56,7 @@ def _try_merge(stmts: list[Let], i: int, uses: Counter) -> list[Let] | None:
     first_outs = set(first.outs)
     for j in range(i + 1, len(stmts)):
         second = stmts[j]
-        if not (_plain_run(second) and _run_shape(second) == _run_shape(first)
+        if not (_plain_run(second) and second.prim.run_shape == first.prim.run_shape
                 and any(isinstance(a, Var) and a in first_outs for a in second.args)):
             continue
         if first.prim.row_sum is not None or has_f64x4_form(first.prim.body) != has_f64x4_form(second.prim.body):
