@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 import fold
-from kernels.cpu import modules
+import kernels.cpu as kc
+from kernels.cpu import bidirectional, modules
 from kernels.cpu.codegen import compile_kernel
 from runtime.numba_backend.codegen import compile_scalar_program
 
 ROOT = Path(__file__).resolve().parents[1]
 reduce_kernels = importlib.import_module("kernels.cpu.reduce")  # the package exports the function reduce
+product_fold = importlib.import_module("kernels.cpu.product_fold")  # and the function product_fold
 
 
 @pytest.fixture
@@ -60,6 +62,37 @@ def test_compile_kernel_keeps_each_variants_options(disk_cache) -> None:
         assert kernel.targetoptions.get("parallel", False) is parallel
         assert bool(kernel.targetoptions.get("fastmath")) is fm
         assert kernel(np.ones(10)) == 10.0
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_parallel_kernels_helpers_compile_once_and_serially(tmp_path, monkeypatch, on_disk) -> None:
+    """scan_pair_map's block loops call block_totals and block_scans, product_fold's calls row_block: the
+    prange bodies are small (Numba's parfor passes copy what they are given). Called with the serial
+    typing's argument types, each helper has one compilation (the prange index alone would add a uint64
+    one), and none is parallel."""
+    monkeypatch.setenv("FOLD_CACHE_DIR", str(tmp_path) if on_disk else "")
+    kc.clear_cache()  # the in-memory kernels do not tell how they were made
+    combine = _operator()
+    mapper = compile_scalar_program(fold.trace(lambda p, s, y: p * y - s, *(np.float64(1.0),) * 3))
+    x, y = np.linspace(0.9, 1.1, 50_000), np.linspace(-1.0, 1.0, 50_000)
+    got = kc.scan_pair_map(combine, 1, (1.0,), [x], mapper, 1, [y], block=1000, parallel=True)[0]
+    want = kc.scan_pair_map(combine, 1, (1.0,), [x], mapper, 1, [y], block=1000, parallel=False)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    pair = bidirectional.scan_pair_map_kernel(combine, mapper, 1, 1, 0, 1, True, 1000)
+    distance = compile_scalar_program(fold.trace(lambda s, p, c: p - 2.0 * s + c, *(np.float64(1.0),) * 3))
+    minimum = compile_scalar_program(fold.trace(lambda a, b: fold.minimum(a, b), np.float64(1.0), np.float64(1.0)))
+    points, centres = np.linspace(-1, 1, 4000 * 3).reshape(4000, 3), np.linspace(-1, 1, 24).reshape(8, 3)
+    nearest = kc.product_fold(distance, minimum, np.inf, points, centres, ("product", "row", "column"),
+                              [(points * points).sum(1), (centres * centres).sum(1)], parallel=True)
+    np.testing.assert_allclose(nearest, (((points[:, None, :] - centres[None]) ** 2).sum(2)).min(1), rtol=1e-9, atol=1e-12)
+    tiles = product_fold.product_fold_kernel(distance, minimum, ("product", "row", "column"), True)
+    for kernel, helpers in ((pair, ("block_totals", "block_scans")), (tiles, ("row_block",))):
+        assert kernel.targetoptions["parallel"] is True
+        assert modules.is_content_addressed(kernel) is on_disk
+        for name in helpers:
+            helper = kernel.py_func.__globals__[name]
+            assert len(helper.signatures) == 1, (name, helper.signatures)
+            assert not helper.targetoptions.get("parallel", False)
 
 
 def test_load_module_makes_one_text_with_other_options_another_module(disk_cache) -> None:

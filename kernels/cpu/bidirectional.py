@@ -92,15 +92,27 @@ for t in range(q - 1, -1, -1):
 else:
 {indent(body(f"(hi - lo) // {lanes}"), 4)}"""
 
+    params = f"{consts}{names('x', k)}, {others}{names('id', k)}, {names('tot', k)}, {names('pre', k)}, {names('suf', k)}, {names('out', r)}"
     return f"""
-def kernel({consts}{names("x", k)}, {others}{names("id", k)}, {names("tot", k)}, {names("pre", k)}, {names("suf", k)}, {names("out", r)}):
+def block_totals(b, n, {params}):
+    lo = b * {block}
+    hi = min(lo + {block}, n)
+{indent(per_block(totals), 4)}
+{indent(chr(10).join(each("tot{j}[b * " + str(lanes) + f" + {lane}] = a{lane}_" + "{j}", k) for lane in range(lanes)), 4)}
+
+
+def block_scans(b, n, {params}):
+    lo = b * {block}
+    hi = min(lo + {block}, n)
+{each("buf{j} = np.empty(hi - lo, x{j}.dtype)", k, 4)}
+{indent(per_block(scans), 4)}
+
+
+def kernel({params}):
     n = x0.shape[0]
     nb = -(-n // {block})
     for b in prange(nb):
-        lo = b * {block}
-        hi = min(lo + {block}, n)
-{indent(per_block(totals), 8)}
-{indent(chr(10).join(each("tot{j}[b * " + str(lanes) + f" + {lane}] = a{lane}_" + "{j}", k) for lane in range(lanes)), 8)}
+        block_totals(np.int64(b), n, {params})
 {each("acc{j} = id{j}", k, 4)}
     for s in range(nb * {lanes}):
 {each("pre{j}[s] = acc{j}", k, 8)}
@@ -110,10 +122,7 @@ def kernel({consts}{names("x", k)}, {others}{names("id", k)}, {names("tot", k)},
 {each("suf{j}[s] = acc{j}", k, 8)}
         {call("acc", "combine", ", ".join(f"tot{j}[s]" for j in range(k)) + f", {names('acc', k)}", k)}
     for b in prange(nb):
-        lo = b * {block}
-        hi = min(lo + {block}, n)
-{each("buf{j} = np.empty(hi - lo, x{j}.dtype)", k, 8)}
-{indent(per_block(scans), 8)}
+        block_scans(np.int64(b), n, {params})
 """
 
 
@@ -129,7 +138,7 @@ def scan_pair_map_kernel(combine: Any, mapper: Any, k: int, m: int, c: int, r: i
     segments(n, block, k) (allocated by the driver)."""
     key = ("scan_pair_map", combine, mapper, k, m, c, r, parallel, block)
     return compile_kernel(key, lambda: _source(k, m, c, r, block), {"combine": combine, "mapper": mapper},
-                          parallel=parallel)
+                          parallel=parallel, helpers=("block_totals", "block_scans"))
 
 
 def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], mapper: Any,

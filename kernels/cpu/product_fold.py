@@ -133,21 +133,24 @@ def _source(kinds: tuple[str, ...], extreme: str | None) -> str:
     helpers = ("fma", "lane", "load", "splat") + (() if extreme is None else
                                                    ("add", "greater", "less", "maximum", "not_equal", "select"))
     results = "out" if extreme is None else "offsets, fill, out, index"
+    params = f"x, bt, {operands + ', ' if operands else ''}identity, {results}"
     return f"""{simd_import(*helpers)}
 
-def kernel(T, x, bt, {operands + ", " if operands else ""}identity, {results}):
+def row_block(i0, rows, K, m, tiled, {params}):
+{indent(block, 4)}
+
+
+def kernel(T, {params}):
     rows, K = x.shape
     m = bt.shape[1]
     tiled = m - m % {COLUMNS}
     blocks = (rows + {ROWS - 1}) // {ROWS}
     if T == 1:
         for block in range(blocks):
-            i0 = block * {ROWS}
-{indent(block, 12)}
+            row_block(np.int64(block) * {ROWS}, rows, K, m, tiled, {params})
     else:
         for block in prange(blocks):
-            i0 = block * {ROWS}
-{indent(block, 12)}
+            row_block(np.int64(block) * {ROWS}, rows, K, m, tiled, {params})
 """
 
 
@@ -157,7 +160,7 @@ def product_fold_kernel(mapper: Any, combine: Any, kinds: tuple[str, ...], paral
     an `extreme`, kernel(T, x, bt, operands.., identity, offsets, fill, out, index) (combine unused)."""
     forms = {"mapper_f64x4": simd.vector_form(mapper), "combine_f64x4": simd.vector_form(combine)}
     return compile_kernel(("product_fold", mapper, combine, kinds, parallel, extreme), lambda: _source(kinds, extreme),
-                          {"mapper": mapper, "combine": combine, **forms}, parallel=parallel)
+                          {"mapper": mapper, "combine": combine, **forms}, parallel=parallel, helpers=("row_block",))
 
 
 def _checked_operands(mapper: Any, x: np.ndarray, b: np.ndarray, kinds: Sequence[str],
