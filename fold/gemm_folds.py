@@ -69,16 +69,18 @@ def row_max(x):
 
 
 def _log_weights(z):
-    """(row totals, e = exp(z - row max), the rows' sums of e, whether each row has weight) of a (bi, bj)
-    block; rows of -inf give (-inf, 0, 0, False)."""
+    """(row totals, e = exp(z - row max), the rows' sums of e, whether each row is empty) of a (bi, bj)
+    block. A row of -inf is empty: it gives (-inf, 0, 0, True). A NaN gives its row a NaN total and a +inf a
+    +inf one, as the nested logaddexp fold does (no shift by an infinite maximum, and only a weight of exactly
+    0 counts as empty: NaN > 0 is false)."""
     m = ops.stop_gradient(row_max(z))  # the shift cancels, so its derivative is zero: do not compute it
-    m_safe = ops.where(m == -np.inf, 0.0, m)
+    m_safe = ops.where(ops.abs(m) == np.inf, 0.0, m)
     e = ops.exp(z - _column_vector(m_safe))
     total_weight = ops.sum(e, axis=1)
-    nonempty = total_weight > 0
-    safe_weight = ops.where(nonempty, total_weight, 1.0)
-    total = ops.where(nonempty, m_safe + ops.log(safe_weight), -np.inf)
-    return total, e, nonempty, safe_weight
+    empty = total_weight == 0
+    safe_weight = ops.where(empty, 1.0, total_weight)
+    total = ops.where(empty, -np.inf, m_safe + ops.log(safe_weight))
+    return total, e, empty, safe_weight
 
 
 def stable_logsumexp_rows(z):
@@ -90,9 +92,9 @@ def softmax_weighted_sum(z, field):
     """(row totals of z, sum_j softmax(z_i)_j field_ij): the unnormalised weights summed with the field (a
     matrix product when it is factored), then divided by their row sums, once per row and field entry
     rather than over the (bi, bj) block. Rows of -inf give (-inf, 0)."""
-    total, e, nonempty, safe_weight = _log_weights(z)
+    total, e, empty, safe_weight = _log_weights(z)
     summed = weighted_column_sum(e, field)
-    scale = ops.where(nonempty, 1.0 / safe_weight, 0.0)
+    scale = ops.where(empty, 0.0, 1.0 / safe_weight)
     return total, summed * ops.reshape(scale, (scale.shape[0],) + (1,) * (summed.ndim - 1))
 
 

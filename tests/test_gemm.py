@@ -457,6 +457,35 @@ def test_equals_nested_map_reduce_definition(name, block):
         _assert_rel(grads[k], nested_grads[k], 1e-10, f"{name} cotangent {k} vs nested")
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("block", [None, (2, 2), 1], ids=str)
+def test_a_nan_or_infinite_product_reaches_its_rows_totals_as_in_the_nested_fold(block, bad):
+    """Column 1 of B is non-finite, so is every row's product with it: the nested logaddexp fold gives NaN
+    (a NaN), +inf (a +inf), or ignores the column (-inf), whatever the block. The blocked fold once shifted
+    by the row maximum and tested the weight with > 0, which dropped the NaN and the +inf (NaN > 0 is false)
+    and with it every other column of its block."""
+    A, B = np.array([[1.0], [2.0], [0.5]]), np.array([[1.0], [bad], [3.0], [0.5]])
+    gemm = fold.run(lambda A, B: fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, A, B, block=block), A, B)
+    nested = fold.run(lambda A, B: fold.map(lambda a: fold.reduce(fold.monoids.logaddexp,
+                                                                   fold.map(lambda b: fold.dot(a, b), B)), A), A, B)
+    with np.errstate(invalid="ignore"):  # inf - inf inside NumPy's logaddexp
+        want = np.logaddexp.reduce(A @ B.T, axis=1)
+    np.testing.assert_allclose(nested, want, rtol=1e-12)
+    np.testing.assert_allclose(gemm, want, rtol=1e-12)
+    V = np.arange(8.0).reshape(4, 2)  # logwsum: z as logaddexp's total, v NaN wherever a weight is (inf - inf)
+    out = fold.run(lambda A, B, V: fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, v: {"z": s, "v": v}, A, B,
+                                                        cols=(V,), block=block), A, B, V)
+    nested = fold.run(lambda A, B, V: fold.map(lambda a: fold.reduce(
+        fold.monoids.logwsum, fold.map(lambda b, v: {"z": fold.dot(a, b), "v": v}, B, V)), A), A, B, V)
+    np.testing.assert_allclose(out["z"], want, rtol=1e-12)
+    np.testing.assert_allclose(out["v"], nested["v"], rtol=1e-12)  # NaN where the other is NaN, nowhere else
+    if bad == -np.inf:  # the column has no weight
+        p = np.exp(A @ np.delete(B, 1, 0).T - want[:, None])
+        np.testing.assert_allclose(out["v"], p @ np.delete(V, 1, 0), rtol=1e-12)
+    else:
+        assert np.isnan(out["v"]).all()
+
+
 def test_nested_program_has_no_gemm_but_gemm_program_has_one():
     args, _ = _attention_args(np.random.default_rng(0), M, N, "float64")
     assert not any(isinstance(s.prim, GemmMapReduce) for s in fold.trace(attention_nested, *args).stmts)
