@@ -135,6 +135,8 @@ def test_errors_name_the_problem():
         kc.product_fold(distance, minimum, np.inf, x, b, ("product", "row", "column"), [xx, xx])
     with pytest.raises(ValueError, match="take 2 operands, got 1"):
         kc.product_fold(distance, minimum, np.inf, x, b, ("product", "row", "column"), [xx])
+    with pytest.raises(TypeError, match=r"mapper \(of 2 arguments, kinds \('product', 'row'\)\) does not compile"):
+        kc.product_fold(distance, minimum, np.inf, x, b, ("product", "row"), [xx])  # distance takes 3
 
 
 def first_extreme_reference(v: np.ndarray, extreme: str, fill: int) -> tuple[np.ndarray, np.ndarray]:
@@ -203,3 +205,5 @@ def test_first_extreme_errors_name_the_problem():
         first_nearest(x, np.ones((0, 2)), xx, np.ones(0))
     with pytest.raises(ValueError, match="mapper must have an F64x4 form"):
         kc.product_first_extreme(no_form, "minimum", x, b, ("product", "row", "column"), [xx, cc], 5)
+    with pytest.raises(TypeError, match=r"fill must be an integer \(the index given to a row holding NaN\), got 1.5"):
+        first_nearest(x, b, xx, cc, fill=1.5)

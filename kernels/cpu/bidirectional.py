@@ -156,6 +156,8 @@ def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequenc
     host.check_function(mapper, "mapper")
     k, r, block = host.check_count(k, "k"), host.check_count(r, "r"), host.check_count(block, "block")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
+    if isinstance(others, np.ndarray):
+        raise TypeError(f"others must be a sequence of 1-D arrays, got one array of shape {others.shape}")
     others = host.check_arrays(others, len(others), 1, "others") if len(others) else []
     if others and others[0].shape != leaves[0].shape:
         raise ValueError(f"others must have the leaves' shape {leaves[0].shape}, got {others[0].shape}")
@@ -166,7 +168,7 @@ def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequenc
     out_dtypes = host.result_dtypes(mapper, [np.asarray(v).dtype for v in consts] + dtypes * 2 + [y.dtype for y in others],
                                     r, "mapper")
     n = leaves[0].shape[0]
-    outs = host.outputs(out, out_dtypes, n, "out")
+    outs = host.outputs(out, out_dtypes, n, "out", reads=[*leaves, *others])
     if n == 0:
         return outs
     blocks = -(-n // block)

@@ -37,8 +37,8 @@ def column_sums(x: np.ndarray, *, chunks: int | None = None) -> np.ndarray:
 
     `chunks` overrides the number of row chunks (default: one per Numba thread, see host.num_chunks)."""
     (x,) = host.check_arrays([x], 1, 2, "x")
-    if x.dtype.kind != "f":
-        raise TypeError(f"x must be a float array, got dtype {x.dtype}")
+    if x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"x must be a float32 or float64 array, got dtype {x.dtype}")
     n, c = x.shape
     if n == 0 or c == 0:
         return np.zeros(c, x.dtype)

@@ -57,9 +57,12 @@ def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str,
     return list(arrays)
 
 
-def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int | tuple[int, ...], what: str) -> tuple:
+def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int | tuple[int, ...], what: str,
+            reads: Sequence[np.ndarray] = ()) -> tuple:
     """The arrays a kernel fills: new ones of length (or shape) n, or the caller's `out` (any stride: a
-    column of a wider array is filled in place), checked against the results' count, shape and dtypes."""
+    column of a wider array is filled in place), checked against the results' count, shape and dtypes, and
+    sharing no memory with `reads`: the arrays a kernel reads at other indices than it writes (a scan reads
+    its chunks again after writing them)."""
     shape = (n,) if isinstance(n, (int, np.integer)) else tuple(n)
     if out is None:
         return tuple(np.empty(shape, d) for d in dtypes)
@@ -69,6 +72,10 @@ def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int
         if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != d or not a.flags.writeable:
             got = f"shape {a.shape}, dtype {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
             raise ValueError(f"{what}[{j}] must be a writeable array of shape {shape} and dtype {d}, got {got}")
+        for i, x in enumerate(reads):
+            if np.shares_memory(a, x):
+                raise ValueError(f"{what}[{j}] shares memory with input {i}, which the kernel reads after "
+                                 f"writing {what}: pass a separate output array")
     return tuple(out)
 
 
@@ -95,6 +102,11 @@ def result_dtypes(fn: Dispatcher, arg_dtypes: Sequence[np.dtype], count: int, wh
 
 
 def _infer_result_dtypes(fn: Dispatcher, arg_dtypes: tuple, count: int, what: str) -> tuple:
+    unsupported = [str(d) for d in arg_dtypes if np.dtype(d).kind not in "biuf" or np.dtype(d).itemsize > 8
+                   or np.dtype(d) == np.float16]
+    if unsupported:
+        raise TypeError(f"{what}: the kernels take boolean, integer, float32 and float64 values, got "
+                        f"{', '.join(dict.fromkeys(unsupported))}")
     argtys = tuple(numba.from_dtype(np.dtype(d)) for d in arg_dtypes)
     try:
         fn.compile(argtys)
@@ -103,7 +115,7 @@ def _infer_result_dtypes(fn: Dispatcher, arg_dtypes: tuple, count: int, what: st
     ret = fn.overloads[argtys].signature.return_type
     items = list(ret.types) if isinstance(ret, types.BaseTuple) else [ret]
     if len(items) != count:
-        raise ValueError(f"{what} must return {count} value(s) (k = {count}), "
+        raise ValueError(f"{what} must return {count} value(s), "
                          f"got {len(items)} for arguments {[str(t) for t in argtys]}: {ret}")
     try:
         return tuple(np.dtype(as_dtype(t)) for t in items)
@@ -112,8 +124,15 @@ def _infer_result_dtypes(fn: Dispatcher, arg_dtypes: tuple, count: int, what: st
 
 
 def check_combine(combine: Dispatcher, dtypes: Sequence[np.dtype]) -> None:
-    """The combine of k leaves takes 2k scalars and returns k."""
-    result_dtypes(combine, list(dtypes) * 2, len(dtypes), "combine")
+    """The combine of k leaves takes 2k scalars and returns k, each of a kind its leaf holds: partial
+    results are stored in the leaves' dtypes, so a combine whose float result an integer leaf truncates
+    would give answers that depend on the chunks (a narrower type of the same kind, as Numba's int64 sum of
+    int32 values, is cast back)."""
+    found = result_dtypes(combine, list(dtypes) * 2, len(dtypes), "combine")
+    for j, (got, leaf) in enumerate(zip(found, dtypes, strict=True)):
+        if not np.can_cast(got, leaf, casting="same_kind"):
+            raise TypeError(f"combine returns {got} for leaf {j}, whose elements are {np.dtype(leaf)}: the partial "
+                            f"results could not be stored (make the leaf {got}, or return {np.dtype(leaf)})")
 
 
 def cast_identity(identity: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple:
@@ -125,6 +144,8 @@ def cast_identity(identity: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple:
         if type(value) is dtype.type:  # already a scalar of the element dtype (the backend's case): nothing to cast
             out.append(value)
             continue
+        if np.asarray(value).dtype.kind not in "biuf":
+            raise ValueError(f"identity[{j}] = {value!r} is not a real or boolean scalar")
         with np.errstate(all="ignore"):
             cast = np.asarray(value).astype(dtype)[()] if np.ndim(value) == 0 else None
         if cast is None or not _same_value(cast, value):

@@ -172,6 +172,8 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     """
     host.check_function(mapper, "mapper")
     m, k = host.check_count(m, "m"), host.check_count(k, "k")
+    if isinstance(inputs, np.ndarray) or len(inputs) != m:
+        host.check_arrays(inputs, m, 1, "inputs")  # names the count it expected
     first = inputs[0] if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], np.ndarray) else None
     ndim = 2 if first is not None and first.ndim == 2 else 1
     tables = _gathered_rows(rows, inputs, m)

@@ -172,6 +172,7 @@ def _checked_operands(mapper: Any, x: np.ndarray, b: np.ndarray, kinds: Sequence
     kinds = tuple(kinds)
     if kinds.count("product") != 1 or any(kind not in KINDS for kind in kinds):
         raise ValueError(f"kinds must name exactly one 'product' and otherwise {KINDS[1:]}, got {kinds}")
+    host.result_dtypes(mapper, [np.float64] * len(kinds), 1, f"mapper (of {len(kinds)} arguments, kinds {kinds})")
     for what, a in (("x", x), ("b", b)):
         if not isinstance(a, np.ndarray) or a.ndim != 2 or a.dtype != np.float64:
             raise ValueError(f"{what} must be a 2-D float64 array, got {getattr(a, 'dtype', type(a).__name__)} "
@@ -232,6 +233,8 @@ def product_first_extreme(mapper: Any, extreme: str, x: np.ndarray, b: np.ndarra
     if extreme not in _BETTER:
         raise ValueError(f"extreme must be one of {sorted(_BETTER)}, got {extreme!r}")
     kinds, operands = _checked_operands(mapper, x, b, kinds, operands)
+    if not isinstance(fill, (int, np.integer)) or isinstance(fill, bool):
+        raise TypeError(f"fill must be an integer (the index given to a row holding NaN), got {fill!r}")
     rows, m = x.shape[0], b.shape[0]
     if m == 0:
         raise ValueError("product_first_extreme needs b to have at least one row (a column to find), got 0")

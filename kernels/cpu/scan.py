@@ -177,6 +177,8 @@ def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
     if step is not None:
         host.result_dtypes(step, dtypes * 2, len(live), "step")
     out_dtypes = None
+    if post is None and r is not None:
+        raise ValueError(f"r is the number of post's results; got r={r!r} without a post")
     if post is not None:
         r = host.check_count(r, "r")
         out_dtypes = host.result_dtypes(post, list(dtypes) + in_dtypes, r, "post")
@@ -216,7 +218,7 @@ def _run(combine: Any, k: int, identity: Sequence[Any], inputs: list[np.ndarray]
     ident = host.cast_identity(identity, dtypes)
     host.check_combine(combine, dtypes)
     n = inputs[0].shape[0]
-    outs = host.outputs(out, out_dtypes or dtypes, n, "out")
+    outs = host.outputs(out, out_dtypes or dtypes, n, "out", reads=inputs)
     if n == 0:
         return outs
     T = host.num_chunks(n, chunks)

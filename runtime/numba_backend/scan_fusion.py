@@ -256,7 +256,8 @@ def _fused(prim: FusedMapScan, args: list, depth: int):
     out, results = _allocate(n, out_avals)
     live = None if prim.live is None else _components(prim.live, shapes)
     done = run_kernel(prim, "map_scan", functions["mapper"], len(columns), functions["combine"], len(ident), ident,
-                      columns, scan.prim.exclusive, scan.prim.reverse, post=functions["post"], r=len(out),
+                      columns, scan.prim.exclusive, scan.prim.reverse, post=functions["post"],
+                      r=None if finish is None else len(out),
                       step=functions["step"], live=live, out=out)
     if done is None:
         return None
