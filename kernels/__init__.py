@@ -9,11 +9,13 @@ The contract (the same for every template):
   stride (the columns of an (n, k) array are read in place), or 2-D (rows, n), all of one shape: any
   strides for map and for the segmented reduce's mapper inputs (broadcast views are read as they are),
   C-contiguous for the segmented reduce's leaves. Drivers that return arrays fill the caller's `out`
-  arrays (any stride) when given, so results can land in the columns of one wider array. A 2-D map's
+  arrays (any stride) when given, so results can land in the columns of one wider array; a scan's (scan,
+  map_scan, scan_pair_map) must share no memory with its inputs, which it reads again after writing. A 2-D map's
   input may instead be a table read through per-row indices (`rows=`): row i is the table's row g[i].
 - A *combine* is a numba.njit function of 2k scalars, combine(a_0, ..., a_{k-1}, b_0, ..., b_{k-1}),
-  returning a k-tuple (a scalar or a 1-tuple when k == 1). It must be associative; it need not be
-  commutative: every kernel keeps its operands in order, a before b.
+  returning a k-tuple (a scalar or a 1-tuple when k == 1) of the leaves' kinds (partial results are stored
+  in the leaves' dtypes: a float result for an integer leaf is refused). It must be associative; it need
+  not be commutative: every kernel keeps its operands in order, a before b.
 - A *mapper* is a numba.njit function of m scalars returning a k-tuple (a scalar or 1-tuple when k == 1);
   map and scan_pair_map pass it scalar `consts` first. map_scan also takes a *post* function of the scan's
   k scalars at i and the m inputs at i (its results are written instead of the scan) and a *step*, a
