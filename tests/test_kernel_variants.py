@@ -66,7 +66,7 @@ def test_compile_kernel_keeps_each_variants_options(disk_cache) -> None:
 
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_a_parallel_kernels_helpers_compile_once_and_serially(tmp_path, monkeypatch, on_disk) -> None:
-    """scan_pair_map's block loops call block_totals and block_scans, product_fold's calls row_block: the
+    """scan_pair_map's block loops call block_totals and block_scans, product_fold's calls row_blocks: the
     prange bodies are small (Numba's parfor passes copy what they are given). Called with the serial
     typing's argument types, each helper has one compilation (the prange index alone would add a uint64
     one), and none is parallel."""
@@ -86,7 +86,7 @@ def test_a_parallel_kernels_helpers_compile_once_and_serially(tmp_path, monkeypa
                               [(points * points).sum(1), (centres * centres).sum(1)], parallel=True)
     np.testing.assert_allclose(nearest, (((points[:, None, :] - centres[None]) ** 2).sum(2)).min(1), rtol=1e-9, atol=1e-12)
     tiles = product_fold.product_fold_kernel(distance, minimum, ("product", "row", "column"), True)
-    for kernel, helpers in ((pair, ("block_totals", "block_scans")), (tiles, ("row_block",))):
+    for kernel, helpers in ((pair, ("block_totals", "block_scans")), (tiles, ("row_blocks",))):
         assert kernel.targetoptions["parallel"] is True
         assert modules.is_content_addressed(kernel) is on_disk
         for name in helpers:

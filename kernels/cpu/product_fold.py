@@ -14,8 +14,10 @@ element of x broadcast once for COLUMNS columns, one FMA per lane and term), the
 and `.`'s F64x4 forms (kernels.cpu.simd.vector_form) while still in registers. Lane l of a row's
 accumulator folds the columns j = l (mod 4); the four lanes, then the last m mod COLUMNS columns (with the
 scalar f and `.`, their products summed in order without FMA) are combined at the end: an order other than
-the columns', hence the commutative operator. Row blocks run in parallel (prange); a last partial block
-computes its missing rows as copies of the last row and does not store them.
+the columns', hence the commutative operator. Row blocks run in parallel: T contiguous runs of them, one
+per prange iteration, each a call of `row_blocks` (compiled serially: the parfor passes then see a small
+body, see kernels.cpu.codegen.compile_kernel). A last partial block computes its missing rows as copies of
+the last row and does not store them.
 
 product_first_extreme runs the same tiles for a min or max gradient's question: the extreme of the mapped
 row and the first column holding it. Each lane keeps its best value and that value's column (as a float64),
@@ -136,8 +138,10 @@ def _source(kinds: tuple[str, ...], extreme: str | None) -> str:
     params = f"x, bt, {operands + ', ' if operands else ''}identity, {results}"
     return f"""{simd_import(*helpers)}
 
-def row_block(i0, rows, K, m, tiled, {params}):
-{indent(block, 4)}
+def row_blocks(first, last, rows, K, m, tiled, {params}):
+    for block in range(first, last):
+        i0 = block * {ROWS}
+{indent(block, 8)}
 
 
 def kernel(T, {params}):
@@ -146,11 +150,10 @@ def kernel(T, {params}):
     tiled = m - m % {COLUMNS}
     blocks = (rows + {ROWS - 1}) // {ROWS}
     if T == 1:
-        for block in range(blocks):
-            row_block(np.int64(block) * {ROWS}, rows, K, m, tiled, {params})
+        row_blocks(np.int64(0), blocks, rows, K, m, tiled, {params})
     else:
-        for block in prange(blocks):
-            row_block(np.int64(block) * {ROWS}, rows, K, m, tiled, {params})
+        for t in prange(T):
+            row_blocks(np.int64(t) * blocks // T, (np.int64(t) + 1) * blocks // T, rows, K, m, tiled, {params})
 """
 
 
@@ -160,7 +163,7 @@ def product_fold_kernel(mapper: Any, combine: Any, kinds: tuple[str, ...], paral
     an `extreme`, kernel(T, x, bt, operands.., identity, offsets, fill, out, index) (combine unused)."""
     forms = {"mapper_f64x4": simd.vector_form(mapper), "combine_f64x4": simd.vector_form(combine)}
     return compile_kernel(("product_fold", mapper, combine, kinds, parallel, extreme), lambda: _source(kinds, extreme),
-                          {"mapper": mapper, "combine": combine, **forms}, parallel=parallel, helpers=("row_block",))
+                          {"mapper": mapper, "combine": combine, **forms}, parallel=parallel, helpers=("row_blocks",))
 
 
 def _checked_operands(mapper: Any, x: np.ndarray, b: np.ndarray, kinds: Sequence[str],
