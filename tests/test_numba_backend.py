@@ -1196,6 +1196,64 @@ def test_transcendental_maps_run_four_elements_per_vector_call(op, kernel_calls)
         assert_same(*both(rows, r, s), rtol=1e-12, scaled=True)
 
 
+def test_scalar_helpers_keep_numpys_answers_at_the_edges(kernel_calls):
+    """Cases a fuzzing review found compiled differently from NumPy: logaddexp of two equal infinities (inf
+    - inf made NaN, in the scalar helper and in the lane form), a float % whose quotient is large (a - (a //
+    b) * b lost the remainder; NumPy's comes from fmod), x % inf, integer x % 0 and INT64_MIN % -1 (NumPy:
+    0), and an integer ** a negative integer (NumPy refuses: the compiled ** gave 0, so such a body is not
+    compiled). Each in a map body compiled at any size, and in a fused run or kernel from COMPILE_FROM."""
+    n = COMPILE_FROM + 3
+    x, y = np.full(n, np.inf), np.full(n, np.inf)
+    x[:4], y[:4] = [-np.inf, np.inf, 0.0, np.nan], [-np.inf, -np.inf, np.inf, np.inf]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for f in (lambda x, y: fold.map(lambda a, b: fold.logaddexp(a, b), x, y),  # lane form
+                  lambda x, y: fold.logaddexp(x, y) + 1.0,  # fused elementwise run
+                  lambda x, y: fold.map(lambda a, b: fold.logaddexp(a * 1.0, b) * 2.0, x, y)):
+            want, got = both(f, x, y)
+            np.testing.assert_array_equal(got, want)
+            assert got[0] == -np.inf and np.isnan(got[3]) and np.all(got[4:] == np.inf)
+        want, got = both(lambda x: fold.scan(fold.monoids.logaddexp, x), np.array([0.0, np.inf, 1.0, np.inf, 2.0]))
+        np.testing.assert_array_equal(got, want)
+        assert kernel_calls.get("scan") == 1
+        a = np.array([1e12, 1e17, 3.0, -3.0, 7.5, 0.0, -7.0, 5.0])
+        b = np.array([2 * np.pi, 3.0, np.inf, np.inf, -2.0, -1.0, 3.0, 0.0])
+        with np.errstate(invalid="ignore"):
+            expected = np.remainder(a, b)
+        for f in (lambda a, b: fold.map(lambda u, v: u % v, a, b), lambda a, b: a % b * 1.0):
+            got = fold.jit(f, backend="numba")(np.tile(a, n // 8 + 1), np.tile(b, n // 8 + 1))[:8]
+            np.testing.assert_array_equal(got, expected)
+            assert np.signbit(got[5])  # 0 % -1.0 is -0.0, with the divisor's sign
+        i, j = np.array([17, np.iinfo(np.int64).min, -7, 7]), np.array([0, -1, 3, -3])
+        for f in (lambda i, j: fold.map(lambda u, v: u % v, i, j), lambda i, j: i % j + 0):
+            got = fold.jit(f, backend="numba")(np.tile(i, n // 4 + 1), np.tile(j, n // 4 + 1))[:4]
+            np.testing.assert_array_equal(got, [0, 0, 2, -2])
+    power = lambda i, j: fold.map(lambda u, v: u ** v, i, j)  # noqa: E731
+    for backend in ("numpy", "numba"):
+        with pytest.raises(fold.FoldRuntimeError, match="Integers to negative integer powers are not allowed"):
+            fold.jit(power, backend=backend)(np.array([2, 3]), np.array([-1, 2]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        squares = fold.jit(lambda i: fold.map(lambda u: u ** 2, i), backend="numba")(np.arange(n))
+    np.testing.assert_array_equal(squares, np.arange(n) ** 2)
+
+
+def test_zero_width_rows_run_without_a_warning():
+    """Rows of no elements give a map nothing to compile: it runs as on numpy, silently (it once declined
+    with a warning: a kernel of m = 0 inputs, a scan unrolled over 0 elements)."""
+    X = np.zeros((COMPILE_FROM + 1, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for f in (lambda X: fold.map(lambda r: fold.reduce(fold.monoids.max, r * 2.0), X),
+                  lambda X: fold.map(lambda r: fold.scan(lambda a, b: a * b + b, r, identity=0.0), X),
+                  lambda X: fold.map(lambda r: (r * 2.0, fold.sum(r) + 1.0), X)):
+            assert_same(*both(f, X))
+    P, C = np.zeros((5, 0)), np.zeros((3, 0))  # the inner dimension 0 in a map body's product
+    want, got = both(lambda P, C: fold.map(lambda p: fold.matmul(C, p), P), P, C)
+    np.testing.assert_array_equal(got, np.zeros((5, 3)))
+    np.testing.assert_array_equal(want, np.zeros((5, 3)))
+
+
 def test_lane_forms_only_where_a_vector_call_pays():
     """No lane form for a body without transcendentals, or for a body of so many scalars that a kernel's
     call of its lane form could not be inlined; a lane form that returns an input and a value made from a

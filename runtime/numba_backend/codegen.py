@@ -68,12 +68,26 @@ def _find_problem(program: Program) -> str | None:
     large = next((v.aval.shape for p in _programs(program) for v in _values(p) if components(v.aval) > MAX_COMPONENTS), None)
     if large is not None:
         return f"it holds a value of shape {large}, more than {MAX_COMPONENTS} scalars"
-    long_rows = max((stmt.args[-1].aval.shape[0] for p in _programs(program) for stmt in p.stmts
-                     if isinstance(stmt.prim, _COMBINATORS)), default=0)
+    power = next((stmt for p in _programs(program) for stmt in p.stmts if _integer_power_may_be_negative(stmt)), None)
+    if power is not None:
+        return "it raises integers to powers that may be negative (NumPy refuses them, a compiled ** would give 0)"
+    rows = [stmt.args[-1].aval.shape[0] for p in _programs(program) for stmt in p.stmts if isinstance(stmt.prim, _COMBINATORS)]
+    if 0 in rows:
+        return "it nests a combinator over 0 rows"
+    long_rows = max(rows, default=0)
     if long_rows > MAX_UNROLLED_ROWS:
         return f"it nests a combinator over {long_rows} rows (at most {MAX_UNROLLED_ROWS} are unrolled)"
     count = _statements(program)
     return None if count <= MAX_STATEMENTS else f"it unrolls to {count} scalar statements, more than {MAX_STATEMENTS}"
+
+
+def _integer_power_may_be_negative(stmt: Let) -> bool:
+    if not (isinstance(stmt.prim, Elementwise) and stmt.prim.op == "pow"):
+        return False
+    base, exponent = stmt.args
+    if not all(np.dtype(a.aval.dtype).kind in "iub" for a in (base, exponent)):
+        return False
+    return not (isinstance(exponent, Lit) and bool(np.all(np.asarray(exponent.value) >= 0)))
 
 
 def _programs(program: Program) -> list[Program]:
@@ -188,7 +202,8 @@ def _logaddexp_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
     return ([f"{h} = np.float64({al}) if {al} >= {bl} else np.float64({bl})" for h, al, bl in zip(hi, a, b)]
             + [f"{dl} = -abs(np.float64({al}) - np.float64({bl}))" for dl, al, bl in zip(d, a, b)]
             + [_vector_call("vexp", e, d), _vector_call("vlog1p", g, e)]
-            + [f"{t} = {h} if {h} == -math.inf else {h} + {gl}" for t, h, gl in zip(targets, hi, g)])
+            + [f"{t} = np.float64({al}) + {scalar_helpers.LOG2!r} if {al} == {bl} else ({h} if {h} == -math.inf else {h} + {gl})"
+               for t, h, gl, al, bl in zip(targets, hi, g, a, b)])
 
 
 _LANE_RULES = {

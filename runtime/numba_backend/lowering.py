@@ -355,12 +355,14 @@ def _map(prim: Map, args: list, depth: int):
         return None
     if not is_scalar_program(prim.body) and not worth_compiling(xs[0].shape[0]):
         return None
+    scalars = [v for c in consts for v in np.asarray(c).reshape(-1)]
+    inputs = _split(xs, shapes, 1)
+    columns, leaves = _allocate(xs[0].shape[0], list(prim.body.out_avals))
+    if not inputs or not columns:  # elements or results of no scalars (zero-width rows): nothing to compile
+        return None
     try:
         mapper = compile_scalar_program(prim.body)
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its body does not compile: {type(err).__name__}")
-    scalars = [v for c in consts for v in np.asarray(c).reshape(-1)]
-    inputs = _split(xs, shapes, 1)
-    columns, leaves = _allocate(xs[0].shape[0], list(prim.body.out_avals))
     done = run_kernel(prim, "map", mapper, len(inputs), len(columns), inputs, consts=scalars, out=columns)
     return None if done is None else leaves()

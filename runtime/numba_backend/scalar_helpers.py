@@ -4,6 +4,11 @@ which the generated scalar programs call where Python's own operators and math f
 import math
 
 import numba
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+LOG2 = math.log(2.0)
 
 HELPERS = ("_maximum", "_minimum", "_logaddexp", "_sigmoid", "_log", "_log1p", "_sqrt", "_sign", "_mod")
 
@@ -20,6 +25,8 @@ def _minimum(a, b):
 
 @numba.njit(inline="always")
 def _logaddexp(a, b):
+    if a == b:  # NumPy's case too: equal infinities give themselves (inf - inf would be NaN below)
+        return a + LOG2
     hi = a if a >= b else b
     if hi == -math.inf:
         return hi
@@ -58,7 +65,29 @@ def _sign(x):
     return (x > 0) - (x < 0) if x == x else x
 
 
-@numba.njit(inline="always")
 def _mod(a, b):
-    return a - (a // b) * b
+    """NumPy's remainder, with the sign of b: for floats from fmod (exact, however large a / b; x % inf is x
+    for x >= 0), for integers 0 where b is 0 or -1 (as NumPy, which also warns; a // b overflows at -1)."""
+    return np.remainder(a, b)
+
+
+@overload(_mod, inline="always")
+def _mod_typed(a, b):
+    if isinstance(a, types.Integer) and isinstance(b, types.Integer):
+        def integer_remainder(a, b):
+            if b == 0 or b == -1:
+                return a * 0
+            return a % b
+        return integer_remainder
+
+    def float_remainder(a, b):
+        mod = np.fmod(a, b)
+        if b == 0:
+            return mod
+        if mod == 0:
+            return math.copysign(0.0, b)
+        if (b < 0) != (mod < 0):
+            return mod + b
+        return mod
+    return float_remainder
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fold.errors import FoldIndexError
@@ -103,19 +105,24 @@ def _matmul(prim: MatMul, args: list, depth: int) -> list:
     if depth and all(s == 1 for s in b.shape[:depth]) and b.ndim - depth == 2:
         # the common case in a map body: rows @ a shared matrix, one BLAS call for all rows
         k, n = b.shape[-2:]
-        out = a.reshape(-1, k) @ b.reshape(k, n)
+        out = a.reshape(_rows(a.shape[:-1]), k) @ b.reshape(k, n)
         return [out.reshape(a.shape[:-1] + (n,))]
     if depth and all(s == 1 for s in a.shape[:depth]) and a.ndim - depth == 2:
         # a shared matrix @ each row's vector or matrix (centroids @ point): one BLAS call, not one per row
         shared = a.reshape(a.shape[depth:])
         m, k = shared.shape
         if b.ndim - depth == 1:
-            out = b.reshape(-1, k) @ shared.T
+            out = b.reshape(_rows(b.shape[:-1]), k) @ shared.T
             return [out.reshape(b.shape[:depth] + (m,))]
         p = b.shape[-1]  # (A @ B_r)^T = B_r^T @ A^T: all rows' B_r^T stacked, times A^T, in one product
-        out = np.swapaxes(b, -1, -2).reshape(-1, k) @ shared.T
+        out = np.swapaxes(b, -1, -2).reshape(_rows(b.shape[:-2]) * p, k) @ shared.T
         return [np.swapaxes(out.reshape(b.shape[:depth] + (p, m)), -1, -2)]
     return [np.matmul(a, b)]
+
+
+def _rows(shape: tuple) -> int:
+    """The rows a stack of this leading shape has (reshape(-1, k) cannot tell them when k is 0)."""
+    return math.prod(shape)
 
 
 @numpy_impls.register(SumAxes)
