@@ -1200,8 +1200,9 @@ def test_scalar_helpers_keep_numpys_answers_at_the_edges(kernel_calls):
     """Cases a fuzzing review found compiled differently from NumPy: logaddexp of two equal infinities (inf
     - inf made NaN, in the scalar helper and in the lane form), a float % whose quotient is large (a - (a //
     b) * b lost the remainder; NumPy's comes from fmod), x % inf, integer x % 0 and INT64_MIN % -1 (NumPy:
-    0), and an integer ** a negative integer (NumPy refuses: the compiled ** gave 0, so such a body is not
-    compiled). Each in a map body compiled at any size, and in a fused run or kernel from COMPILE_FROM."""
+    0), INT64_MIN // -1 (NumPy wraps to INT64_MIN, a compiled // gave 0), and an integer ** a negative
+    integer (NumPy refuses: the compiled ** gave 0, so such a body is not compiled). Each in a map body
+    compiled at any size, and in a fused run or kernel from COMPILE_FROM."""
     n = COMPILE_FROM + 3
     x, y = np.full(n, np.inf), np.full(n, np.inf)
     x[:4], y[:4] = [-np.inf, np.inf, 0.0, np.nan], [-np.inf, -np.inf, np.inf, np.inf]
@@ -1228,6 +1229,9 @@ def test_scalar_helpers_keep_numpys_answers_at_the_edges(kernel_calls):
         for f in (lambda i, j: fold.map(lambda u, v: u % v, i, j), lambda i, j: i % j + 0):
             got = fold.jit(f, backend="numba")(np.tile(i, n // 4 + 1), np.tile(j, n // 4 + 1))[:4]
             np.testing.assert_array_equal(got, [0, 0, 2, -2])
+        for f in (lambda i, j: fold.map(lambda u, v: u // v, i, j), lambda i, j: i // j + 0):
+            got = fold.jit(f, backend="numba")(np.tile(i, n // 4 + 1), np.tile(j, n // 4 + 1))[:4]
+            np.testing.assert_array_equal(got, [0, np.iinfo(np.int64).min, -3, -3])  # NumPy: the minimum wraps
     power = lambda i, j: fold.map(lambda u, v: u ** v, i, j)  # noqa: E731
     for backend in ("numpy", "numba"):
         with pytest.raises(fold.FoldRuntimeError, match="Integers to negative integer powers are not allowed"):

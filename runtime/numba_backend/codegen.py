@@ -32,7 +32,7 @@ from . import scalar_helpers
 
 _TEMPLATES = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
-    "mod": "_mod({0}, {1})", "floordiv": "({0} // {1})", "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})",
+    "mod": "_mod({0}, {1})", "floordiv": "_floordiv({0}, {1})", "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})",
     "logaddexp": "_logaddexp({0}, {1})", "neg": "(-{0})", "abs": "abs({0})", "sign": "_sign({0})",
     "exp": "math.exp({0})", "log": "_log({0})", "log1p": "_log1p({0})", "expm1": "math.expm1({0})",
     "sin": "math.sin({0})", "cos": "math.cos({0})", "tanh": "math.tanh({0})", "sqrt": "_sqrt({0})",

@@ -10,7 +10,7 @@ from numba.extending import overload
 
 LOG2 = math.log(2.0)
 
-HELPERS = ("_maximum", "_minimum", "_logaddexp", "_sigmoid", "_log", "_log1p", "_sqrt", "_sign", "_mod")
+HELPERS = ("_maximum", "_minimum", "_logaddexp", "_sigmoid", "_log", "_log1p", "_sqrt", "_sign", "_mod", "_floordiv")
 
 
 @numba.njit(inline="always")
@@ -91,3 +91,24 @@ def _mod_typed(a, b):
         return mod
     return float_remainder
 
+
+
+def _floordiv(a, b):
+    """NumPy's floor division: for integers, the minimum integer divided by -1 wraps to itself (as NumPy,
+    which also warns), where a compiled // gives 0; otherwise Python's // (x // 0 is 0 under Numba's NumPy
+    error model, as in NumPy)."""
+    return np.floor_divide(a, b)
+
+
+@overload(_floordiv, inline="always")
+def _floordiv_typed(a, b):
+    if isinstance(a, types.Integer) and isinstance(b, types.Integer):
+        def integer_quotient(a, b):
+            if b == -1:
+                return -a
+            return a // b
+        return integer_quotient
+
+    def quotient(a, b):
+        return a // b
+    return quotient
