@@ -10,7 +10,8 @@ The contract (the same for every template):
   strides for map and for the segmented reduce's mapper inputs (broadcast views are read as they are),
   C-contiguous for the segmented reduce's leaves. Drivers that return arrays fill the caller's `out`
   arrays (any stride) when given, so results can land in the columns of one wider array; a scan's (scan,
-  map_scan, scan_pair_map) must share no memory with its inputs, which it reads again after writing. A 2-D map's
+  map_scan, scan_pair_map) must share no memory with its inputs, which it reads again after writing, nor a
+  map's with a table it gathers rows from. A 2-D map's
   input may instead be a table read through per-row indices (`rows=`): row i is the table's row g[i].
 - A *combine* is a numba.njit function of 2k scalars, combine(a_0, ..., a_{k-1}, b_0, ..., b_{k-1}),
   returning a k-tuple (a scalar or a 1-tuple when k == 1) of the leaves' kinds (partial results are stored

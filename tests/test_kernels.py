@@ -856,6 +856,12 @@ def test_bad_values_the_drivers_once_took_are_refused_by_name():
         kc.scan_pair_map(add, 1, (0,), [x], add_sandwich, 1, [x.copy()], [np.int64(1)], out=[x])
     with pytest.raises(ValueError, match=r"out\[0\] shares memory with input 1"):
         kc.scan_pair_map(add, 1, (0,), [x.copy()], add_sandwich, 1, [x[::-1]], [np.int64(1)], out=[x[::-1]])
+    table, index = np.arange(12.0).reshape(4, 3), np.array([3, 0, 2, 1])
+    with pytest.raises(ValueError, match=r"out\[0\] shares memory with input 1"):  # a gathered table: any row
+        kc.map(add, 2, 1, [table.copy(), table], rows=[None, index], out=[table])
+    same = np.arange(12.0).reshape(4, 3)  # read and written at the same element: allowed
+    assert kc.map(add, 2, 1, [same, table], rows=[None, index], out=[same])[0] is same
+    np.testing.assert_array_equal(same, np.arange(12.0).reshape(4, 3) + table[index])
     evens, odds = np.arange(20, dtype=np.int64)[0::2], np.arange(20, dtype=np.int64)[1::2]
     assert kc.scan(add, 1, (0,), [evens], out=[odds])[0] is odds  # interleaved views share no element
     np.testing.assert_array_equal(odds, np.cumsum(np.arange(0, 20, 2)))

@@ -58,11 +58,12 @@ def check_arrays(arrays: Sequence[np.ndarray], count: int, ndim: int, what: str,
 
 
 def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int | tuple[int, ...], what: str,
-            reads: Sequence[np.ndarray] = ()) -> tuple:
+            reads: Sequence[np.ndarray] | dict[int, np.ndarray] = ()) -> tuple:
     """The arrays a kernel fills: new ones of length (or shape) n, or the caller's `out` (any stride: a
     column of a wider array is filled in place), checked against the results' count, shape and dtypes, and
     sharing no memory with `reads`: the arrays a kernel reads at other indices than it writes (a scan reads
-    its chunks again after writing them)."""
+    its chunks again after writing them; a gathered table is read at any row), as a sequence or by input
+    position."""
     shape = (n,) if isinstance(n, (int, np.integer)) else tuple(n)
     if out is None:
         return tuple(np.empty(shape, d) for d in dtypes)
@@ -72,7 +73,7 @@ def outputs(out: Sequence[np.ndarray] | None, dtypes: Sequence[np.dtype], n: int
         if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != d or not a.flags.writeable:
             got = f"shape {a.shape}, dtype {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
             raise ValueError(f"{what}[{j}] must be a writeable array of shape {shape} and dtype {d}, got {got}")
-        for i, x in enumerate(reads):
+        for i, x in (reads.items() if isinstance(reads, dict) else enumerate(reads)):
             if np.shares_memory(a, x):
                 raise ValueError(f"{what}[{j}] shares memory with input {i}, which the kernel reads after "
                                  f"writing {what}: pass a separate output array")

@@ -165,7 +165,7 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     (all 1-D, or all 2-D with any strides), the scalars `consts` first in every call.
 
     Returns a tuple of k arrays of that shape whose dtypes are the mapper's result types for the arguments'
-    dtypes: new ones, or `out` filled.
+    dtypes: new ones, or `out` filled (which may be an input read at the same element, not a gathered table).
     `parallel` overrides the automatic choice (parallel from 2 * MIN_CHUNK elements with two threads).
     `rows` (2-D maps): per input, None or a 1-D integer array g; then inputs[j] is a table whose row g[i] is
     the input's row i (inputs[j][g] is never made: a gradient's nearest centroid per point is read in place).
@@ -184,7 +184,7 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     consts = host.check_scalars(consts, "consts")
     dtypes = host.result_dtypes(mapper, [np.asarray(c).dtype for c in consts] + [a.dtype for a in logical], k, "mapper")
     shape = logical[0].shape
-    outs = host.outputs(out, dtypes, shape, "out")
+    outs = host.outputs(out, dtypes, shape, "out", reads={j: inputs[j] for j in tables})
     size = math.prod(shape)
     if size > 0:
         T = host.num_chunks(size, None) if parallel is None else 1 + bool(parallel)
