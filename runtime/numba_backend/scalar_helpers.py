@@ -92,7 +92,6 @@ def _mod_typed(a, b):
     return float_remainder
 
 
-
 def _floordiv(a, b):
     """NumPy's floor division: for integers, the minimum integer divided by -1 wraps to itself (as NumPy,
     which also warns), where a compiled // gives 0; otherwise Python's // (x // 0 is 0 under Numba's NumPy
