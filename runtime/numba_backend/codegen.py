@@ -68,8 +68,7 @@ def _find_problem(program: Program) -> str | None:
     large = next((v.aval.shape for p in _programs(program) for v in _values(p) if components(v.aval) > MAX_COMPONENTS), None)
     if large is not None:
         return f"it holds a value of shape {large}, more than {MAX_COMPONENTS} scalars"
-    power = next((stmt for p in _programs(program) for stmt in p.stmts if _integer_power_may_be_negative(stmt)), None)
-    if power is not None:
+    if any(_integer_power_may_be_negative(stmt) for p in _programs(program) for stmt in p.stmts):
         return "it raises integers to powers that may be negative (NumPy refuses them, a compiled ** would give 0)"
     rows = [stmt.args[-1].aval.shape[0] for p in _programs(program) for stmt in p.stmts if isinstance(stmt.prim, _COMBINATORS)]
     if 0 in rows:
