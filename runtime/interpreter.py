@@ -38,13 +38,6 @@ def lowering(table: RuleTable):
         _overrides.stack = stack
 
 
-def _override(prim):
-    for table in reversed(getattr(_overrides, "stack", ())):
-        rule = table.get(prim)
-        if rule is not None:
-            return rule
-    return None
-
 def last_use(program: Program) -> dict[Var, int]:
     """The index of the last statement that reads each variable."""
     last: dict[Var, int] = {}
@@ -57,34 +50,75 @@ def last_use(program: Program) -> dict[Var, int]:
 
 @dataclass(frozen=True)
 class _Step:
-    """One statement as eval_program runs it, worked out once per program: the arguments (all variables, or
-    not), the result avals, and the variables whose last use it is (their arrays are freed after it)."""
+    """One statement as eval_program runs it, resolved once per (program, depth, backend tables): its rule
+    (the first table's that has one, else None) and the numpy implementation (None where there is none: the
+    lookup then raises, naming the primitive, when the statement runs), its arguments and results as slots
+    of the environment list, the result dtypes, and the slots whose last use it is (freed after it)."""
 
     prim: object
-    args: tuple
-    all_vars: bool
-    outs: tuple
-    out_avals: tuple
-    dead: tuple
+    rule: object
+    impl: object
+    args: tuple[int, ...]
+    outs: tuple[int, ...]
+    dtypes: tuple
+    dead: tuple[int, ...]
 
 
-_plans: "weakref.WeakKeyDictionary[Program, tuple[_Step, ...]]" = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class _Plan:
+    """A program laid out for running: every variable and literal an index into one list (literals already
+    reshaped for the depth, in `template`), so a call copies the template, runs the steps, reads outputs."""
+
+    template: list
+    inputs: tuple[int, ...]
+    steps: tuple[_Step, ...]
+    outputs: tuple[int, ...]
 
 
-def _plan(program: Program) -> tuple[_Step, ...]:
-    found = _plans.get(program)
+_plans: "weakref.WeakKeyDictionary[Program, dict[tuple, _Plan]]" = weakref.WeakKeyDictionary()
+
+
+def _plan(program: Program, depth: int, tables: tuple) -> _Plan:
+    per_program = _plans.get(program)
+    if per_program is None:
+        per_program = _plans[program] = {}
+    found = per_program.get((depth, tables))
     if found is None:
-        last = last_use(program)
-        keep = {a for a in program.outputs if isinstance(a, Var)}
-        dead: list[list[Var]] = [[] for _ in program.stmts]
-        for var, i in last.items():
-            if var not in keep:
-                dead[i].append(var)
-        found = _plans[program] = tuple(
-            _Step(stmt.prim, tuple(stmt.args), all(isinstance(a, Var) for a in stmt.args), tuple(stmt.outs),
-                  tuple(v.aval for v in stmt.outs), tuple(d))
-            for stmt, d in zip(program.stmts, dead, strict=True))
+        found = per_program[(depth, tables)] = _make_plan(program, depth, tables)
     return found
+
+
+def _make_plan(program: Program, depth: int, tables: tuple) -> _Plan:
+    slots: dict[Var, int] = {}
+    template: list = []
+
+    def slot(atom: Atom) -> int:
+        if isinstance(atom, Lit):
+            template.append(read_atom({}, atom, depth))
+            return len(template) - 1
+        if atom not in slots:
+            slots[atom] = len(template)
+            template.append(None)
+        return slots[atom]
+
+    inputs = tuple(slot(v) for v in program.inputs)
+    keep = {a for a in program.outputs if isinstance(a, Var)}
+    last = last_use(program)
+    steps = []
+    for i, stmt in enumerate(program.stmts):
+        dead = tuple(slots[a] for a in dict.fromkeys(stmt.args) if isinstance(a, Var) and last[a] == i and a not in keep)
+        steps.append(_Step(stmt.prim, _first_rule(tables, stmt.prim), numpy_impls.get(stmt.prim),
+                           tuple(slot(a) for a in stmt.args), tuple(slot(v) for v in stmt.outs),
+                           tuple(v.aval.dtype for v in stmt.outs), dead))
+    return _Plan(template, inputs, tuple(steps), tuple(slot(a) for a in program.outputs))
+
+
+def _first_rule(tables: tuple, prim):
+    for table in reversed(tables):
+        rule = table.get(prim)
+        if rule is not None:
+            return rule
+    return None
 
 
 def read_atom(env: dict, atom: Atom, depth: int) -> np.ndarray:
@@ -94,18 +128,46 @@ def read_atom(env: dict, atom: Atom, depth: int) -> np.ndarray:
     return env[atom]
 
 
+_quiet = threading.local()  # set while eval_program runs: the bodies it evaluates need no np.errstate of their own
+
+
 def eval_program(program: Program, args: Sequence[np.ndarray], depth: int = 0) -> list[np.ndarray]:
     """Run `program` on `args` (each with `depth` leading batch dimensions) and return its outputs."""
-    env: dict = dict(zip(program.inputs, args, strict=True))
-    with np.errstate(all="ignore"):  # once per program, not per statement: it costs as much as a small one
-        for step in _plan(program):
-            values = [env[a] for a in step.args] if step.all_vars else [read_atom(env, a, depth) for a in step.args]
-            outs = _run(step.prim, values, depth, step.out_avals)
-            for var, value in zip(step.outs, outs, strict=True):
-                env[var] = value
-            for var in step.dead:
-                env.pop(var, None)
-    return [read_atom(env, a, depth) for a in program.outputs]
+    plan = _plan(program, depth, tuple(getattr(_overrides, "stack", ())))
+    env = plan.template.copy()
+    for i, value in zip(plan.inputs, args, strict=True):
+        env[i] = value
+    if getattr(_quiet, "on", False):
+        _run_steps(plan.steps, env, depth)
+    else:
+        _quiet.on = True
+        try:
+            with np.errstate(all="ignore"):  # once per call, not per statement: it costs as much as a small one
+                _run_steps(plan.steps, env, depth)
+        finally:
+            _quiet.on = False
+    return [env[i] for i in plan.outputs]
+
+
+def _run_steps(steps: tuple[_Step, ...], env: list, depth: int) -> None:
+    for step in steps:
+        outs = _run_step(step, [env[i] for i in step.args], depth)
+        for i, value in zip(step.outs, outs, strict=True):
+            env[i] = value
+        for i in step.dead:
+            env[i] = None
+
+
+def _run_step(step: _Step, values: list[np.ndarray], depth: int) -> list[np.ndarray]:
+    try:
+        outs = step.rule(step.prim, values, depth) if step.rule is not None else None
+        if outs is None:
+            outs = (step.impl or numpy_impls.lookup(step.prim))(step.prim, values, depth)
+    except FoldError:
+        raise
+    except Exception as err:  # a NumPy failure deep inside: name the statement instead of leaking a traceback
+        raise _runtime_error(step.prim, values, depth, err) from err
+    return [o if o.dtype == dtype else o.astype(dtype) for o, dtype in zip(outs, step.dtypes, strict=True)]
 
 
 def run_statement(prim, values: list[np.ndarray], depth: int, out_avals: list) -> list[np.ndarray]:
@@ -116,14 +178,11 @@ def run_statement(prim, values: list[np.ndarray], depth: int, out_avals: list) -
 
 def _run(prim, values: list[np.ndarray], depth: int, out_avals: Sequence) -> list[np.ndarray]:
     """run_statement for callers already inside np.errstate(all="ignore")."""
-    override = _override(prim)
-    try:
-        outs = override(prim, values, depth) if override is not None else None
-        if outs is None:
-            outs = numpy_impls.lookup(prim)(prim, values, depth)
-    except FoldError:
-        raise
-    except Exception as err:  # a NumPy failure deep inside: name the statement instead of leaking a traceback
-        shapes = ", ".join(f"{v.dtype.name}{list(v.shape[depth:])}" for v in values)
-        raise FoldRuntimeError(f"{prim.name} failed on arguments ({shapes}): {type(err).__name__}: {err}") from err
-    return [o if o.dtype == aval.dtype else o.astype(aval.dtype) for o, aval in zip(outs, out_avals, strict=True)]
+    tables = tuple(getattr(_overrides, "stack", ()))
+    step = _Step(prim, _first_rule(tables, prim), numpy_impls.get(prim), (), (), tuple(a.dtype for a in out_avals), ())
+    return _run_step(step, values, depth)
+
+
+def _runtime_error(prim, values: list[np.ndarray], depth: int, err: Exception) -> FoldRuntimeError:
+    shapes = ", ".join(f"{v.dtype.name}{list(v.shape[depth:])}" for v in values)
+    return FoldRuntimeError(f"{prim.name} failed on arguments ({shapes}): {type(err).__name__}: {err}")
