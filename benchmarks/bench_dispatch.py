@@ -13,7 +13,10 @@ programs on the same float64 inputs:
 - logsumexp, reduce(monoids.logaddexp, x), n = 1000;
 - the k-means cost of benchmarks/bench_numba.py, 256 points, d = 16, k = 64;
 - gemm_map_reduce attention (examples/gemm_layers.py), M = N = 32, F = D = 16, forward and forward+backward
-  (one gradient program returning the output and the cotangents, as in bench_numba).
+  (one gradient program returning the output and the cotangents, as in bench_numba);
+- the vjps of two user-operator folds of bench_numba at n = 1000: the pairwise (P, S) reduce (the generic
+  rule: both exclusive scans read by one map) and the scan of 2 x 2 matrices (the generic scan rule), where
+  each statement is a kernel, not a NumPy pass.
 
 Each round times a batch of calls of each function in turn (interleaved), and the median over the rounds of
 the time per call is reported, in microseconds. No targets: the ratios are for information. Writes
@@ -31,7 +34,7 @@ import numpy as np
 import fold
 from fold.pytree import tree_flatten
 
-from .bench_numba import jax_modules, kmeans_matmul
+from .bench_numba import jax_modules, jax_programs, kmeans_matmul, matmul2_scan, pairwise_reduce
 from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, plot_ratios, write_json
 
 CALLS_PER_BATCH = 20
@@ -60,6 +63,14 @@ def _cases(rng: np.random.Generator) -> list[dict[str, Any]]:
     def jit_all(f: Callable) -> dict[str, Callable]:
         return {b: fold.jit(f, backend=b) for b in BACKENDS}
 
+    def jax_vjp(name: str, ct: Any) -> Callable:
+        return lambda jnp, jax: lambda *xs: jax.vjp(jax_programs(name)[0], *xs)[1](ct)
+
+    p, s = rng.uniform(0.9, 1.1, 1000), rng.normal(size=1000)
+    matrices = (1.0 + 0.01 * rng.normal(size=1000), 0.01 * rng.normal(size=1000), 0.01 * rng.normal(size=1000),
+                1.0 + 0.01 * rng.normal(size=1000))
+    pair_ct, matrix_ct = (1.0, -2.0), tuple(rng.normal(size=1000) for _ in range(4))
+
     return [
         {"name": "sum of squares n=1000", "args": (x,), "fold": jit_all(sum_of_squares),
          "jax": lambda jnp, jax: lambda x: jnp.sum(x * x)},
@@ -77,6 +88,12 @@ def _cases(rng: np.random.Generator) -> list[dict[str, Any]]:
          "fold": jit_all(lambda *a: inline_program(attention_grad, list(a))),
          "jax": lambda jnp, jax: lambda q, k, v, g: jax.vjp(
              lambda q, k, v: jax.nn.softmax(q @ k.T / np.sqrt(16.0), axis=1) @ v, q, k, v)[1](g), "jax_skips": 1},
+        {"name": "pairwise reduce vjp n=1000", "args": (p, s),
+         "fold": jit_all(lambda p, s: fold.vjp(pairwise_reduce, (p, s), pair_ct)),
+         "jax": jax_vjp("pairwise_reduce", pair_ct)},
+        {"name": "2x2 matrix scan vjp n=1000", "args": matrices,
+         "fold": jit_all(lambda *m: fold.vjp(matmul2_scan, m, matrix_ct)),
+         "jax": jax_vjp("matmul2_scan", matrix_ct)},
     ]
 
 

@@ -28,7 +28,7 @@ from fold.tracing import trace_body
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_problem, compile_scalar_program
-from .lowering import _allocate, _identity, _split, components_of, decline, numba_impls, run_kernel, worth_compiling
+from .lowering import _allocate, _identity, _split, components_of, decline, numba_impls, run_kernel
 
 
 @dataclass(frozen=True, eq=False)
@@ -225,7 +225,7 @@ def _reference(prim: FusedMapScan, args: list, depth: int) -> list:
 def _fused(prim: FusedMapScan, args: list, depth: int):
     scan = prim.scan
     n = scan.args[-1].aval.shape[0]
-    if depth or not worth_compiling(n):
+    if depth:
         return None
     env = dict(zip(prim.region.inputs, args, strict=True))
 

@@ -19,7 +19,7 @@ from fold.primitives import Map, Scan
 
 from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, program_source
-from .lowering import _allocate, _identity, _scalar_operator, _split, decline, numba_impls, run_kernel, worth_compiling
+from .lowering import _allocate, _identity, _scalar_operator, _split, decline, numba_impls, run_kernel
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _canonical_body(map_prim: Map, roles: tuple, k: int) -> Program:
 @numba_impls.register(FusedScanPairMap)
 def _scan_pair_map(prim: FusedScanPairMap, args: list, depth: int):
     identity, xs, consts, others = _split_args(prim, args)
-    if depth or not worth_compiling(xs[0].shape[0]):
+    if depth:
         return None
     shapes = [v.aval.shape for v in prim.forward.body.inputs[: prim.forward.num_leaves]]
     ident = _identity(identity, shapes)
