@@ -609,6 +609,23 @@ def test_nested_map_returning_an_operand_is_unnested():
         assert a.shape == (6, 40)
 
 
+@pytest.mark.parametrize("shape", [(300, 300), (5, 0), (0, 40), (6, 40)])
+def test_nested_map_of_a_body_on_literals_keeps_its_shape(shape):
+    """An inner body statement that reads literals alone (tanh 0.5) computes one value, which the unnested
+    statements broadcast to the block: the numba backend once returned it 0-d for a (300, 300) map."""
+    def f(x):
+        return fold.map(lambda row: fold.map(lambda v: (fold.tanh(0.5), v * fold.tanh(0.25) + 1.0), row), x)
+
+    x = rng.normal(size=shape)
+    for a, b in zip(*both(f, x), strict=True):
+        assert a.shape == b.shape == shape
+        np.testing.assert_allclose(a, b, rtol=1e-15)
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(x)[0], np.full(shape, np.tanh(0.5)), rtol=1e-15)
+    deep = lambda x: fold.map(lambda r: fold.map(lambda e: fold.map(lambda q: fold.tanh(0.5), r), r), x)  # noqa: E731
+    small = x[:20, :30]
+    assert fold.jit(deep, backend="numba")(small).shape == small.shape + small.shape[1:]
+
+
 def test_gemm_pairs_backward_is_one_kernel_of_few_inputs():
     """Cross-entropy's backward block under the pairs rule: its fields and D pair by pair are one elementwise
     kernel, each view of the row and column data passed once, so that the kernel keeps its four-lane form

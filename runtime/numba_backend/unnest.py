@@ -96,7 +96,12 @@ def _unnest(stmt: Let) -> list[Let] | None:
     for s in inner.prim.body.stmts:
         outs = tuple(final.get(o) or Var(o.aval.update(shape=shape), o.hint) for o in s.outs)
         operand.update(zip(s.outs, outs, strict=True))
-        stmts.append(Let(outs, s.prim, tuple(a if isinstance(a, Lit) else operand[a] for a in s.args)))
+        if any(isinstance(a, Var) for a in s.args):
+            stmts.append(Let(outs, s.prim, tuple(a if isinstance(a, Lit) else operand[a] for a in s.args)))
+            continue
+        scalars = tuple(Var(o.aval, o.hint) for o in s.outs)  # literals alone (tanh 0.5): one value, broadcast
+        stmts.append(Let(scalars, s.prim, s.args))
+        stmts.extend(Let((o,), BroadcastTo(shape), (v,)) for o, v in zip(outs, scalars, strict=True))
     for param in (o for o in inner.prim.body.outputs if o in inner.prim.body.inputs):  # an operand returned as it is
         value = operand[param]
         stmts.append(Let((final[param],), BroadcastTo(shape), (value,)))
