@@ -38,9 +38,26 @@ class Var:
 
 @dataclass(frozen=True, eq=False)
 class Lit:
-    """A constant known at trace time (a Python scalar or a NumPy array closed over by the traced function)."""
+    """A constant known at trace time (a Python scalar or a NumPy array closed over by the traced function).
+
+    Its value is frozen: a read-only array of its own, copied from the caller's unless it already is one or
+    a view of one. A program sees the value its constants had when it was traced, whatever the caller
+    later writes into the array it closed over, and an output that is a constant (or a view of one) is
+    read-only, so `fold.jit` hands the caller a copy: writing to a result never changes a later call's.
+    """
 
     value: np.ndarray
+
+    def __post_init__(self) -> None:
+        given = self.value
+        value = np.asarray(given)
+        if not _frozen(value):
+            if value is given or value.base is not None:  # the caller's array, or a view of memory not ours
+                value = np.array(value, copy=True)
+            value.setflags(write=False)
+            object.__setattr__(self, "value", value)
+        elif value is not given:
+            object.__setattr__(self, "value", value)
 
     @property
     def aval(self) -> ShapedArray:
@@ -48,6 +65,14 @@ class Lit:
 
     def __repr__(self) -> str:
         return f"Lit({self.value!r})"
+
+
+def _frozen(value: np.ndarray) -> bool:
+    """Whether no one can write `value`'s memory: it, and the array that owns the memory, are read-only."""
+    root = value
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return not value.flags.writeable and root.base is None and not root.flags.writeable
 
 
 Atom = Union[Var, Lit]

@@ -414,3 +414,36 @@ def test_results_are_the_callers_own_arrays(f) -> None:
         assert not any(np.may_share_memory(out, other) for other in outs[:i])
         out[...] = -1.0
     np.testing.assert_array_equal(x, np.arange(6.0))
+
+
+CAPTURED = np.arange(3.0)
+
+
+@pytest.mark.parametrize("f,want", [
+    (lambda x: (x + 1.0, 2.0), [np.full(3, 2.0), 2.0]),
+    (lambda x: (x, CAPTURED + 1.0), [np.ones(3), np.arange(1.0, 4.0)]),  # worked out by NumPy while tracing
+    (lambda x: (x, CAPTURED), [np.ones(3), np.arange(3.0)]),
+    (lambda x: fold.map(lambda r: -1.0, fold.reshape(x, (1, 3))), [np.array([-1.0])]),  # one row: a view of the constant
+    (lambda x: fold.reduce(fold.monoids.sum, x[:0]), [0.0]),  # no elements: the identity
+], ids=["number", "numpy at trace time", "captured array", "map of a constant", "empty reduce"])
+def test_a_constant_result_is_the_callers_own_array(f, want) -> None:
+    """A result that is one of the program's constants (or a view of one) is copied out: writing to it
+    changes neither a later call's result nor the array the function closed over."""
+    g = fold.jit(f)
+    for _ in range(2):
+        outs, _ = fold.tree_flatten(g(np.ones(3)))
+        for out, expected in zip(outs, want, strict=True):
+            np.testing.assert_array_equal(out, expected)
+            out[...] = 99.0
+    np.testing.assert_array_equal(CAPTURED, np.arange(3.0))
+
+
+def test_a_captured_array_is_read_as_it_was_when_traced() -> None:
+    """As docs/language.md says: the program holds the constants' values of its trace (a frozen copy), not
+    the caller's array, which may change later."""
+    weights = np.ones(3)
+    g = fold.jit(lambda x: x * weights)
+    np.testing.assert_array_equal(g(np.arange(3.0)), np.arange(3.0))
+    weights[:] = 5.0
+    np.testing.assert_array_equal(g(np.arange(3.0)), np.arange(3.0))
+    assert weights.flags.writeable  # the caller's array is left as it was
