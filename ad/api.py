@@ -180,6 +180,7 @@ def _executor(program: Program) -> Callable:
     if runner is None:
         import fold  # the runtime is reached through fold's lazy attributes: ad never imports it
 
-        runner = fold.jit(lambda *args: inline_program(program, list(args)))
+        weak = weakref.ref(program)  # the runner must not hold its own key, or the entry lives forever
+        runner = fold.jit(lambda *args: inline_program(weak(), list(args)))
         _executors[program] = runner
     return runner

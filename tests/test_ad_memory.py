@@ -221,3 +221,31 @@ def test_gradients_with_and_without_checkpointing_agree(n: int) -> None:
     from fold.testing import check_grads
 
     check_grads(make(3), (x, w, b), order=2 if n <= 7 else 1)
+
+
+# ------------------------------------------------------------------------------------------ caches
+
+def test_programs_of_functions_gone_are_freed():
+    """Every cache of traced and transformed programs is keyed weakly: after eager vjp, jvp, grad and jit
+    calls on functions that are then dropped, no run plan survives them (an eager vjp's runner once held
+    its own key, as did the numba backend's entry for a program no pass changed: both lived forever)."""
+    import gc
+
+    from runtime import interpreter
+
+    x = np.arange(3.0)
+
+    def use_once(k: int) -> None:
+        f = lambda v: fold.reduce(lambda a, b: a * b, fold.map(lambda e: e * float(k) + 1.0, v), identity=1.0)  # noqa: E731
+        fold.vjp(f, (x,), 1.0)
+        fold.jvp(f, (x,), (x,))
+        fold.grad(f)(x)
+        fold.jit(lambda v: fold.vjp(f, (v,), 1.0))(x)
+
+    use_once(-1)  # whatever is made once per process
+    gc.collect()
+    before = len(interpreter._plans)
+    for k in range(10):
+        use_once(k)
+    gc.collect()
+    assert len(interpreter._plans) == before

@@ -37,11 +37,17 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     per_program = _prepared.setdefault(program, {})
     found = per_program.get(whole_arrays)
     if found is None:
+        given = program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         program = sparse_one_hots(program)
         staged = hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))
-        found = per_program[whole_arrays] = _whole_array_fusions(staged) if whole_arrays else _body_fusions(staged)
-    return found
+        found = _whole_array_fusions(staged) if whole_arrays else _body_fusions(staged)
+        # a program no pass changed is not stored as its own value: the entry would keep its key alive
+        per_program[whole_arrays] = _UNCHANGED if found is given else found
+    return program if found is _UNCHANGED else found
+
+
+_UNCHANGED = object()
 
 
 def _whole_array_fusions(program: Program) -> Program:
