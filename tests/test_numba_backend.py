@@ -250,17 +250,23 @@ def test_maps_around_a_scan_join_its_kernel(kernel_calls):
 
 
 @pytest.mark.parametrize("n", [1, 2, 100])
-def test_small_fused_scans_are_kernels_too(kernel_calls, n):
-    """A fused scan runs as its kernel at any length, as a plain scan does: the statements it replaced would
-    scan on NumPy in log2(n) batched steps. The scan's gradient (map_scan) and the generic reduce gradient
-    (scan_pair_map) agree with the numpy backend, with no warning."""
+def test_small_fused_scans_are_compiled_once_their_numpy_time_adds_up(kernel_calls, monkeypatch, n):
+    """Below COMPILE_FROM rows a fused scan runs the statements it replaced (on NumPy: log2(n) batched
+    steps) until it has spent TIER_UP_SECONDS there, then its kernel, with the same results and no warning:
+    the scan's gradient (map_scan) and the generic reduce gradient (scan_pair_map)."""
+    from runtime.numba_backend import lowering
+
     f, args, ct = _scan_case("pairs", n)
-    reduce_ct = (1.0, -2.0)
     pair_reduce = lambda a, b: fold.reduce(compose, (a, b), identity=(1.0, 0.0))  # noqa: E731
+    programs = [lambda *a: fold.vjp(f, a, ct), lambda *a: fold.vjp(pair_reduce, a, (1.0, -2.0), reduce_rule="generic")]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same(*both(lambda *a: fold.vjp(f, a, ct), *args), rtol=1e-10)
-        assert_same(*both(lambda *a: fold.vjp(pair_reduce, a, reduce_ct, reduce_rule="generic"), *args), rtol=1e-10)
+        for g in programs:
+            assert_same(*both(g, *args), rtol=1e-10)
+        assert not {"map_scan", "scan_pair_map"} & set(kernel_calls)  # one call each: far from a quarter second
+        monkeypatch.setattr(lowering, "TIER_UP_SECONDS", 0.0)
+        for g in programs:
+            assert_same(*both(g, *args), rtol=1e-10)
     assert kernel_calls.get("map_scan", 0) >= 1 and kernel_calls.get("scan_pair_map") == 1, kernel_calls
 
 

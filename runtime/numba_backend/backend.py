@@ -3,12 +3,9 @@ then interpret with the kernel lowerings tried before the numpy implementations.
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Sequence
 
 import numpy as np
-from numba.core import event
 
 from fold.ir import Program
 
@@ -17,33 +14,9 @@ from ..interpreter import eval_program, lowering
 from . import gemm  # noqa: F401  (registers the gemm lowerings)
 from .allocator import keep_freed_memory
 from .blas_threads import quiet_blas_threads
+from .compile_clock import clock as _clock
 from .passes import prepare
 from .lowering import numba_impls
-
-
-class _CompileClock(event.Listener):
-    """Charges the time of Numba's compile events to the program this thread is running. Registered once:
-    installing a timer per call cost as much as running a small program. Compile events nest; only the
-    outermost is timed."""
-
-    def __init__(self) -> None:
-        self.local = threading.local()
-
-    def on_start(self, _event) -> None:
-        depth = getattr(self.local, "depth", 0)
-        if depth == 0:
-            self.local.start = time.perf_counter()
-        self.local.depth = depth + 1
-
-    def on_end(self, _event) -> None:
-        self.local.depth -= 1
-        program = getattr(self.local, "program", None)
-        if self.local.depth == 0 and program is not None:
-            program.compile_seconds += time.perf_counter() - self.local.start
-
-
-_clock = _CompileClock()
-event.register("numba:compile", _clock)
 
 
 class CompiledNumbaProgram:

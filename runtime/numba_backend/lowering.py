@@ -9,6 +9,7 @@ that captures values, a typing failure), the rule declines with one warning nami
 from __future__ import annotations
 
 import math
+import time
 import warnings
 import weakref
 from typing import Callable
@@ -21,9 +22,11 @@ from fold.primitives import BroadcastTo, Map, Reduce, ReduceByIndex, Scan, SumAx
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
+from runtime.interpreter import numpy_impls
 from runtime.numpy_impl.control import _map as batched_map
 
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
+from .compile_clock import compile_seconds_so_far
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str]] = set()
@@ -266,6 +269,29 @@ def worth_compiling(n: int) -> bool:
 
 # 2 * kernels.cpu.host.MIN_CHUNK: where the kernels start to use two threads.
 COMPILE_FROM = 1 << 15
+
+# Seconds a statement may spend in its NumPy reference, summed over the calls of this process, before it is
+# compiled although it is small (see reference_until_hot).
+TIER_UP_SECONDS = 0.25
+
+_reference_seconds: "weakref.WeakKeyDictionary[object, float]" = weakref.WeakKeyDictionary()
+
+
+def reference_until_hot(prim, args: list, depth: int) -> list | None:
+    """For a statement below COMPILE_FROM elements whose reference is much slower than its kernel (a scan
+    on NumPy takes log2(n) batched steps): the reference's results, timed, until this statement has spent
+    TIER_UP_SECONDS in it; then None, and the caller compiles its kernel. Compiling takes a second or
+    more, so a statement called a few times (a one-off gradient, a test) stays on NumPy, and one called
+    in a loop is compiled once it has cost that much: at a thousand elements, after about 200 calls of a
+    pairwise reduce's gradient, which then runs 10x faster."""
+    spent = _reference_seconds.get(prim, 0.0)
+    if spent >= TIER_UP_SECONDS:
+        return None
+    start, compiling = time.perf_counter(), compile_seconds_so_far()
+    outs = numpy_impls.lookup(prim)(prim, args, depth)
+    # not the kernels its statements compiled on the way (the scan inside a fused map_scan's reference)
+    _reference_seconds[prim] = spent + time.perf_counter() - start - (compile_seconds_so_far() - compiling)
+    return outs
 
 
 def _batched(prim: Map, args: list) -> list:

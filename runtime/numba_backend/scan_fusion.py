@@ -28,7 +28,8 @@ from fold.tracing import trace_body
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_problem, compile_scalar_program
-from .lowering import _allocate, _identity, _split, components_of, decline, numba_impls, run_kernel
+from .lowering import (_allocate, _identity, _split, components_of, decline, numba_impls, reference_until_hot,
+                       run_kernel, worth_compiling)
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,6 +228,10 @@ def _fused(prim: FusedMapScan, args: list, depth: int):
     n = scan.args[-1].aval.shape[0]
     if depth:
         return None
+    if not worth_compiling(n):
+        outs = reference_until_hot(prim, args, depth)
+        if outs is not None:
+            return outs
     env = dict(zip(prim.region.inputs, args, strict=True))
 
     def value(atom):

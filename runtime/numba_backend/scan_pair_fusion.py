@@ -19,7 +19,8 @@ from fold.primitives import Map, Scan
 
 from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, program_source
-from .lowering import _allocate, _identity, _scalar_operator, _split, decline, numba_impls, run_kernel
+from .lowering import (_allocate, _identity, _scalar_operator, _split, decline, numba_impls, reference_until_hot,
+                       run_kernel, worth_compiling)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,10 @@ def _scan_pair_map(prim: FusedScanPairMap, args: list, depth: int):
     identity, xs, consts, others = _split_args(prim, args)
     if depth:
         return None
+    if not worth_compiling(xs[0].shape[0]):
+        outs = reference_until_hot(prim, args, depth)
+        if outs is not None:
+            return outs
     shapes = [v.aval.shape for v in prim.forward.body.inputs[: prim.forward.num_leaves]]
     ident = _identity(identity, shapes)
     if ident is None:
