@@ -18,8 +18,10 @@ programs on the same float64 inputs:
   rule: both exclusive scans read by one map) and the scan of 2 x 2 matrices (the generic scan rule), where
   each statement is a kernel, not a NumPy pass.
 
-Each round times a batch of calls of each function in turn (interleaved), and the median over the rounds of
-the time per call is reported, in microseconds. No targets: the ratios are for information. Writes
+Each function is first called for a second (the steady state of a function called many times: a small
+fused scan is compiled once its NumPy reference has cost a quarter of a second, runtime/numba_backend/
+lowering.py's TIER_UP_SECONDS). Then each round times a batch of calls of each function in turn
+(interleaved), and the median over the rounds of the time per call is reported, in microseconds. No targets: the ratios are for information. Writes
 `results/dispatch.{json,png}` (`dispatch_quick.*` with --quick).
 """
 
@@ -38,6 +40,7 @@ from .bench_numba import jax_modules, jax_programs, kmeans_matmul, matmul2_scan,
 from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, plot_ratios, write_json
 
 CALLS_PER_BATCH = 20
+WARM_SECONDS = 1.0  # calls of each function before the timed rounds
 BACKENDS = ("numba", "numpy")
 
 
@@ -97,6 +100,12 @@ def _cases(rng: np.random.Generator) -> list[dict[str, Any]]:
     ]
 
 
+def _call_for(fn: Callable[[], Any], seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+
+
 def _batch(fn: Callable[[], Any], calls: int) -> Callable[[], None]:
     def run() -> None:
         for _ in range(calls):
@@ -136,6 +145,8 @@ def run_case(case: dict[str, Any], rounds: int) -> dict[str, Any]:
         assert len(got) == len(expected), (case["name"], key, len(got), len(expected))
         for a, b in zip(expected, got, strict=True):
             np.testing.assert_allclose(np.asarray(b), a, rtol=1e-8, atol=1e-10, err_msg=f"{case['name']}: {key}")
+    for fn in fns.values():  # steady state: statements that compile once hot (lowering.TIER_UP_SECONDS) have
+        _call_for(fn, WARM_SECONDS)
     batches = {k: _batch(fn, CALLS_PER_BATCH) for k, fn in fns.items()}
     samples: dict[str, list[float]] = {k: [] for k in batches}
     for _ in range(rounds):
