@@ -49,15 +49,12 @@ class Lit:
     value: np.ndarray
 
     def __post_init__(self) -> None:
-        given = self.value
-        value = np.asarray(given)
+        value = np.asarray(self.value)
         if not _frozen(value):
-            if value is given or value.base is not None:  # the caller's array, or a view of memory not ours
+            if value is self.value or value.base is not None:  # the caller's array, or a view of memory not ours
                 value = np.array(value, copy=True)
             value.setflags(write=False)
-            object.__setattr__(self, "value", value)
-        elif value is not given:
-            object.__setattr__(self, "value", value)
+        object.__setattr__(self, "value", value)
 
     @property
     def aval(self) -> ShapedArray:

@@ -94,7 +94,7 @@ def _make_plan(program: Program, depth: int, tables: tuple) -> _Plan:
 
     def slot(atom: Atom) -> int:
         if isinstance(atom, Lit):
-            template.append(read_atom({}, atom, depth))
+            template.append(_literal(atom, depth))
             return len(template) - 1
         if atom not in slots:
             slots[atom] = len(template)
@@ -121,11 +121,10 @@ def _first_rule(tables: tuple, prim):
     return None
 
 
-def read_atom(env: dict, atom: Atom, depth: int) -> np.ndarray:
-    if isinstance(atom, Lit):
-        value = atom.value
-        return value.reshape((1,) * depth + value.shape) if depth else value
-    return env[atom]
+def _literal(atom: Lit, depth: int) -> np.ndarray:
+    """A literal's value with `depth` leading batch dimensions of size 1 (it is the same for every row)."""
+    value = atom.value
+    return value.reshape((1,) * depth + value.shape) if depth else value
 
 
 _quiet = threading.local()  # set while eval_program runs: the bodies it evaluates need no np.errstate of their own
