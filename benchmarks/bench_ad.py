@@ -221,16 +221,16 @@ def statement_profile(fn: Callable[[], Any], top: int = 10) -> list[dict[str, An
 
     Statements are grouped by their nesting path (e.g. 'map > matmul') and output shapes (batch axes first).
     """
-    original = interpreter.run_statement
+    original = interpreter._run_step  # every statement of eval_program's plans runs through it
     stats: dict = collections.defaultdict(lambda: [0.0, 0, 0])
     stack: list[list] = []
 
-    def timed(prim, values, depth, out_avals):
-        path = " > ".join([s[0] for s in stack] + [prim.name])
-        stack.append([prim.name, 0.0])
+    def timed(step, values, depth):
+        path = " > ".join([s[0] for s in stack] + [step.prim.name])
+        stack.append([step.prim.name, 0.0])
         start = time.perf_counter()
         try:
-            outs = original(prim, values, depth, out_avals)
+            outs = original(step, values, depth)
         finally:
             spent = time.perf_counter() - start
             _, inner = stack.pop()
@@ -242,13 +242,13 @@ def statement_profile(fn: Callable[[], Any], top: int = 10) -> list[dict[str, An
         entry[2] += sum(o.nbytes for o in outs)
         return outs
 
-    interpreter.run_statement = timed
+    interpreter._run_step = timed
     try:
         start = time.perf_counter()
         fn()
         total = time.perf_counter() - start
     finally:
-        interpreter.run_statement = original
+        interpreter._run_step = original
     rows = sorted(stats.items(), key=lambda kv: -kv[1][0])[:top]
     return [{"statement": path, "out_shapes": shapes, "seconds": t, "share": t / total, "count": c,
              "out_bytes": b} for (path, shapes), (t, c, b) in rows]
