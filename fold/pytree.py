@@ -7,6 +7,7 @@ same keys always flatten the same way.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -35,17 +36,18 @@ class TreeDef:
     meta: Any = None  # dict keys, or the NamedTuple class
     children: tuple["TreeDef", ...] = ()
 
-    @property
+    @functools.cached_property
     def num_leaves(self) -> int:
         if self.kind == "leaf":
             return 1
         return sum(child.num_leaves for child in self.children)
 
     def unflatten(self, leaves: list | tuple) -> Any:
-        leaves = list(leaves)
         if len(leaves) != self.num_leaves:
             raise StructureError(f"treedef {self} expects {self.num_leaves} leaves, got {len(leaves)}")
-        value, rest = self._build(leaves)
+        if self.kind == "leaf":
+            return leaves[0]
+        value, rest = self._build(list(leaves))
         assert not rest
         return value
 

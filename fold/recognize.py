@@ -19,7 +19,9 @@ _recognized: "weakref.WeakKeyDictionary[Program, dict[int, str | None]]" = weakr
 def recognize_binary_op(body: Program, num_consts: int = 0) -> str | None:
     """The name of the elementwise op the body applies to its two (single-leaf) arguments, if that is all it does.
     Memoised per body: backends ask on every call of a fold."""
-    per_body = _recognized.setdefault(body, {})
+    per_body = _recognized.get(body)
+    if per_body is None:
+        per_body = _recognized[body] = {}
     if num_consts not in per_body:
         per_body[num_consts] = _recognize(body, num_consts)
     return per_body[num_consts]

@@ -22,9 +22,24 @@ def _finish(outs: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray
     is an input, a view of one (a reshape) or another output would change with it when written to."""
     finished: list[np.ndarray] = []
     for o in outs:
-        shared = any(np.may_share_memory(o, other) for other in [*inputs, *finished])
-        finished.append(o if o.flags.writeable and o.flags.c_contiguous and not shared else np.array(o, order="C"))
+        if not (o.flags.writeable and o.flags.c_contiguous) or _shares_memory(o, [*inputs, *finished]):
+            o = np.array(o, order="C")
+        finished.append(o)
     return finished
+
+
+def _shares_memory(o: np.ndarray, others: list[np.ndarray]) -> bool:
+    if o.base is None:  # o owns its buffer: only o itself or a view of it can overlap it
+        return any(other is o or other.base is o for other in others)
+    return any(np.may_share_memory(o, other) for other in others)
+
+
+def _array_key(args: tuple) -> tuple | None:
+    """(shape, dtype) of each argument when every one is a NumPy array (then it is the call's signature), else None."""
+    for a in args:
+        if type(a) is not np.ndarray:
+            return None
+    return tuple((a.shape, a.dtype) for a in args)
 
 
 class Jitted:
@@ -40,6 +55,7 @@ class Jitted:
         self.f = f
         self.backend = backend
         self._compiled: dict = {}
+        self._by_arrays: dict = {}  # (backend, (shape, dtype) per argument) -> a _compiled entry: warm calls on arrays
         self._trace_seconds = 0.0
         self.trace_count = 0
         self.__name__ = getattr(f, "__name__", "jitted")
@@ -57,6 +73,13 @@ class Jitted:
         return trace_signature(self.f, signature)
 
     def __call__(self, *args: Any) -> Any:
+        arrays = _array_key(args)
+        if arrays is not None and current_scope() is None:  # the common warm call, without flattening a pytree
+            entry = self._by_arrays.get((get_backend(self.backend).name, arrays))
+            if entry is not None:
+                program, compiled = entry
+                inputs = list(args)
+                return program.out_tree.unflatten(_finish(compiled(inputs), inputs))
         leaves, signature = signature_of(args, f"fold.jit({self.__name__})")
         if current_scope() is not None or any(isinstance(leaf, Tracer) for leaf in leaves):
             program = trace_signature(self.f, signature)
@@ -71,6 +94,8 @@ class Jitted:
             self._trace_seconds += time.perf_counter() - start
             self.trace_count += 1
             self._compiled[key] = entry
+        if arrays is not None:
+            self._by_arrays[(backend.name, arrays)] = entry
         program, compiled = entry
         inputs = [np.asarray(leaf) for leaf in leaves]
         return program.out_tree.unflatten(_finish(compiled(inputs), inputs))

@@ -8,7 +8,6 @@ copied per row). NumPy broadcasting then does the rest, and each primitive's imp
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from dataclasses import dataclass
@@ -27,15 +26,19 @@ numpy_impls = RuleTable("numpy backend")
 _overrides = threading.local()
 
 
-@contextlib.contextmanager
-def lowering(table: RuleTable):
-    """Statements evaluated in this block try `table`'s rules before the numpy implementations."""
-    stack = getattr(_overrides, "stack", [])
-    _overrides.stack = stack + [table]
-    try:
-        yield
-    finally:
-        _overrides.stack = stack
+class lowering:
+    """`with lowering(table):` statements evaluated in the block try `table`'s rules before the numpy
+    implementations. (A class, not a generator: a backend enters it on every call.)"""
+
+    def __init__(self, table: RuleTable):
+        self.table = table
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_overrides, "stack", ())
+        _overrides.stack = (*self.outer, self.table)
+
+    def __exit__(self, *exc) -> None:
+        _overrides.stack = self.outer
 
 
 def last_use(program: Program) -> dict[Var, int]:
@@ -132,7 +135,7 @@ _quiet = threading.local()  # set while eval_program runs: the bodies it evaluat
 
 def eval_program(program: Program, args: Sequence[np.ndarray], depth: int = 0) -> list[np.ndarray]:
     """Run `program` on `args` (each with `depth` leading batch dimensions) and return its outputs."""
-    plan = _plan(program, depth, tuple(getattr(_overrides, "stack", ())))
+    plan = _plan(program, depth, getattr(_overrides, "stack", ()))
     env = plan.template.copy()
     for i, value in zip(plan.inputs, args, strict=True):
         env[i] = value
@@ -177,7 +180,7 @@ def run_statement(prim, values: list[np.ndarray], depth: int, out_avals: list) -
 
 def _run(prim, values: list[np.ndarray], depth: int, out_avals: Sequence) -> list[np.ndarray]:
     """run_statement for callers already inside np.errstate(all="ignore")."""
-    tables = tuple(getattr(_overrides, "stack", ()))
+    tables = getattr(_overrides, "stack", ())
     step = _Step(prim, _first_rule(tables, prim), numpy_impls.get(prim), (), (), tuple(a.dtype for a in out_avals), ())
     return _run_step(step, values, depth)
 

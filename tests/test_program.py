@@ -205,6 +205,38 @@ def test_jit_traces_once_per_signature_and_counts_it() -> None:
     assert g.program(np.ones(5)) is fold.trace(g.f, np.ones(5))
 
 
+def test_warm_calls_on_arrays_run_what_their_signature_would() -> None:
+    """Warm calls whose arguments are all arrays skip flattening: they must still tell signatures, backends,
+    traces and aliased outputs apart."""
+    g = fold.jit(lambda x, s: (x, x.reshape(-1), x * s))
+    x, two = np.arange(6.0).reshape(2, 3), np.array(2.0)
+    for x_in in (x, x.copy(), x, x.copy()):  # a view of another array, and an array owning its memory
+        a, b, c = g(x_in, two)
+        assert not np.shares_memory(a, x_in) and not np.shares_memory(b, x_in)
+        assert_close(a, x)
+        assert_close(b, x.ravel())
+        assert_close(c, 2.0 * x)
+    assert g.trace_count == 1
+    _, _, c = g(x, 3.0)  # a Python number, not an array: the same signature
+    assert_close(c, 3.0 * x)
+    assert g.trace_count == 1
+    a, _, _ = g(x.astype(np.int64), two)
+    assert a.dtype == np.int64 and g.trace_count == 2
+    with pytest.raises(fold.FoldTypeError, match="complex128"):
+        g(x.astype(np.complex128), two)
+    with fold.use_backend("numpy"):
+        g(x, two)
+    with fold.use_backend("numba"):
+        g(x, two)
+    assert {backend for backend, _ in g._compiled} == {"numpy", "numba"}
+    inner = fold.jit(lambda v: v * 3.0)
+    w = np.arange(3.0)
+    inner(w)
+    traced = fold.jit(lambda v: inner(v) + inner(w))  # inner on a captured array, inside a trace: inlined
+    assert_close(traced(np.ones(3)), 3.0 + 3.0 * w)
+    assert "const:f64[3] * 3.0" in str(traced.program(np.ones(3)))
+
+
 def test_jit_inside_a_trace_inlines_the_program() -> None:
     inner = fold.jit(lambda v: fold.tanh(v) * 2.0)
     x = np.random.default_rng(2).normal(size=(3, 4))
