@@ -1410,3 +1410,30 @@ def test_attention_blocks_scale_the_queries_not_the_scores():
     for block in blocks:
         assert _scaled_operands(block) == [(20, 16)], str(block)
     assert_same(*both(fn, Q, K, V))
+
+
+_F32_SUMS = {
+    "fused map and sum": (lambda x: fold.reduce(fold.monoids.sum, x * 1.5), (1_000_000,),
+                          lambda x: 1.5 * x.sum(), "map_reduce"),
+    "user + over a map": (lambda x: fold.reduce(lambda a, b: a + b, x * 1.5, identity=0.0), (1_000_000,),
+                          lambda x: 1.5 * x.sum(), "map_reduce"),
+    "matrix row sums": (lambda x: fold.sum(x, 1), (2, 500_000), lambda x: x.sum(1), "segmented_reduce"),
+    "row sums of a map": (lambda x: fold.map(lambda r: fold.reduce(fold.monoids.sum, r * 1.5), x), (2, 500_000),
+                          lambda x: 1.5 * x.sum(1), "segmented_reduce"),
+    "a run and its row sums": (lambda x: (lambda e: (e, fold.sum(e, 1)))(x * 0.5 + 0.25), (4, 250_000),
+                               lambda x: (x * 0.5 + 0.25, (x * 0.5 + 0.25).sum(1)), "map_with_row_sums"),
+}
+
+
+@pytest.mark.parametrize("case", list(_F32_SUMS))
+def test_float32_sums_lose_no_more_accuracy_than_numpys(case, kernel_calls):
+    """A float32 running total over 10^6 near-equal terms drifted by 1e-3 relative; the kernels sum float32
+    in float64 (wide_sums.py), so they stay within float32 rounding of the exact sum, as NumPy's pairwise sum does."""
+    f, shape, exact, kernel = _F32_SUMS[case]
+    x = np.full(shape, 0.8153, np.float32)
+    got = fold.jit(f, backend="numba")(x)
+    want = exact(x.astype(np.float64))
+    for g, w in zip(fold.tree_flatten(got)[0], fold.tree_flatten(want)[0], strict=True):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, w, rtol=2e-7)
+    assert kernel_calls.get(kernel, 0) >= 1

@@ -27,6 +27,7 @@ from runtime.numpy_impl.control import _map as batched_map
 
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .compile_clock import compile_seconds_so_far
+from .wide_sums import wide_add, widen, widens
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str]] = set()
@@ -209,6 +210,9 @@ def _sum(prim: SumAxes, args: list, depth: int):
     if axis == 0:
         sums = run_kernel(prim, "column_sums", x)
         return None if sums is None else [sums]
+    if widens("add", x.dtype):  # float32 row sums: summed in float64 (wide_sums.py)
+        rows = run_kernel(prim, "segmented_reduce", widen(x.dtype), wide_add(), 1, (0.0,), [x], commutative=True)
+        return None if rows is None else [rows[0].astype(x.dtype)]
     combine = compile_scalar_program(sum_reduce_program(x.dtype).stmts[0].prim.body)
     rows = run_kernel(prim, "segmented_reduce", None, combine, 1, (0.0,), [x], commutative=True)
     return None if rows is None else [rows[0]]
