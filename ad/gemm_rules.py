@@ -36,7 +36,7 @@ from fold.pytree import tree_flatten
 from fold.tracing import bind, trace_body
 
 from .fn_vjp import vjp_of_function
-from .monoid_d import check_d_result
+from .monoid_d import call_d, check_d_result, float_as
 from .gemm_element_rules import element_rule
 from .jvp import jvp_inline, jvp_rules
 from .vjp import current_gemm_rule, vjp_inline, vjp_rules
@@ -48,7 +48,7 @@ _warned: set[str] = set()
 def _d_program(prim: GemmMapReduce):
     elem = prim.op.out_tree
     elems = elem.unflatten(list(prim.op.out_avals))
-    traced = trace_body(lambda c, a, g: prim.monoid.d(c, a, g), (elems, elems, elems), f"d of {prim.monoid.name}")
+    traced = trace_body(lambda c, a, g: call_d(prim.monoid, c, a, g), (elems, elems, elems), f"d of {prim.monoid.name}")
     check_d_result(prim.monoid.name, traced.out_tree, list(traced.program.out_avals), elem, list(prim.op.out_avals))
     return traced.program
 
@@ -134,7 +134,7 @@ def _pairs_backward(prim, program, fields_program, layout, rule, bi: int):
                     weight_ct, cts[f.column] = ct
                     if f.weight is not None:
                         cts[f.weight] = weight_ct
-            return cts
+            return [None if c is None else float_as(c, aval_of(v).dtype) for c, v in zip(cts, values, strict=True)]
 
         _, in_cts = vjp_inline(fields_program, inputs, field_cts)
         return [instantiate(c, v.aval) for c, v in zip(in_cts, program.inputs, strict=True)]

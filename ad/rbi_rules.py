@@ -17,7 +17,7 @@ from fold.pytree import tree_flatten
 from fold.recognize import recognize_binary_op
 
 from .fn_vjp import vjp_of_function
-from .monoid_d import check_d_result, row_aval
+from .monoid_d import call_d, check_d_result, row_aval
 from .reduce_rules import check_no_captured_floats, choose_rule
 from .vjp import current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of, instantiate
@@ -58,7 +58,7 @@ def _monoid_vjp(prim, consts, identity, idx, values, outs, cts):
     elem = prim.body.out_tree
     rows = [o[safe] for o in outs]
     grads = [c[safe] for c in cts]
-    result = fold_map(lambda c, a, g: prim.monoid.d(c, a, g), elem.unflatten(rows), elem.unflatten(list(values)), elem.unflatten(grads))
+    result = fold_map(lambda c, a, g: call_d(prim.monoid, c, a, g), elem.unflatten(rows), elem.unflatten(list(values)), elem.unflatten(grads))
     leaves, got = tree_flatten(result)
     check_d_result(prim.monoid.name, got, [row_aval(v) for v in leaves], elem, [row_aval(v) for v in values])
     return [ops.where(_expand(valid, aval_of(v)), leaf, 0.0).astype(aval_of(v).dtype) for v, leaf in zip(values, leaves, strict=True)]

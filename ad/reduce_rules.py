@@ -20,7 +20,7 @@ from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
 from .fn_vjp import vjp_of_function
-from .monoid_d import check_d_result, row_aval
+from .monoid_d import call_d, check_d_result, row_aval
 from .vjp import current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of, differentiable
 
@@ -82,7 +82,7 @@ def _monoid_vjp(prim, consts, identity, xs, ys, cts):
     treedef = prim.body.in_tree.children[0] if prim.body.in_tree.kind == "tuple" else None
     elem = treedef if treedef is not None else prim.body.out_tree
     c, g = elem.unflatten(list(ys)), elem.unflatten(list(cts))
-    result = fold_map(lambda a: prim.monoid.d(c, a, g), elem.unflatten(list(xs)))
+    result = fold_map(lambda a: call_d(prim.monoid, c, a, g), elem.unflatten(list(xs)))
     from fold.pytree import tree_flatten
 
     leaves, got = tree_flatten(result)

@@ -280,6 +280,38 @@ def test_integer_and_boolean_outputs_get_zero_tangents_of_their_dtype() -> None:
     assert tn.dtype == np.int64 and tb.dtype == bool and not np.any(tn) and not np.any(tb)
 
 
+_MIXED_IDX = np.array([0, 1, 0, 1, 1])
+MIXED_RECORDS = {  # records with a float32 field beside a float64 one (attention on float32 scores, float64 values)
+    "reduce logwsum": (lambda z, v: fold.reduce(fold.monoids.logwsum, {"z": z, "v": v})["v"], (5,), (5, 2)),
+    "reduce wsum": (lambda w, v: fold.reduce(fold.monoids.wsum, {"v": v, "w": w})["v"], (5,), (5, 2)),
+    "reduce_by_index logwsum": (lambda z, v: fold.reduce_by_index(fold.monoids.logwsum, 2, _MIXED_IDX, {"z": z, "v": v})["v"],
+                                (5,), (5, 2)),
+    "gemm attention": (lambda q, v: fold.gemm_map_reduce(fold.monoids.logwsum, lambda s, v: {"z": s, "v": v}, q,
+                                                         np.linspace(-1.0, 1.0, 15).reshape(5, 3).astype(np.float32),
+                                                         cols=(v,), block=(2, 3))["v"], (4, 3), (5, 2)),
+}
+
+
+@pytest.mark.parametrize("gemm_rule", ad.GEMM_RULES)
+@pytest.mark.parametrize("rule", ["auto", "monoid", "generic"])
+@pytest.mark.parametrize("name", list(MIXED_RECORDS))
+def test_records_of_float32_and_float64_fields_get_cotangents_of_their_own_dtypes(name, rule, gemm_rule) -> None:
+    """The monoids' D promotes a float32 field's cotangent to float64 when another field is float64; the
+    cotangent must come back in its primal's dtype, with the values of the all-float64 gradient."""
+    f, small_shape, v_shape = MIXED_RECORDS[name]
+    rng = np.random.default_rng(3)
+    small = rng.uniform(0.1, 1.0, small_shape).astype(np.float32)
+    v = rng.normal(size=v_shape)
+    out = np.asarray(fold.run(f, small, v))
+    ct = rng.normal(size=out.shape)
+    with ad.gemm_rule_scope(gemm_rule):
+        got = fold.vjp(f, (small, v), ct, reduce_rule=rule)
+        want = fold.vjp(f, (small.astype(np.float64), v), ct, reduce_rule="generic")
+    assert [g.dtype for g in got] == [np.float32, np.float64]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+
+
 def test_integer_state_in_loops_and_records() -> None:
     def f(x, k):
         def body(i, s):
