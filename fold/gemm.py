@@ -24,7 +24,7 @@ from .inline import inline_program
 from .monoid import Monoid, identity_leaves
 from .primitives import GemmMapReduce
 from .pytree import leaf_paths, tree_flatten
-from .tracing import abstractify, bind, trace_body
+from .tracing import abstractify, bind, check_callable, trace_body
 
 # Bytes of per-block intermediates the automatic block size aims for. 64 MiB: on the numba backend (the
 # default) blocks twice as large each way as 16 MiB ran attention's gradient 8-10% faster at 1024 and 4096
@@ -79,13 +79,18 @@ def _check_bytes(where: str, name: str, value: Any, what: str, least: int) -> in
     return int(value)
 
 
+def _operands(extra: Any) -> tuple:
+    """rows= / cols= as a tuple of operands: a tuple or list as it is, anything else (one array) as one operand."""
+    return tuple(extra) if isinstance(extra, (tuple, list)) else (extra,)
+
+
 def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, *, rows: Sequence[Any] = (),
                     cols: Sequence[Any] = (), block: int | tuple[int, int] | None = None,
                     budget: int = DEFAULT_BLOCK_BUDGET, keep: int = DEFAULT_KEEP) -> Any:
     """Row folds of a mapped matrix product: A_i = fold_j fn(<lhs_i, rhs_j>, *rows_i, *cols_j).
 
     `lhs` (M x F) and `rhs` (N x F) may be tuples of the same length (then fn receives one s per pair);
-    `rows` are arrays with leading axis M, `cols` arrays with leading axis N. The result has the monoid's
+    `rows` are arrays with leading axis M, `cols` arrays with leading axis N (a tuple of them, or one). The result has the monoid's
     element structure with a leading axis M. `block` (an int or (rows, cols)) overrides the block size,
     which by default keeps the per-block intermediates near `budget` bytes. A gradient may hold up to `keep`
     bytes of one row block's products to read them again instead of recomputing them (0: recompute all).
@@ -116,8 +121,11 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
     lhs_leaves = [ops.convert(x, dtype) for x in lhs_leaves]
     rhs_leaves = [ops.convert(x, dtype) for x in rhs_leaves]
 
-    row_leaves, row_def, row_avals = abstractify(tuple(rows), where)
-    col_leaves, col_def, col_avals = abstractify(tuple(cols), where)
+    rows, cols = _operands(rows), _operands(cols)
+    label = f"gemm_map_reduce map {getattr(fn, '__name__', 'fn')}"
+    check_callable(fn, len(lhs_t) + len(rows) + len(cols), label)  # fn(s.., *rows, *cols)
+    row_leaves, row_def, row_avals = abstractify(rows, where)
+    col_leaves, col_def, col_avals = abstractify(cols, where)
     _check_leading(where, "rows", row_def, row_avals, m, "M (the rows of lhs)")
     _check_leading(where, "cols", col_def, col_avals, n, "N (the rows of rhs)")
     row_elems = [a.update(shape=a.shape[1:]) for a in row_avals]
@@ -126,7 +134,7 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
 
     body = trace_body(lambda *args: fn(*args[: len(lhs_t)], *row_def.unflatten(list(args[len(lhs_t): len(lhs_t) + len(row_elems)])),
                                          *col_def.unflatten(list(args[len(lhs_t) + len(row_elems):]))),
-                      s_avals + row_elems + col_elems, f"gemm_map_reduce map {getattr(fn, '__name__', 'fn')}")
+                      s_avals + row_elems + col_elems, label)
     fn_program, out_tree = body.program, body.out_tree
     identity_def = tree_flatten(monoid.identity)[1]
     if out_tree != identity_def:

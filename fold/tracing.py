@@ -233,7 +233,7 @@ def trace_body(
 
     The Program's inputs are the captured outer variables first, then the leaves of the arguments.
     """
-    _check_callable(fn, len(arg_trees), label)
+    check_callable(fn, len(arg_trees), label)
     parent = current_scope()
     flat_avals, in_tree = tree_flatten(tuple(arg_trees))
     scope = Scope(parent, label)
@@ -261,7 +261,7 @@ def trace_body(
     return TracedBody(program, consts, out_tree)
 
 
-def _check_callable(fn: Any, count: int, label: str) -> None:
+def check_callable(fn: Any, count: int, label: str) -> None:
     """`fn` can be called with `count` positional arguments, or a FoldTypeError saying what it is and what it
     takes (a TypeError raised inside a body that does run is the user's own and passes through)."""
     if not callable(fn):

@@ -211,3 +211,17 @@ def test_good_slices_still_trace() -> None:
     x = np.arange(12.0).reshape(3, 4)
     f = lambda x: x[np.int64(1):, ::2] + x[:2, 1::2].reshape(2, 2)  # noqa: E731
     np.testing.assert_array_equal(fold.jit(f)(x), f(x))
+
+
+def test_a_gemm_map_reduce_fn_of_the_wrong_arity_is_named() -> None:
+    lhs, rhs = np.ones((3, 2)), np.ones((4, 2))
+    with pytest.raises(fold.FoldTypeError, match=r"gemm_map_reduce map .*cannot be called with 2 argument\(s\)"):
+        fold.run(lambda a, b: fold.gemm_map_reduce(fold.monoids.sum, lambda s: s, a, b, rows=(np.ones(3),)), lhs, rhs)
+
+
+def test_gemm_map_reduce_rows_and_cols_may_be_one_array() -> None:
+    lhs, rhs, t, c = np.ones((3, 2)), np.ones((4, 2)), np.arange(3.0), np.arange(4.0)
+    one = fold.run(lambda a, b: fold.gemm_map_reduce(fold.monoids.sum, lambda s, t, c: s * t + c, a, b, rows=t, cols=c), lhs, rhs)
+    np.testing.assert_allclose(one, 2.0 * 4 * t + c.sum())
+    with pytest.raises(fold.ShapeError, match=r"rows\[0\] has shape \(4,\); its leading axis must be M"):
+        fold.run(lambda a, b: fold.gemm_map_reduce(fold.monoids.sum, lambda s, t: s * t, a, b, rows=c), lhs, rhs)
