@@ -33,13 +33,14 @@ from fold.gemm_folds import Factored, Full
 from fold.primitives import GemmBlockSum, GemmMapReduce
 from fold.primitives.gemm import split_gemm_args
 from fold.pytree import tree_flatten
+from fold.recognize import recognize_binary_op
 from fold.tracing import bind, trace_body
 
 from .fn_vjp import vjp_of_function
 from .monoid_d import call_d, check_d_result, float_as
 from .gemm_element_rules import element_rule
 from .jvp import jvp_inline, jvp_rules
-from .vjp import current_gemm_rule, vjp_inline, vjp_rules
+from .vjp import current_gemm_rule, current_reduce_rule, vjp_inline, vjp_rules
 from .zeros import Zero, aval_of, differentiable, instantiate
 
 _warned: set[str] = set()
@@ -65,7 +66,10 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
     consts, identity, rows, cols = split_gemm_args(prim, list(args))
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     if not _qualifies(prim):
-        return _nested_vjp(prim, args, dense)
+        return _nested_vjp(prim, args, dense, "has no d (or is not commutative)")
+    if recognize_binary_op(prim.op, 0) == "mul" and current_reduce_rule() != "monoid":
+        # prod's D, g c / a, is 0 / 0 at a zero part; the nested reduce's * rule is exact there
+        return _nested_vjp(prim, args, dense, "divides by each part in its d (NaN at a zero)")
     d = _d_program(prim)
     in_roles = ("whole",) * len(consts) + ("row",) * len(rows) + ("col",) * len(cols)
     pairs = _pairs_rule(prim, d) if current_gemm_rule() == "pairs" else None
@@ -191,12 +195,12 @@ def _pairs(prim) -> int:
     return prim.num_row_args + prim.num_col_args - (len(prim.fn.inputs) - prim.num_consts)
 
 
-def _nested_vjp(prim, args, cts):
+def _nested_vjp(prim, args, cts, why: str):
     name = prim.monoid.name if prim.monoid is not None else "operator"
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"gemm_map_reduce: monoid {name} has no d (or is not commutative), so its gradient differentiates "
-                      f"the nested map/reduce with the generic rule, which holds M x N intermediates", stacklevel=3)
+        warnings.warn(f"gemm_map_reduce: monoid {name} {why}, so its gradient differentiates the nested "
+                      f"map/reduce with the reduce rules, which holds M x N intermediates", stacklevel=3)
     consts, identity, rows, cols = split_gemm_args(prim, list(args))
     nc, nr = len(consts), len(rows)
     diff = [i for i, a in enumerate(args) if hasattr(a, "aval") and differentiable(aval_of(a))]

@@ -1,4 +1,4 @@
-"""The vjp of reduce_by_index (a histogram): + and min/max specialised, the monoid shortcut, generic otherwise.
+"""The vjp of reduce_by_index (a histogram): +, * and min/max specialised, the monoid shortcut, generic otherwise.
 
 Values whose index is outside [0, n) were ignored by the primal and get a zero cotangent.
 """
@@ -15,6 +15,7 @@ from fold.inline import inline_program
 from fold.primitives import ReduceByIndex
 from fold.pytree import tree_flatten
 from fold.recognize import recognize_binary_op
+from fold.tracing import bind
 
 from .fn_vjp import vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
@@ -50,6 +51,21 @@ def _extremum_vjp(prim, consts, identity, idx, values, outs, cts):
     hit = (v == y[safe]) & _expand(valid, aval)
     winner = fold_rbi(monoids.min, prim.n, idx, ops.where(hit, positions, m))
     return [ops.where(hit & (positions == winner[safe]), ct[safe], 0.0).astype(aval.dtype)]
+
+
+# dest[b] = product of values with index b:  vbar_i = ybar[b] * (product of the other values in bin b), without
+# dividing by zero (as the reduce's * rule): per bin the product of its nonzero values and its count of zeros
+def _prod_vjp(prim, consts, identity, idx, values, outs, cts):
+    valid, safe = _valid_and_safe(idx, prim.n)
+    (v,), (ct,) = values, cts
+    aval = aval_of(v)
+    is_zero = v == 0
+    nonzero = ops.where(is_zero, 1.0, v).astype(aval.dtype)
+    bin_prod = bind(prim, *consts, *identity, idx, nonzero)[0][safe]
+    bin_zeros = fold_rbi(monoids.sum, prim.n, idx, is_zero.astype("int64"))[safe]
+    others = ops.where(bin_zeros == 0, bin_prod / nonzero,
+                       ops.where((bin_zeros == 1) & is_zero, bin_prod, 0.0).astype(aval.dtype))
+    return [ops.where(_expand(valid, aval), others * ct[safe], 0.0).astype(aval.dtype)]
 
 
 # Theorem 2.1 per bin: vbar_i = D(dest[b], v_i, ybar[b]) with b = idx_i
@@ -99,6 +115,8 @@ def _rbi_vjp(prim: ReduceByIndex, args, outs, residual, cts):
         rule = _add_vjp
     elif op in ("maximum", "minimum"):
         rule = _extremum_vjp
+    elif op == "mul":
+        rule = _prod_vjp
     elif qualifies:
         rule = _monoid_vjp
     else:

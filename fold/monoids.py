@@ -7,7 +7,7 @@ every part of a whole fold — one map instead of two scans. Where D does not ex
 - sum:   D = identity.                                  d = g
 - prod:  dc/da = b = c / a.                             d = g * c / a   (undefined where a == 0: the
          product of the other parts is not a function of c and a then; `reduce_rule="auto"` uses the
-         specialised * rule, which is exact with zeros)
+         specialised * rule of reduce and reduce_by_index, and gemm_map_reduce's nested form, exact with zeros)
 - min, max: dc/da = [a == c].                           d = g * (a == c)  (at ties every tied part gets g,
          where the true derivative is not defined; `reduce_rule="auto"` gives it to the lowest index)
 - logaddexp: dc/da = exp(a - c).                        d = g * exp(a - c), and 0 where c = -inf

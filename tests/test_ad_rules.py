@@ -136,6 +136,41 @@ def test_product_with_zeros_per_column_inside_rows() -> None:
         np.testing.assert_allclose(ct, ybar * product_grad(x), rtol=1e-12, atol=1e-15, err_msg=rule)
 
 
+@pytest.mark.parametrize("op", ["monoid", "lambda"])
+def test_product_histogram_with_zeros_against_analytic(op: str) -> None:
+    """Bins with no zero, one zero and two zeros, of (n, 2) elements, and a value outside every bin."""
+    x = np.linspace(0.5, 1.5, 18).reshape(9, 2)
+    x[0, 0] = x[3, 1] = x[4, 1] = 0.0
+    idx = np.array([0, 0, 1, 1, 1, 2, 2, 2, 7])
+    ybar = np.arange(1.0, 9.0).reshape(4, 2)
+    expected = np.zeros_like(x)
+    for b in range(4):
+        rows = np.flatnonzero(idx == b)
+        if rows.size:
+            expected[rows] = ybar[b] * product_grad(x[rows])
+    m = fold.monoids.prod if op == "monoid" else (lambda a, b: a * b)
+    f = (lambda v: fold.reduce_by_index(m, 4, idx, v)) if op == "monoid" else (lambda v: fold.reduce_by_index(m, 4, idx, v, identity=1.0))
+    for rule in ("auto", "generic"):
+        (ct,) = fold.vjp(f, (x,), ybar, reduce_rule=rule)
+        np.testing.assert_allclose(ct, expected, rtol=1e-12, atol=1e-15, err_msg=rule)
+
+
+@pytest.mark.parametrize("gemm_rule", ad.GEMM_RULES)
+def test_product_gemm_with_zeros_against_analytic(gemm_rule: str, monkeypatch) -> None:
+    """Rows of the product with no zero, one zero and two zeros: prod's d divides by the part, so the
+    gradient goes through the nested reduce's * rule (with a warning about its M x N intermediates)."""
+    lhs = np.array([[1.0, 0.5], [0.0, 1.0], [0.0, 0.0]])
+    rhs = np.array([[1.0, 1.0], [2.0, 0.5], [0.0, 3.0]])
+    ybar = np.array([1.0, 2.0, 3.0])
+    s = lhs @ rhs.T
+    s_bar = ybar[:, None] * np.array([product_grad(row) for row in s])
+    monkeypatch.setattr("ad.gemm_rules._warned", set())  # the warning is given once per monoid
+    with ad.gemm_rule_scope(gemm_rule), pytest.warns(UserWarning, match="divides by each part"):
+        cl, cr = fold.vjp(lambda a, b: fold.gemm_map_reduce(fold.monoids.prod, lambda t: t, a, b), (lhs, rhs), ybar)
+    np.testing.assert_allclose(cl, s_bar @ rhs, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(cr, s_bar.T @ lhs, rtol=1e-12, atol=1e-15)
+
+
 def test_sum_against_analytic() -> None:
     x = distinct(5, (2,))
     ybar = np.array([0.5, -2.0])
