@@ -1418,6 +1418,7 @@ _F32_SUMS = {
     "user + over a map": (lambda x: fold.reduce(lambda a, b: a + b, x * 1.5, identity=0.0), (1_000_000,),
                           lambda x: 1.5 * x.sum(), "map_reduce"),
     "matrix row sums": (lambda x: fold.sum(x, 1), (2, 500_000), lambda x: x.sum(1), "segmented_reduce"),
+    "matrix column sums": (lambda x: fold.sum(x, 0), (500_000, 2), lambda x: x.sum(0), "column_sums"),
     "row sums of a map": (lambda x: fold.map(lambda r: fold.reduce(fold.monoids.sum, r * 1.5), x), (2, 500_000),
                           lambda x: 1.5 * x.sum(1), "segmented_reduce"),
     "a run and its row sums": (lambda x: (lambda e: (e, fold.sum(e, 1)))(x * 0.5 + 0.25), (4, 250_000),

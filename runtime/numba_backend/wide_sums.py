@@ -7,8 +7,8 @@ float32 values (a fused map and sum, a fused run's row sums, `fold.sum` of a mat
 converted to float64 as they are produced, summed in float64, and the total rounded to float32 once: as
 accurate as NumPy's pairwise sum or more, and the kernel still reads float32 from memory.
 
-Column sums (`fold.sum(x, 0)`) are left in float32: NumPy adds a C-contiguous matrix's rows one at a time
-too, so both backends lose the same accuracy there.
+Column sums (`fold.sum(x, 0)`) need nothing here: kernels.cpu.column_sums keeps float64 partial sums itself
+(NumPy adds a C-contiguous matrix's rows one at a time in float32, and drifts as far).
 """
 
 from __future__ import annotations
