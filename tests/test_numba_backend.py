@@ -1417,6 +1417,8 @@ _F32_SUMS = {
                           lambda x: 1.5 * x.sum(), "map_reduce"),
     "user + over a map": (lambda x: fold.reduce(lambda a, b: a + b, x * 1.5, identity=0.0), (1_000_000,),
                           lambda x: 1.5 * x.sum(), "map_reduce"),
+    "a map's sum": (lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda v: fold.exp(v), x)), (1_000_000,),
+                    lambda x: np.exp(x).sum(), "map_reduce"),
     "matrix row sums": (lambda x: fold.sum(x, 1), (2, 500_000), lambda x: x.sum(1), "segmented_reduce"),
     "matrix column sums": (lambda x: fold.sum(x, 0), (500_000, 2), lambda x: x.sum(0), "column_sums"),
     "row sums of a map": (lambda x: fold.map(lambda r: fold.reduce(fold.monoids.sum, r * 1.5), x), (2, 500_000),

@@ -19,6 +19,7 @@ from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .lowering import (_element_shapes, _identity, _joined, _operator_and_identity, _split, decline, fold_options,
                        map_inputs, numba_impls, run_kernel, worth_compiling)
+from .wide_sums import WIDE, reduce_widens, wide_add, widened_last_output
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,15 @@ def _fused(prim: FusedMapReduce, args: list, depth: int):
         return None
     import kernels.cpu
 
+    wide = reduce_widens(prim.reduce)  # a float32 sum: summed in float64 (wide_sums.py)
     try:
-        mapper = compile_scalar_program(prim.map.body)
-        combine = compile_scalar_program(prim.reduce.body)
-        result = kernels.cpu.map_reduce(mapper, len(inputs), combine, 1, ident, inputs,
-                                         **fold_options(prim.reduce))
+        mapper = compile_scalar_program(widened_last_output(prim.map.body) if wide else prim.map.body)
+        combine = wide_add() if wide else compile_scalar_program(prim.reduce.body)
+        result = kernels.cpu.map_reduce(mapper, len(inputs), combine, 1, (WIDE.type(ident[0]),) if wide else ident,
+                                         inputs, **fold_options(prim.reduce))
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"it does not compile: {type(err).__name__}")
-    return [np.asarray(result[0])]
+    return [np.asarray(result[0]).astype(prim.map.body.outputs[-1].aval.dtype, copy=False)]
 
 
 @numpy_impls.register(FusedMapHistogram)
