@@ -11,9 +11,7 @@ precision unseen.
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from typing import Any
+from typing import Any, Sequence
 
 from fold import ops
 from fold.dtypes import ShapedArray
