@@ -13,6 +13,7 @@ Column sums (`fold.sum(x, 0)`) need nothing here: kernels.cpu.column_sums keeps 
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -40,11 +41,19 @@ def reduce_widens(reduce_prim) -> bool:
 
 
 def widened_last_output(body: Program) -> Program:
-    """`body` with its last output converted to float64 (the value a kernel sums)."""
-    last = body.outputs[-1]
-    wide = Var(ShapedArray(last.aval.shape, WIDE))
-    stmts = body.stmts + (Let((wide,), Convert(WIDE), (last,)),)
-    return Program(body.inputs, stmts, body.outputs[:-1] + (wide,), body.in_tree, body.out_tree, dict(body.meta))
+    """`body` with its last output converted to float64 (the value a kernel sums); one Program per body, so
+    that compile_scalar_program's memo finds it on every call."""
+    found = _WIDENED.get(body)
+    if found is None:
+        last = body.outputs[-1]
+        wide = Var(ShapedArray(last.aval.shape, WIDE))
+        stmts = body.stmts + (Let((wide,), Convert(WIDE), (last,)),)
+        found = _WIDENED[body] = Program(body.inputs, stmts, body.outputs[:-1] + (wide,), body.in_tree,
+                                         body.out_tree, dict(body.meta))
+    return found
+
+
+_WIDENED: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictionary()
 
 
 def wide_add() -> Callable:
