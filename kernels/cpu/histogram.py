@@ -93,36 +93,39 @@ def histogram_threads(n: int, n_bins: int) -> int:
 
 
 def histogram(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indices: np.ndarray,
-              leaves: Sequence[np.ndarray], *, chunks: int | None = None) -> tuple:
+              leaves: Sequence[np.ndarray], *, chunks: int | None = None, carry: Sequence[Any] | None = None) -> tuple:
     """Combine each element x_i = (leaves[0][i], ...) into bin indices[i], in input order.
 
     `indices` is a 1-D integer array as long as the leaves. Returns a tuple of k arrays of n_bins elements
-    with the leaves' dtypes. `chunks` overrides the number of private histograms (1 = sequential).
+    with the leaves' dtypes. `chunks` overrides the number of private histograms (1 = sequential). `carry`:
+    the dtypes the bins are folded in (see host.carried_dtypes; `combine` takes and returns those, and
+    each bin is rounded to its leaf's dtype once, at the end).
     """
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
-    return _run(combine, k, identity, n_bins, indices, leaves, [a.dtype for a in leaves], chunks, None)
+    return _run(combine, k, identity, n_bins, indices, leaves, [a.dtype for a in leaves], chunks, None, carry)
 
 
 def map_histogram(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any], n_bins: int,
-                  indices: np.ndarray, inputs: Sequence[np.ndarray], *, chunks: int | None = None) -> tuple:
+                  indices: np.ndarray, inputs: Sequence[np.ndarray], *, chunks: int | None = None,
+                  carry: Sequence[Any] | None = None) -> tuple:
     """Combine each element mapper(inputs[0][i], ..., inputs[m-1][i]) into bin indices[i], in input order,
     without storing the mapped elements.
 
     `mapper` takes m scalars and returns k (a scalar when k == 1); the bins' dtypes are its result types.
-    Otherwise as histogram.
+    Otherwise (`carry` too) as histogram.
     """
     host.check_function(mapper, "mapper")
     host.check_function(combine, "combine")
     m, k = host.check_count(m, "m"), host.check_count(k, "k")
     inputs = host.check_arrays(inputs, m, 1, "inputs")
     dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
-    return _run(combine, k, identity, n_bins, indices, inputs, dtypes, chunks, mapper)
+    return _run(combine, k, identity, n_bins, indices, inputs, dtypes, chunks, mapper, carry)
 
 
 def _run(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indices: np.ndarray, xs: list[np.ndarray],
-         dtypes: list[np.dtype], chunks: int | None, mapper: Any) -> tuple:
+         dtypes: list[np.dtype], chunks: int | None, mapper: Any, carry: Sequence[Any] | None) -> tuple:
     if not isinstance(n_bins, (int, np.integer)) or isinstance(n_bins, bool) or n_bins < 0:
         raise ValueError(f"n_bins must be an integer >= 0, got {n_bins!r}")
     (indices,) = host.check_arrays([indices], 1, 1, "indices")
@@ -131,13 +134,14 @@ def _run(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indices: np
     if indices.shape != xs[0].shape:
         what = "leaves" if mapper is None else "inputs"
         raise ValueError(f"indices and {what} must have one length, got {indices.shape} and {xs[0].shape}")
-    ident = host.cast_identity(identity, dtypes)
-    host.check_combine(combine, dtypes)
+    carried = host.carried_dtypes(carry, dtypes)
+    ident = host.cast_identity(identity, carried)
+    host.check_combine(combine, carried)
     n_bins, n = int(n_bins), indices.shape[0]
     if n == 0 or n_bins == 0:
         return tuple(np.full(n_bins, v, d) for v, d in zip(ident, dtypes, strict=True))
-    outs = tuple(np.empty(n_bins, d) for d in dtypes)
+    bins = tuple(np.empty(n_bins, d) for d in carried)  # T == 1 folds into them in place
     T = histogram_threads(n, n_bins) if chunks is None else host.num_chunks(n, chunks)
-    privates = [np.empty((T, n_bins) if T > 1 else (0, 0), d) for d in dtypes]
-    histogram_kernel(combine, k, T > 1, mapper, len(xs))(T, indices, *xs, *ident, *privates, *outs)
-    return outs
+    privates = [np.empty((T, n_bins) if T > 1 else (0, 0), d) for d in carried]
+    histogram_kernel(combine, k, T > 1, mapper, len(xs))(T, indices, *xs, *ident, *privates, *bins)
+    return tuple(b.astype(d, copy=False) for b, d in zip(bins, dtypes, strict=True))

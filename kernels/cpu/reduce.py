@@ -213,7 +213,8 @@ def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, 
 
 
 def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], *,
-           chunks: int | None = None, commutative: bool = False, operator: str | None = None) -> tuple:
+           chunks: int | None = None, commutative: bool = False, operator: str | None = None,
+           carry: Sequence[Any] | None = None) -> tuple:
     """Reduce k 1-D arrays of one length n (the leaves of n elements) with `combine`.
 
     Returns a tuple of k NumPy scalars of the leaves' dtypes; the identity when n == 0.
@@ -221,35 +222,39 @@ def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.nd
     `commutative`: `combine` is commutative, so the elements may be folded in any order (faster).
     `operator`: "add" or "mul" when `combine` is exactly that operation (so commutative too): floating-point
     folds are then vectorised, reassociated as a commutative fold's lanes are.
+    `carry`: the dtypes the partial results are kept in (see host.carried_dtypes; `combine` takes and
+    returns those, and the results are rounded to the leaves' dtypes once).
     """
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
     dtypes = [a.dtype for a in leaves]
-    ident = host.cast_identity(identity, dtypes)
+    carried = host.carried_dtypes(carry, dtypes)
+    ident = host.cast_identity(identity, carried)
     commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
     return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel, commutative=commutative, operator=operator),
-                combine, ident, dtypes, leaves, chunks)
+                combine, ident, dtypes, carried, leaves, chunks)
 
 
 def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
                inputs: Sequence[np.ndarray], *, chunks: int | None = None, commutative: bool = False,
-               operator: str | None = None) -> tuple:
+               operator: str | None = None, carry: Sequence[Any] | None = None) -> tuple:
     """Reduce the elements mapper(inputs[0][i], ..., inputs[m-1][i]), i < n, without materialising them.
 
     `mapper` takes m scalars and returns k (a scalar when k == 1); the element dtypes are its result
-    types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes. `commutative` and
-    `operator`: as for reduce.
+    types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes. `commutative`,
+    `operator` and `carry`: as for reduce.
     """
     host.check_function(mapper, "mapper")
     host.check_function(combine, "combine")
     m, k = host.check_count(m, "m"), host.check_count(k, "k")
     inputs = host.check_arrays(inputs, m, 1, "inputs")
     dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
-    ident = host.cast_identity(identity, dtypes)
+    carried = host.carried_dtypes(carry, dtypes)
+    ident = host.cast_identity(identity, carried)
     commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
     return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel, commutative, operator), combine, ident,
-                dtypes, inputs, chunks)
+                dtypes, carried, inputs, chunks)
 
 
 def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> str | None:
@@ -259,13 +264,13 @@ def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> st
     return operator if k == 1 and dtypes[0].kind == "f" else None
 
 
-def _run(kernel_for: Callable[[bool], Any], combine: Any, ident: tuple, dtypes: list[np.dtype], xs: list[np.ndarray],
-         chunks: int | None) -> tuple:
-    host.check_combine(combine, dtypes)
+def _run(kernel_for: Callable[[bool], Any], combine: Any, ident: tuple, dtypes: list[np.dtype],
+         carried: list[np.dtype], xs: list[np.ndarray], chunks: int | None) -> tuple:
+    host.check_combine(combine, carried)
     n = xs[0].shape[0]
     if n == 0:
-        return ident
+        return tuple(d.type(v) for d, v in zip(dtypes, ident, strict=True))
     T = host.num_chunks(n, chunks)
-    partials = [np.empty(T, d) for d in dtypes]
+    partials = [np.empty(T, d) for d in carried]
     out = kernel_for(T > 1)(T, *xs, *ident, *partials)
     return tuple(d.type(v) for d, v in zip(dtypes, out, strict=True))

@@ -139,23 +139,25 @@ def scan_kernel(combine: Any, k: int, parallel: bool = True, *, exclusive: bool 
 
 def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray],
          exclusive: bool = False, reverse: bool = False, *, chunks: int | None = None,
-         out: Sequence[np.ndarray] | None = None) -> tuple:
+         out: Sequence[np.ndarray] | None = None, carry: Sequence[Any] | None = None) -> tuple:
     """Scan k 1-D arrays of one length n (the leaves of n elements) with `combine`.
 
     Returns a tuple of k arrays of length n with the leaves' dtypes (see the module docstring for the
     four variants): new ones, or `out` filled. `chunks` overrides the number of parallel chunks (default:
-    one per Numba thread).
+    one per Numba thread). `carry`: the dtypes the running values are kept in (see host.carried_dtypes:
+    `combine` takes and returns those, and each output is rounded to its leaf's dtype as it is stored).
     """
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
-    return _run(combine, k, identity, leaves, [a.dtype for a in leaves], exclusive, reverse, chunks, out, None)
+    return _run(combine, k, identity, leaves, [a.dtype for a in leaves], exclusive, reverse, chunks, out, None,
+                carry)
 
 
 def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any], inputs: Sequence[np.ndarray],
              exclusive: bool = False, reverse: bool = False, *, post: Any = None, r: int | None = None,
              step: Any = None, live: Sequence[int] | None = None, chunks: int | None = None,
-             out: Sequence[np.ndarray] | None = None) -> tuple:
+             out: Sequence[np.ndarray] | None = None, carry: Sequence[Any] | None = None) -> tuple:
     """Scan the elements mapper(inputs[0][i], ..., inputs[m-1][i]), i < n, without storing them.
 
     `mapper` takes m scalars and returns k (mapper None: the m == k inputs are the leaves, as in `scan`).
@@ -163,6 +165,7 @@ def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
     scan, which is then never stored either. With `step` (a combine that returns only the leaves `live`, in
     that order), the final pass computes only those: where the other leaves feed no output, as the matrix
     part of an affine recurrence whose vector part alone is read. Returns a tuple of k (or r) arrays.
+    `carry`: as for scan (`step` and `post` then take the carried values too).
     """
     for fn, what in ((mapper, "mapper"), (post, "post"), (step, "step")):
         if fn is not None:
@@ -174,17 +177,18 @@ def map_scan(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
     in_dtypes = [a.dtype for a in inputs]
     dtypes = in_dtypes if mapper is None else host.result_dtypes(mapper, in_dtypes, k, "mapper")
     live = _check_live(live, k, step)
+    carried = host.carried_dtypes(carry, dtypes)
     if step is not None:
-        host.result_dtypes(step, dtypes * 2, len(live), "step")
+        host.result_dtypes(step, carried * 2, len(live), "step")
     out_dtypes = None
     if post is None and r is not None:
         raise ValueError(f"r is the number of post's results; got r={r!r} without a post")
     if post is not None:
         r = host.check_count(r, "r")
-        out_dtypes = host.result_dtypes(post, list(dtypes) + in_dtypes, r, "post")
+        out_dtypes = host.result_dtypes(post, carried + in_dtypes, r, "post")
     if chunks is None and not parallel_pays(k, live, numba.get_num_threads()):
         chunks = 1
-    return _run(combine, k, identity, inputs, dtypes, exclusive, reverse, chunks, out, out_dtypes,
+    return _run(combine, k, identity, inputs, dtypes, exclusive, reverse, chunks, out, out_dtypes, carry,
                 mapper=mapper, post=post, r=r, step=step, live=live)
 
 
@@ -213,16 +217,17 @@ def _check_live(live: Any, k: int, step: Any) -> tuple | None:
 
 def _run(combine: Any, k: int, identity: Sequence[Any], inputs: list[np.ndarray], dtypes: list, exclusive: bool,
          reverse: bool, chunks: int | None, out: Sequence[np.ndarray] | None, out_dtypes: list | None,
-         **fused: Any) -> tuple:
+         carry: Sequence[Any] | None, **fused: Any) -> tuple:
     """Allocate (or check `out`, of `out_dtypes`, default the elements'), choose the chunks, run the kernel."""
-    ident = host.cast_identity(identity, dtypes)
-    host.check_combine(combine, dtypes)
+    carried = host.carried_dtypes(carry, dtypes)
+    ident = host.cast_identity(identity, carried)
+    host.check_combine(combine, carried)
     n = inputs[0].shape[0]
     outs = host.outputs(out, out_dtypes or dtypes, n, "out", reads=inputs)
     if n == 0:
         return outs
     T = host.num_chunks(n, chunks)
-    totals = [np.empty(T + 1, d) for d in dtypes]
+    totals = [np.empty(T + 1, d) for d in carried]
     m = len(inputs)
     scan_kernel(combine, k, T > 1, exclusive=exclusive, reverse=reverse, m=m, **fused)(T, *inputs, *ident, *totals, *outs)
     return outs

@@ -117,7 +117,8 @@ def has_wide_form(mapper: Any | None, combine: Any, k: int, elements: Sequence[n
 
 
 def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequence[Any],
-                     inputs: Sequence[np.ndarray], *, parallel: bool | None = None, commutative: bool = False) -> tuple:
+                     inputs: Sequence[np.ndarray], *, parallel: bool | None = None, commutative: bool = False,
+                     carry: Sequence[Any] | None = None) -> tuple:
     """Reduce every row of 2-D arrays of one shape (rows, n) along its last axis.
 
     Without mapper, `inputs` are the k leaves, C-contiguous. With mapper (m = len(inputs) scalars in, k
@@ -125,7 +126,8 @@ def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequenc
     strides (a broadcast view, stride 0, is read as it is). Returns a tuple of k arrays of
     length rows, of the element dtypes; the identity in every row when n == 0. `parallel` overrides the
     automatic choice between parallel and serial rows. `commutative`: `combine` is commutative, so a row's
-    elements may be folded in any order (on F64x4 values where has_wide_form).
+    elements may be folded in any order (on F64x4 values where has_wide_form). `carry`: the dtypes each
+    row's running value is kept in (see host.carried_dtypes; `combine` takes and returns those).
     """
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
@@ -138,8 +140,9 @@ def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequenc
             raise ValueError("inputs must be a non-empty sequence of 2-D arrays (the mapper's arguments)")
         inputs = host.check_arrays(inputs, len(inputs), 2, "inputs", any_strides=True)
         dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
-    ident = host.cast_identity(identity, dtypes)
-    host.check_combine(combine, dtypes)
+    carried = host.carried_dtypes(carry, dtypes)
+    ident = host.cast_identity(identity, carried)
+    host.check_combine(combine, carried)
     rows, n = inputs[0].shape
     if n == 0:
         return tuple(np.full(rows, v, d) for v, d in zip(ident, dtypes, strict=True))
@@ -147,6 +150,6 @@ def segmented_reduce(mapper: Any | None, combine: Any, k: int, identity: Sequenc
     if rows > 0:
         auto = 1 if rows == 1 else host.num_chunks(rows * n, None)
         T = auto if parallel is None else 1 + bool(parallel)
-        wide = commutative and has_wide_form(mapper, combine, k, dtypes, [a.dtype for a in inputs])
+        wide = commutative and has_wide_form(mapper, combine, k, carried, [a.dtype for a in inputs])
         segmented_kernel(mapper, combine, k, len(inputs), T > 1, lanes_for(n), wide)(T, *inputs, *ident, *outs)
     return outs
