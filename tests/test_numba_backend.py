@@ -1431,7 +1431,7 @@ _F32_SUMS = {
 @pytest.mark.parametrize("case", list(_F32_SUMS))
 def test_float32_sums_lose_no_more_accuracy_than_numpys(case, kernel_calls):
     """A float32 running total over 10^6 near-equal terms drifted by 1e-3 relative; the kernels sum float32
-    in float64 (wide_sums.py), so they stay within float32 rounding of the exact sum, as NumPy's pairwise sum does."""
+    in float64 (wide_folds.py), so they stay within float32 rounding of the exact sum, as NumPy's pairwise sum does."""
     f, shape, exact, kernel = _F32_SUMS[case]
     x = np.full(shape, 0.8153, np.float32)
     got = fold.jit(f, backend="numba")(x)
@@ -1442,10 +1442,63 @@ def test_float32_sums_lose_no_more_accuracy_than_numpys(case, kernel_calls):
     assert kernel_calls.get(kernel, 0) >= 1
 
 
+def _user_plus(a, b):  # + as the recogniser does not see it: a user's operator, folded by the kernels as written
+    return a + b + 0.0 * a * b
+
+
+def _user_times(a, b):
+    return a * b + 0.0 * a
+
+
+def _recurrence(a, b):  # ((a1, b1), (a2, b2)) -> (a1 a2, a2 b1 + b2): x_i = a_i x_{i-1} + b_i, not commutative
+    return a[0] * b[0], b[0] * a[1] + b[1]
+
+
+_BINS = np.arange(1_000_000) % 3
+_NEAR_ONE = 1.0 + 2.0 ** -20  # a float32 exactly, so the exact products are powers of it
+
+# name -> (f, its input's value, f's exact value from the float64 input, the kernel that must run): 10^6
+# equal float32 values, where a float32 running value drifts furthest
+_F32_FOLDS = {
+    "user reduce": (lambda x: fold.reduce(_user_plus, x, identity=0.0), 0.8153, np.sum, "reduce"),
+    "product": (lambda x: fold.reduce(lambda a, b: a * b, x, identity=1.0), _NEAR_ONE, np.prod, "reduce"),
+    "user scan": (lambda x: fold.scan(_user_plus, x, identity=0.0), 0.8153, np.cumsum, "scan"),
+    "reverse exclusive scan": (lambda x: fold.scan(_user_plus, x, identity=0.0, reverse=True, exclusive=True), 0.8153,
+                               lambda x: np.append(np.cumsum(x[::-1])[::-1][1:], 0.0), "scan"),
+    "linear recurrence": (lambda x: fold.scan(_recurrence, (x * 0.0 + 1.0, x), identity=(1.0, 0.0))[1], 0.8153,
+                          np.cumsum, "scan"),
+    "reduce by index": (lambda x: fold.reduce_by_index(_user_plus, 3, _BINS, x, identity=0.0), 0.8153,
+                        lambda x: np.bincount(_BINS, x, 3), "histogram"),
+    "row folds": (lambda x: fold.map(lambda r: fold.reduce(_user_plus, r, identity=0.0), x.reshape(2, -1)), 0.8153,
+                  lambda x: x.reshape(2, -1).sum(1), "segmented_reduce"),
+    "map then fold": (lambda x: fold.reduce(_user_plus, fold.map(lambda v: v * 2.0, x), identity=0.0), 0.8153,
+                      lambda x: 2.0 * x.sum(), "map_reduce"),
+    "map, scan, map": (lambda x: fold.map(lambda v: v * 4.0, fold.scan(_user_plus, fold.map(lambda v: v * 2.0, x), identity=0.0)),
+                       0.8153, lambda x: 8.0 * np.cumsum(x), "map_scan"),
+    "generic gradient": (fold.grad(lambda x: fold.reduce(_user_times, x, identity=1.0), reduce_rule="generic"), _NEAR_ONE,
+                         lambda x: np.prod(x) / x, "scan_pair_map"),
+}
+
+
+@pytest.mark.parametrize("case", list(_F32_FOLDS))
+def test_float32_folds_are_carried_in_float64(case, kernel_calls):
+    """A kernel's float32 running value drifted with length: a user's + scanned over 10^6 values of 0.8153
+    ended 1e-3 off. The kernels carry float32 folds in float64 (wide_folds.py): each result is the exact
+    one rounded to float32 once (the numpy backend's tree of float32 combines stays within about 1e-7)."""
+    f, value, exact, kernel = _F32_FOLDS[case]
+    x = np.full(1_000_000, value, np.float32)
+    got = fold.jit(f, backend="numba")(x)
+    want = exact(x.astype(np.float64))
+    assert got.dtype == np.float32
+    # a gradient's mapper rounds the prefix and the suffix to float32, then multiplies: three roundings
+    np.testing.assert_allclose(got, want, rtol=4e-7 if "gradient" in case else 1e-7)
+    assert kernel_calls.get(kernel, 0) >= 1
+
+
 def test_a_widened_sum_body_is_built_once_per_body():
     """The float64 copy of a summed body is what compile_scalar_program memoises: a new copy per call would
     regenerate the kernel's module source on every call (a float32 sum of 2^16 took 119 us a call, not 41)."""
-    from runtime.numba_backend.wide_sums import widened_last_output
+    from runtime.numba_backend.wide_folds import widened_last_output
 
     body = fold.trace(lambda v: fold.exp(v) * 2.0, np.zeros((), np.float32))
     widened = widened_last_output(body)

@@ -35,7 +35,7 @@ from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, has_f64x4_form, has_lane_form, is_scalar_program
 from .lowering import decline, fold_options, numba_impls, run_kernel, sum_reduce_program, worth_compiling
-from .wide_sums import WIDE, reduce_widens, wide_add, widened_last_output, widens
+from .wide_folds import WIDE, carried_operator, reduce_widens, wide_add, widened_last_output, widens
 
 ELEMENTWISE = (Elementwise, Convert)  # the primitives a run is made of
 
@@ -341,20 +341,22 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
 
 
 def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: int):
-    wide = reduce_widens(prim.reduce)  # a float32 sum: summed in float64 (wide_sums.py)
+    # a float32 sum: summed in float64; another float32 fold: carried in float64 (wide_folds.py)
+    dtype = prim.region.outputs[-1].aval.dtype
+    wide = reduce_widens(prim.reduce)
+    operator, carry = (None, None) if wide else carried_operator(prim.reduce.body, prim.reduce.num_consts, [dtype])
     try:
-        combine = wide_add() if wide else compile_scalar_program(prim.reduce.body)
+        combine = wide_add() if wide else compile_scalar_program(operator)
         fn = compile_scalar_program(widened_last_output(prim.body)) if wide else fn
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its reduce operator does not compile: {type(err).__name__}")
     identity = (WIDE.type(prim.identity),) if wide else (prim.identity,)
-    dtype = prim.region.outputs[-1].aval.dtype
     if depth == 0:  # the whole run folded to one value
-        total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs,
+        total = run_kernel(prim, "map_reduce", fn, len(inputs), combine, 1, identity, inputs, carry=carry,
                            **fold_options(prim.reduce))
         return None if total is None else [np.asarray(total[0]).astype(dtype, copy=False)]
     rows = run_kernel(prim, "segmented_reduce", fn, combine, 1, identity, inputs,  # one fold per row
-                      commutative=fold_options(prim.reduce)["commutative"])
+                      commutative=fold_options(prim.reduce)["commutative"], carry=carry)
     return None if rows is None else [rows[0].astype(dtype, copy=False)]
 
 
@@ -363,7 +365,7 @@ def _fused_row_sums(prim: FusedElementwise, fn, inputs: list[np.ndarray]):
     if inputs[0].ndim != 2:
         return None
     dtype = prim.region.outputs[-1].aval.dtype
-    if widens("add", dtype):  # float32 row sums: summed in float64 (wide_sums.py)
+    if widens("add", dtype):  # float32 row sums: summed in float64 (wide_folds.py)
         fn = compile_scalar_program(widened_last_output(prim.body))
     stored = [np.empty(inputs[0].shape, v.aval.dtype) for v in prim.region.outputs[:-1]]
     found = run_kernel(prim, "map_with_row_sums", fn, len(inputs), len(stored), inputs, out=stored)

@@ -19,7 +19,7 @@ from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .lowering import (_element_shapes, _identity, _joined, _operator_and_identity, _split, decline, fold_options,
                        map_inputs, numba_impls, run_kernel, worth_compiling)
-from .wide_sums import WIDE, reduce_widens, wide_add, widened_last_output
+from .wide_folds import WIDE, carried_operator, reduce_widens, wide_add, widened_last_output
 
 
 @dataclass(frozen=True)
@@ -112,12 +112,15 @@ def _fused(prim: FusedMapReduce, args: list, depth: int):
         return None
     import kernels.cpu
 
-    wide = reduce_widens(prim.reduce)  # a float32 sum: summed in float64 (wide_sums.py)
+    # a float32 sum: summed in float64; another float32 fold: carried in float64 (wide_folds.py)
+    wide = reduce_widens(prim.reduce)
+    operator, carry = (None, None) if wide else carried_operator(prim.reduce.body, prim.reduce.num_consts,
+                                                                  [np.asarray(ident[0]).dtype])
     try:
         mapper = compile_scalar_program(widened_last_output(prim.map.body) if wide else prim.map.body)
-        combine = wide_add() if wide else compile_scalar_program(prim.reduce.body)
+        combine = wide_add() if wide else compile_scalar_program(operator)
         result = kernels.cpu.map_reduce(mapper, len(inputs), combine, 1, (WIDE.type(ident[0]),) if wide else ident,
-                                         inputs, **fold_options(prim.reduce))
+                                         inputs, carry=carry, **fold_options(prim.reduce))
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"it does not compile: {type(err).__name__}")
     return [np.asarray(result[0]).astype(prim.map.body.outputs[-1].aval.dtype, copy=False)]
@@ -146,12 +149,12 @@ def _fused_histogram(prim: FusedMapHistogram, args: list, depth: int):
     setup = _operator_and_identity(rbi, args[:1])
     if setup is None:
         return None
-    combine, ident = setup
+    combine, ident, carry = setup
     try:
         mapper = compile_scalar_program(prim.map.body)
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its map does not compile: {type(err).__name__}")
     inputs = _split(list(xs), shapes, 1)
     bins = run_kernel(prim, "map_histogram", mapper, len(inputs), combine, len(ident), ident, rbi.n,
-                      np.ascontiguousarray(indices, dtype=np.int64), inputs)
+                      np.ascontiguousarray(indices, dtype=np.int64), inputs, carry=carry)
     return _joined(bins, _element_shapes(rbi))

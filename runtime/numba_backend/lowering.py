@@ -27,7 +27,7 @@ from runtime.numpy_impl.control import _map as batched_map
 
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .compile_clock import compile_seconds_so_far
-from .wide_sums import wide_add, widen, widens
+from .wide_folds import carried_operator, wide_add, widen, widens
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str]] = set()
@@ -135,12 +135,17 @@ def _kernels():
 
 
 def _operator_and_identity(prim, args: list):
-    """(compiled operator, identity scalars), or None after declining (with a warning if a kernel was the plan)."""
+    """(compiled operator, identity scalars, carry), or None after declining (with a warning if a kernel was
+    the plan). Float32 leaves are folded in float64 (wide_folds.py): the operator then takes and returns
+    float64 running values, and `carry` (the kernels' argument) says so; otherwise it is None."""
     combine, why = _scalar_operator(prim)
     if combine is None:
         return decline(prim, why)
     ident = _identity(args[prim.num_consts: prim.num_consts + prim.num_leaves], _element_shapes(prim))
-    return None if ident is None else (combine, ident)
+    if ident is None:
+        return None
+    body, carry = carried_operator(prim.body, prim.num_consts, [np.asarray(v).dtype for v in ident])
+    return (combine if carry is None else compile_scalar_program(body)), ident, carry
 
 
 # Recognised reductions NumPy runs on one thread, which a parallel kernel beats on large inputs without
@@ -185,16 +190,16 @@ def _reduce(prim: Reduce, args: list, depth: int):
     setup = _operator_and_identity(prim, args)
     if setup is None:
         return None
-    combine, ident = setup
+    combine, ident, carry = setup
     shapes, k = _element_shapes(prim), len(ident)
     xs = args[prim.num_consts + prim.num_leaves:]
     if depth == 0:
-        return _joined(run_kernel(prim, "reduce", combine, k, ident, _split(xs, shapes, 1), **fold_options(prim)),
-                       shapes)
+        return _joined(run_kernel(prim, "reduce", combine, k, ident, _split(xs, shapes, 1), carry=carry,
+                                  **fold_options(prim)), shapes)
     rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]  # a reduce inside a map: one fold per row
     full = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs]
     return _joined(run_kernel(prim, "segmented_reduce", None, combine, k, ident, _split(full, shapes, 2),
-                              commutative=is_commutative(prim)), shapes)
+                              commutative=is_commutative(prim), carry=carry), shapes)
 
 
 @numba_impls.register(SumAxes)
@@ -210,7 +215,7 @@ def _sum(prim: SumAxes, args: list, depth: int):
     if axis == 0:
         sums = run_kernel(prim, "column_sums", x)
         return None if sums is None else [sums]
-    if widens("add", x.dtype):  # float32 row sums: summed in float64 (wide_sums.py)
+    if widens("add", x.dtype):  # float32 row sums: summed in float64 (wide_folds.py)
         rows = run_kernel(prim, "segmented_reduce", widen(x.dtype), wide_add(), 1, (0.0,), [x], commutative=True)
         return None if rows is None else [rows[0].astype(x.dtype)]
     combine = compile_scalar_program(sum_reduce_program(x.dtype).stmts[0].prim.body)
@@ -236,11 +241,11 @@ def _scan(prim: Scan, args: list, depth: int):
     setup = _operator_and_identity(prim, args)
     if setup is None:
         return None
-    combine, ident = setup
+    combine, ident, carry = setup
     xs = args[prim.num_consts + prim.num_leaves:]
     columns, leaves = _allocate(xs[0].shape[0], [v.aval for v in prim.body.inputs[prim.num_consts: prim.num_consts + prim.num_leaves]])
     done = run_kernel(prim, "scan", combine, len(ident), ident, _split(xs, _element_shapes(prim), 1),
-                      exclusive=prim.exclusive, reverse=prim.reverse, out=columns)
+                      exclusive=prim.exclusive, reverse=prim.reverse, out=columns, carry=carry)
     return None if done is None else leaves()
 
 
@@ -249,11 +254,12 @@ def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
     setup = None if depth else _operator_and_identity(prim, args)
     if setup is None:
         return None
-    combine, ident = setup
+    combine, ident, carry = setup
     shapes, k = _element_shapes(prim), prim.num_leaves
     indices = np.ascontiguousarray(args[prim.num_consts + k], dtype=np.int64)
     values = _split(args[prim.num_consts + k + 1:], shapes, 1)
-    return _joined(run_kernel(prim, "histogram", combine, len(ident), ident, prim.n, indices, values), shapes)
+    return _joined(run_kernel(prim, "histogram", combine, len(ident), ident, prim.n, indices, values, carry=carry),
+                   shapes)
 
 
 def map_inputs(prim: Map, args: list) -> list[np.ndarray] | None:

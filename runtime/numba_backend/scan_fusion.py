@@ -30,6 +30,7 @@ from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_problem, compile_scalar_program
 from .lowering import (_allocate, _identity, _split, components_of, decline, numba_impls, reference_until_hot,
                        run_kernel, worth_compiling)
+from .wide_folds import carried_operator, rounding_inputs, widened_operator
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,10 +247,15 @@ def _fused(prim: FusedMapScan, args: list, depth: int):
         problem = None if fused is None else compile_problem(fused)
         if problem is not None:
             return decline(prim, f"its fused maps cannot be compiled: {problem}")
+    # float32 leaves carried in float64 (wide_folds.py): the operators widened, `post` rounding what it reads
+    combine, carry = carried_operator(scan.prim.body, scan.prim.num_consts, [np.asarray(v).dtype for v in ident])
+    step = prim.step if prim.step is None or carry is None else widened_operator(prim.step)
+    if step is None and prim.step is not None:  # a step that does not widen: nothing is carried wide
+        combine, carry, step = scan.prim.body, None, prim.step
+    post = None if prim.finish is None else prim.finish if carry is None else rounding_inputs(prim.finish, range(k))
+    programs = {"combine": combine, "mapper": prim.mapper, "post": post, "step": step}
     try:
-        functions = {name: None if p is None else compile_scalar_program(p)
-                     for name, p in (("combine", scan.prim.body), ("mapper", prim.mapper), ("post", prim.finish),
-                                     ("step", prim.step))}
+        functions = {name: None if p is None else compile_scalar_program(p) for name, p in programs.items()}
     except Exception as err:  # noqa: BLE001 - any compile failure: the replaced statements run as they were
         return decline(prim, f"it does not compile: {type(err).__name__}")
     columns = []
@@ -263,7 +269,7 @@ def _fused(prim: FusedMapScan, args: list, depth: int):
     done = run_kernel(prim, "map_scan", functions["mapper"], len(columns), functions["combine"], len(ident), ident,
                       columns, scan.prim.exclusive, scan.prim.reverse, post=functions["post"],
                       r=None if finish is None else len(out),
-                      step=functions["step"], live=live, out=out)
+                      step=functions["step"], live=live, out=out, carry=carry)
     if done is None:
         return None
     leaves = results()

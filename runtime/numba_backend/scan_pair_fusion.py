@@ -21,6 +21,7 @@ from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, program_source
 from .lowering import (_allocate, _identity, _scalar_operator, _split, decline, numba_impls, reference_until_hot,
                        run_kernel, worth_compiling)
+from .wide_folds import carried_operator, rounding_inputs
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,12 @@ def _scan_pair_map(prim: FusedScanPairMap, args: list, depth: int):
     if combine is None:
         return decline(prim, why)
     body = prim.kernel_body
+    # float32 leaves carried in float64 (wide_folds.py): the operator widened, the mapper rounding the scans
+    operator, carry = carried_operator(prim.forward.body, prim.forward.num_consts, [np.asarray(v).dtype for v in ident])
     try:
+        if carry is not None:
+            combine = compile_scalar_program(operator)
+            body = rounding_inputs(body, range(len(consts), len(consts) + 2 * len(shapes)))
         mapper = compile_scalar_program(body)
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its map does not compile: {type(err).__name__}")
@@ -160,5 +166,5 @@ def _scan_pair_map(prim: FusedScanPairMap, args: list, depth: int):
     scalars = [v for c in consts for v in np.asarray(c).reshape(-1)]
     columns, leaves = _allocate(xs[0].shape[0], list(body.out_avals))
     done = run_kernel(prim, "scan_pair_map", combine, len(ident), ident, _split(xs, shapes, 1), mapper, len(columns),
-                      _split(others, other_shapes, 1), scalars, out=columns)
+                      _split(others, other_shapes, 1), scalars, out=columns, carry=carry)
     return None if done is None else leaves()
