@@ -17,6 +17,7 @@ from fold.primitives import Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
+from .accumulation import chain_dtype, reduce_dtype
 from .batching import concat_broadcast, expand_for_body, fit_axis, take_axis
 
 Leaves = list[np.ndarray]
@@ -118,8 +119,9 @@ def _reduce(prim: Reduce, args: list, depth: int) -> list:
     ufunc = _fast_ufunc(prim)
     if ufunc is np.logaddexp:
         return [_logsumexp(xs[0], depth)]
-    if ufunc is not None:
-        return [ufunc.reduce(xs[0], axis=depth)]
+    if ufunc is not None:  # float32 in float64 where NumPy would chain float32 (accumulation.py)
+        x = xs[0]
+        return [ufunc.reduce(x, axis=depth, dtype=reduce_dtype(ufunc, x, (depth,))).astype(x.dtype, copy=False)]
     return tree_reduce(xs, depth, _combiner(prim, consts, depth))
 
 
@@ -128,11 +130,10 @@ def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
     element-by-element logaddexp.reduce. -inf everywhere gives -inf, +inf gives +inf, NaN propagates."""
     top = np.max(x, axis=axis, keepdims=True)
     shift = np.where(np.isfinite(top), top, 0.0).astype(x.dtype, copy=False)
-    total = np.log(np.sum(np.exp(x - shift), axis=axis, keepdims=True)) + shift
+    terms = np.exp(x - shift)
+    total = np.sum(terms, axis=axis, keepdims=True, dtype=reduce_dtype(np.add, terms, (axis,))).astype(x.dtype, copy=False)
+    total = np.log(total) + shift
     return np.squeeze(total, axis=axis).astype(x.dtype, copy=False)
-
-
-_ACCUMULATE = {"add": np.cumsum, "mul": np.cumprod}
 
 
 @numpy_impls.register(Scan)
@@ -143,7 +144,8 @@ def _scan(prim: Scan, args: list, depth: int) -> list:
     ufunc = _fast_ufunc(prim)
     if ufunc is not None:
         accumulate: Combine = lambda a, b: [ufunc(a[0], b[0])]  # noqa: E731 (only used for the flips)
-        inclusive = lambda x: [ufunc.accumulate(x[0], axis=depth)]  # noqa: E731
+        wide = chain_dtype(ufunc, xs[0].dtype)  # float32 accumulated in float64 (accumulation.py)
+        inclusive = lambda x: [ufunc.accumulate(x[0], axis=depth, dtype=wide).astype(x[0].dtype, copy=False)]  # noqa: E731
         if prim.exclusive:
             out = _exclusive_accumulate(ufunc, np.flip(xs[0], depth) if prim.reverse else xs[0], identity[0], depth)
             if out is not None:
@@ -166,7 +168,8 @@ def _exclusive_accumulate(ufunc: np.ufunc, x: np.ndarray, identity: np.ndarray, 
     out = np.empty(x.shape, dtype=x.dtype)
     take_axis(out, axis, slice(0, 1))[...] = identity
     if n > 1:
-        ufunc.accumulate(take_axis(x, axis, slice(0, n - 1)), axis=axis, out=take_axis(out, axis, slice(1, n)))
+        ufunc.accumulate(take_axis(x, axis, slice(0, n - 1)), axis=axis, out=take_axis(out, axis, slice(1, n)),
+                         dtype=chain_dtype(ufunc, x.dtype))
     return out
 
 
@@ -193,8 +196,11 @@ def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int) -> list:
     out = [np.array(np.broadcast_to(e, batch + e.shape[depth:]).reshape((nb,) + e.shape[depth:]))[:, None].repeat(prim.n, axis=1)
            .reshape((nb * prim.n,) + e.shape[depth:]) for e in identity]
     ufunc = _fast_ufunc(prim)
-    if ufunc is not None:
-        ufunc.at(out[0], keys, vals[0])
+    if ufunc is not None:  # float32 bins accumulated in float64 (accumulation.py)
+        wide = chain_dtype(ufunc, out[0].dtype)
+        bins = out[0] if wide is None else out[0].astype(wide)
+        ufunc.at(bins, keys, vals[0] if wide is None else vals[0].astype(wide))
+        out[0] = bins.astype(out[0].dtype, copy=False)
     elif keys.size:
         _segmented_reduce(prim, consts, depth, batch, keys, rows, vals, out)
     return [o.reshape(batch + (prim.n,) + o.shape[1:]) for o in out]

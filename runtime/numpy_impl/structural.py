@@ -21,6 +21,7 @@ from fold.primitives import (
 )
 
 from ..interpreter import numpy_impls
+from .accumulation import reduce_dtype
 from .batching import batch_shape, concat_broadcast
 
 
@@ -128,4 +129,5 @@ def _rows(shape: tuple) -> int:
 @numpy_impls.register(SumAxes)
 def _sum(prim: SumAxes, args: list, depth: int) -> list:
     (x,) = args
-    return [np.sum(x, axis=tuple(depth + a for a in prim.axes))]
+    axes = tuple(depth + a for a in prim.axes)
+    return [np.sum(x, axis=axes, dtype=reduce_dtype(np.add, x, axes)).astype(x.dtype, copy=False)]  # accumulation.py
