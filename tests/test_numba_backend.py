@@ -1495,6 +1495,23 @@ def test_float32_folds_are_carried_in_float64(case, kernel_calls):
     assert kernel_calls.get(kernel, 0) >= 1
 
 
+@pytest.mark.parametrize("reverse,exclusive", [(False, False), (True, True)])
+def test_a_long_cumulative_sum_runs_the_scan_kernel(reverse, exclusive, kernel_calls):
+    """A + scan from COMPILE_FROM elements runs the parallel scan kernel (3x NumPy's single-threaded cumsum);
+    a shorter one stays with cumsum, which costs no compilation."""
+    from runtime.numba_backend.lowering import COMPILE_FROM
+
+    f = fold.jit(lambda x: fold.scan(fold.monoids.sum, x, reverse=reverse, exclusive=exclusive), backend="numba")
+    short = rng.normal(size=COMPILE_FROM - 1)
+    want = np.cumsum(short[::-1])[::-1] - short if reverse else np.cumsum(short)
+    np.testing.assert_allclose(f(short), want, rtol=1e-12, atol=1e-9)
+    assert kernel_calls.get("scan", 0) == 0
+    x = rng.normal(size=300_001)
+    want = np.cumsum(x[::-1])[::-1] - x if reverse else np.cumsum(x)
+    np.testing.assert_allclose(f(x), want, rtol=1e-12, atol=1e-9)
+    assert kernel_calls["scan"] == 1
+
+
 def test_a_widened_sum_body_is_built_once_per_body():
     """The float64 copy of a summed body is what compile_scalar_program memoises: a new copy per call would
     regenerate the kernel's module source on every call (a float32 sum of 2^16 took 119 us a call, not 41)."""
