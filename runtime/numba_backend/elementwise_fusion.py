@@ -35,7 +35,7 @@ from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, has_f64x4_form, has_lane_form, is_scalar_program
 from .lowering import decline, fold_options, numba_impls, run_kernel, sum_reduce_program, worth_compiling
-from .wide_folds import WIDE, carried_operator, reduce_widens, wide_add, widened_last_output, widens
+from .wide_folds import WIDE, fused_fold, widened_last_output, widens
 
 ELEMENTWISE = (Elementwise, Convert)  # the primitives a run is made of
 
@@ -341,12 +341,9 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
 
 
 def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: int):
-    # a float32 sum: summed in float64; another float32 fold: carried in float64 (wide_folds.py)
     dtype = prim.region.outputs[-1].aval.dtype
-    wide = reduce_widens(prim.reduce)
-    operator, carry = (None, None) if wide else carried_operator(prim.reduce.body, prim.reduce.num_consts, [dtype])
-    try:
-        combine = wide_add() if wide else compile_scalar_program(operator)
+    try:  # a float32 sum: summed in float64; another float32 fold: carried in float64 (wide_folds.py)
+        combine, wide, carry = fused_fold(prim.reduce, dtype)
         fn = compile_scalar_program(widened_last_output(prim.body)) if wide else fn
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its reduce operator does not compile: {type(err).__name__}")

@@ -19,7 +19,7 @@ from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .lowering import (_element_shapes, _identity, _joined, _operator_and_identity, _split, decline, fold_options,
                        map_inputs, numba_impls, run_kernel, worth_compiling)
-from .wide_folds import WIDE, carried_operator, reduce_widens, wide_add, widened_last_output
+from .wide_folds import WIDE, fused_fold, widened_last_output
 
 
 @dataclass(frozen=True)
@@ -112,13 +112,9 @@ def _fused(prim: FusedMapReduce, args: list, depth: int):
         return None
     import kernels.cpu
 
-    # a float32 sum: summed in float64; another float32 fold: carried in float64 (wide_folds.py)
-    wide = reduce_widens(prim.reduce)
-    operator, carry = (None, None) if wide else carried_operator(prim.reduce.body, prim.reduce.num_consts,
-                                                                  [np.asarray(ident[0]).dtype])
-    try:
+    try:  # a float32 sum: summed in float64; another float32 fold: carried in float64 (wide_folds.py)
+        combine, wide, carry = fused_fold(prim.reduce, np.asarray(ident[0]).dtype)
         mapper = compile_scalar_program(widened_last_output(prim.map.body) if wide else prim.map.body)
-        combine = wide_add() if wide else compile_scalar_program(operator)
         result = kernels.cpu.map_reduce(mapper, len(inputs), combine, 1, (WIDE.type(ident[0]),) if wide else ident,
                                          inputs, carry=carry, **fold_options(prim.reduce))
     except Exception as err:  # noqa: BLE001

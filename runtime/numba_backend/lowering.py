@@ -42,16 +42,20 @@ def decline(prim, reason: str) -> None:
 
 
 def _scalar_operator(prim):
-    """The operator compiled as a function of its elements' scalar components, or the reason it cannot be."""
+    """(the operator compiled as a function of its elements' scalar components, the kernels' `carry`, None),
+    or (None, None, the reason it cannot be). Float32 leaves are folded in float64 (wide_folds.py): the
+    operator is then compiled on float64 running values, and `carry` says so; otherwise it is None."""
     if prim.num_consts:
-        return None, "its operator captures values"
+        return None, None, "its operator captures values"
     problem = compile_problem(prim.body)
     if problem is not None:
-        return None, f"its operator cannot be compiled: {problem}"
+        return None, None, f"its operator cannot be compiled: {problem}"
+    components = [v.aval.dtype for v in prim.body.inputs[: prim.num_leaves] for _ in range(components_of(v.aval.shape))]
+    body, carry = carried_operator(prim.body, prim.num_consts, components)
     try:
-        return compile_scalar_program(prim.body), None
+        return compile_scalar_program(body), carry, None
     except Exception as err:  # noqa: BLE001 - any compile failure means: use the reference implementation
-        return None, f"its operator does not compile: {type(err).__name__}"
+        return None, None, f"its operator does not compile: {type(err).__name__}"
 
 
 def _element_shapes(prim) -> list[tuple[int, ...]]:
@@ -135,17 +139,13 @@ def _kernels():
 
 
 def _operator_and_identity(prim, args: list):
-    """(compiled operator, identity scalars, carry), or None after declining (with a warning if a kernel was
-    the plan). Float32 leaves are folded in float64 (wide_folds.py): the operator then takes and returns
-    float64 running values, and `carry` (the kernels' argument) says so; otherwise it is None."""
-    combine, why = _scalar_operator(prim)
+    """(compiled operator, identity scalars, carry: see _scalar_operator), or None after declining (with a
+    warning if a kernel was the plan)."""
+    combine, carry, why = _scalar_operator(prim)
     if combine is None:
         return decline(prim, why)
     ident = _identity(args[prim.num_consts: prim.num_consts + prim.num_leaves], _element_shapes(prim))
-    if ident is None:
-        return None
-    body, carry = carried_operator(prim.body, prim.num_consts, [np.asarray(v).dtype for v in ident])
-    return (combine if carry is None else compile_scalar_program(body)), ident, carry
+    return None if ident is None else (combine, ident, carry)
 
 
 # Recognised reductions NumPy runs on one thread, which a parallel kernel beats on large inputs without

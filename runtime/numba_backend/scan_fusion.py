@@ -249,9 +249,11 @@ def _fused(prim: FusedMapScan, args: list, depth: int):
             return decline(prim, f"its fused maps cannot be compiled: {problem}")
     # float32 leaves carried in float64 (wide_folds.py): the operators widened, `post` rounding what it reads
     combine, carry = carried_operator(scan.prim.body, scan.prim.num_consts, [np.asarray(v).dtype for v in ident])
-    step = prim.step if prim.step is None or carry is None else widened_operator(prim.step)
-    if step is None and prim.step is not None:  # a step that does not widen: nothing is carried wide
-        combine, carry, step = scan.prim.body, None, prim.step
+    step = prim.step
+    if carry is not None and step is not None:
+        step = widened_operator(step)
+        if step is None:  # a step that does not widen: nothing is carried wide
+            combine, carry, step = scan.prim.body, None, prim.step
     post = None if prim.finish is None else prim.finish if carry is None else rounding_inputs(prim.finish, range(k))
     programs = {"combine": combine, "mapper": prim.mapper, "post": post, "step": step}
     try:

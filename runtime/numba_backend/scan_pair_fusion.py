@@ -21,7 +21,7 @@ from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, program_source
 from .lowering import (_allocate, _identity, _scalar_operator, _split, decline, numba_impls, reference_until_hot,
                        run_kernel, worth_compiling)
-from .wide_folds import carried_operator, rounding_inputs
+from .wide_folds import rounding_inputs
 
 
 @dataclass(frozen=True)
@@ -149,15 +149,12 @@ def _scan_pair_map(prim: FusedScanPairMap, args: list, depth: int):
     ident = _identity(identity, shapes)
     if ident is None:
         return None
-    combine, why = _scalar_operator(prim.forward)
+    combine, carry, why = _scalar_operator(prim.forward)
     if combine is None:
         return decline(prim, why)
     body = prim.kernel_body
-    # float32 leaves carried in float64 (wide_folds.py): the operator widened, the mapper rounding the scans
-    operator, carry = carried_operator(prim.forward.body, prim.forward.num_consts, [np.asarray(v).dtype for v in ident])
     try:
-        if carry is not None:
-            combine = compile_scalar_program(operator)
+        if carry is not None:  # float32 scans carried in float64 (wide_folds.py): the mapper rounds what it reads
             body = rounding_inputs(body, range(len(consts), len(consts) + 2 * len(shapes)))
         mapper = compile_scalar_program(body)
     except Exception as err:  # noqa: BLE001

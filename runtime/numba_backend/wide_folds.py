@@ -70,6 +70,16 @@ def carried_operator(body: Program, num_consts: int, dtypes) -> tuple[Program, t
     return (body, None) if wide is None else (wide, carry)
 
 
+def fused_fold(reduce_prim, dtype: np.dtype) -> tuple[Callable, bool, tuple[np.dtype, ...] | None]:
+    """How a kernel fusing a map into this Reduce (one leaf of `dtype`) folds: (its compiled combine, whether
+    it sums float64 values (a float32 sum: the map's value widened by widened_last_output, the identity
+    float64), its `carry` (another float32 fold, see carried_operator))."""
+    if reduce_widens(reduce_prim):
+        return wide_add(), True, None
+    operator, carry = carried_operator(reduce_prim.body, reduce_prim.num_consts, [dtype])
+    return compile_scalar_program(operator), False, carry
+
+
 def widened_operator(body: Program) -> Program | None:
     """`body` traced again on float64 where it had float32 inputs, so that a kernel's running values stay
     float64 through it: float32 literals become float64, and an elementwise operation meeting float32 and
