@@ -15,6 +15,7 @@ backend keeps the numpy implementation for them.
 from __future__ import annotations
 
 import math
+import os
 import re
 import weakref
 from typing import Callable
@@ -50,6 +51,10 @@ MAX_STATEMENTS = 1024
 # A kernel calls an operator of k-leaf elements with 2k scalars; CPython compiles a call of more than 30
 # arguments into a *args call, which Numba's inline="always" cannot inline: such a lambda is an ordinary call.
 MAX_INLINED_PARAMETERS = 30
+# Numba inlines a function at its IR level, once per call site, before typing it: a kernel calling an
+# operator at many sites (scan_pair_map's interleaved segments: 18) compiles its body that many times. A
+# larger function is an ordinary call, which LLVM may still inline, at a fraction of the compile time.
+MAX_INLINED_STATEMENTS = int(os.environ.get("FOLD_MAX_INLINED_STATEMENTS", "48"))
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 
 
@@ -430,11 +435,10 @@ def has_lane_form(program: Program) -> bool:
     return _lane_source(*_expand(program), "scalar_fn_lanes") is not None
 
 
-def _module_source(program: Program) -> tuple[str, bool, bool]:
+def _module_source(program: Program, expanded: tuple[_Writer, list[str], list[str]]) -> tuple[str, bool, bool]:
     """The program as the text of a module: its imports, `scalar_fn`, its lane form `scalar_fn_lanes` if any
     and its F64x4 form `scalar_fn_f64x4` if any (and whether there are those two). The helpers' own source
     is hashed into it, so the text (which names the module on disk) changes whenever what it calls changes."""
-    expanded = _expand(program)
     lane_form = _lane_source(*expanded, "scalar_fn_lanes")
     f64x4_form = _f64x4_source(program, "scalar_fn_f64x4")
     vector_imports = [] if lane_form is None else [
@@ -469,9 +473,11 @@ def compile_scalar_program(program: Program) -> Callable:
     through the disk cache of kernels.cpu.modules, in later ones."""
     fn = _compiled.get(program)
     if fn is None:
-        inline = sum(components(v.aval) for v in program.inputs) <= MAX_INLINED_PARAMETERS
+        expanded = _expand(program)
+        writer, params, _ = expanded
+        inline = len(params) <= MAX_INLINED_PARAMETERS and len(writer.lines) <= MAX_INLINED_STATEMENTS
         options = {"inline": "always"} if inline else {}
-        source, has_lane_form, has_vector_form = _module_source(program)
+        source, has_lane_form, has_vector_form = _module_source(program, expanded)
         jit = {"scalar_fn": options, **({"scalar_fn_lanes": {"inline": "always"}} if has_lane_form else {}),
                **({"scalar_fn_f64x4": {"inline": "always"}} if has_vector_form else {})}
         module = load_module(source, jit)
