@@ -1521,3 +1521,30 @@ def test_a_widened_sum_body_is_built_once_per_body():
     widened = widened_last_output(body)
     assert widened is widened_last_output(body)
     assert widened.out_avals[-1].dtype == np.float64 and body.out_avals[-1].dtype == np.float32
+
+
+def test_only_short_operators_are_inlined_at_each_call_site():
+    """Numba inlines an `inline="always"` function once per call site, and a generic-rule gradient's kernel
+    calls its operator at 18: an operator of more than MAX_INLINED_STATEMENTS written-out statements is an
+    ordinary call instead (the Hessian-vector product of a logwsum fold, v in R^5: its combine has 90), and
+    a kernel calling it still computes the same."""
+    from runtime.numba_backend.codegen import MAX_INLINED_PARAMETERS, MAX_INLINED_STATEMENTS, compile_scalar_program
+
+    def chain(a, b, steps):
+        for _ in range(steps):
+            a = a * 0.5 + b
+        return a
+
+    def inlined(steps: int) -> bool:
+        program = fold.trace(lambda a, b: chain(a, b, steps), np.float64(1.0), np.float64(2.0))
+        return compile_scalar_program(program).targetoptions.get("inline") == "always"
+
+    assert MAX_INLINED_PARAMETERS >= 2
+    assert inlined(MAX_INLINED_STATEMENTS // 2 - 1)      # two statements a step
+    assert not inlined(MAX_INLINED_STATEMENTS // 2 + 1)
+    long_op = lambda a, b: chain(a, b, MAX_INLINED_STATEMENTS) * 0.0 + a * b  # noqa: E731
+    x = 1.0 + 1e-3 * rng.normal(size=COMPILE_FROM + 5)
+    for f in (lambda x: fold.reduce(long_op, x, identity=1.0), lambda x: fold.scan(long_op, x, identity=1.0),
+              lambda x: fold.grad(lambda x: fold.reduce(long_op, x, identity=1.0))(x)):
+        want, got = both(f, x)
+        np.testing.assert_allclose(got, want, rtol=1e-10)
