@@ -484,6 +484,58 @@ def test_strided_leaves_are_read_and_out_columns_filled_in_place():
     _check([mapped[:, j] for j in range(4)], kc.map(shear, 2, 4, [xs[0], xs[3]]), "matmul", I64, "map into columns")
 
 
+def test_column_groups_follow_views_not_addresses():
+    """Runs of columns of one array become one argument; arrays that merely lie evenly spaced in memory
+    stay apart (a grouping that followed the allocator's placement would compile a kernel per placement)."""
+    owner = np.zeros(40)
+    grouped, sizes = host.column_groups([owner[:10], owner[10:20], owner[20:30]])
+    assert sizes == (3,) and grouped[0].shape == (3, 10) and np.shares_memory(grouped[0], owner)
+    raw = memoryview(bytearray(160))  # two arrays of two owners, the second right after the first
+    first, second = np.frombuffer(raw[:80]), np.frombuffer(raw[80:])
+    assert host._address(first) + 80 == host._address(second) and first.base is not second.base
+    assert host.column_groups([first, second])[1] == (1, 1)
+    table = np.zeros((10, 4))
+    # columns 3 then 2 are a run too (a negative step); the same column twice is not
+    runs, sizes = host.column_groups([np.ones(10), table[:, 0], table[:, 1], table[:, 3], table[:, 2], table[:, 2]])
+    assert sizes == (1, 2, 2, 1) and runs[2].strides == (-8, 32) and np.shares_memory(runs[2], table)
+    ints = np.zeros((10, 2), np.int64)
+    assert host.column_groups([table[:, 0], ints[:, 0], ints[:, 1]])[1] == (1, 2)
+
+
+@pytest.mark.parametrize("chunks", [1, 3, None])
+def test_grouped_columns_and_packed_scratch_give_the_results_of_separate_arrays(chunks):
+    """Leaves, others and outputs that are columns of one array reach each kernel as one 2-D argument, and
+    scratch and identities of one dtype as one array (fewer arguments compile faster): the results are those
+    of separate contiguous arrays, with leaves of two dtypes (not packed) too."""
+    op, xs, ident = _case("matmul", I64, 100_003, "grouped")
+    table = np.stack(xs, axis=1)
+    mixed = [xs[0], table[:, 1], table[:, 2], xs[3]]  # groups of sizes 1, 2, 1
+    y = _rng("grouped-y").integers(-3, 4, 100_003)
+    ys = np.stack([y, 2 * y], axis=1)
+    for leaves in ([table[:, j] for j in range(4)], mixed):
+        _check(kc.reduce(op.fn, 4, op.identity(I64), leaves, chunks=chunks), kc.reduce(op.fn, 4, op.identity(I64), xs, chunks=chunks),
+               "matmul", I64, "grouped reduce")
+        into = np.zeros((100_003, 4), np.int64)
+        kc.scan(op.fn, 4, op.identity(I64), leaves, chunks=chunks, out=[into[:, j] for j in range(4)])
+        _check([into[:, j] for j in range(4)], kc.scan(op.fn, 4, op.identity(I64), xs, chunks=chunks), "matmul", I64, "grouped scan")
+        pairs = np.zeros((100_003, 2), np.int64)
+        kc.scan_pair_map(op.fn, 4, op.identity(I64), leaves, sandwich_of_two, 2, [ys[:, 0], ys[:, 1]], [np.int64(5)],
+                         out=[pairs[:, 0], pairs[:, 1]], parallel=chunks != 1)
+        want = kc.scan_pair_map(op.fn, 4, op.identity(I64), xs, sandwich_of_two, 2, [y, 2 * y], [np.int64(5)])
+        _check([pairs[:, 0], pairs[:, 1]], want, "matmul", I64, "grouped scan_pair_map")
+        indices = _rng("grouped-bins").integers(0, 7, 100_003)
+        _check(kc.histogram(op.fn, 4, op.identity(I64), 7, indices, leaves, chunks=chunks),
+               kc.histogram(op.fn, 4, op.identity(I64), 7, indices, xs, chunks=chunks), "matmul", I64, "grouped histogram")
+    values = _rng("grouped-argmax").integers(-20, 20, 100_003).astype(np.float64)
+    records = np.stack([values, values], axis=1)
+    index = np.arange(100_003, dtype=np.int64)
+    got = kc.reduce(argmax, 2, (-np.inf, -1), [records[:, 0], index], chunks=chunks)
+    assert got == (values.max(), values.argmax())
+    bins = kc.histogram(argmax, 2, (-np.inf, -1), 3, index % 3, [records[:, 1], index], chunks=chunks)
+    np.testing.assert_array_equal(bins[0], [values[r::3].max() for r in range(3)])
+    np.testing.assert_array_equal(bins[1], [r + 3 * int(np.argmax(values[r::3])) for r in range(3)])
+
+
 # ---------------------------------------------------------------- map_scan
 
 @njit
@@ -582,6 +634,11 @@ def sandwich(c, a00, a01, a10, a11, b00, b01, b10, b11, y):  # tr(P S) y + c and
 @njit
 def linrec_sandwich(c, a1, b1, a2, b2, y):
     return a1 * a2 * y + b1 - 3 * b2 + c
+
+
+@njit
+def sandwich_of_two(c, a00, a01, a10, a11, b00, b01, b10, b11, y, z):  # sandwich's two results, with a second other
+    return (a00 * b00 + a01 * b10 + a10 * b01 + a11 * b11) * y + c - z, a00 * b00 + a01 * b10 + z
 
 
 @njit
@@ -944,7 +1001,8 @@ def test_one_kernel_per_function_and_arity():
     assert fold_kernel(add, 1) is fold_kernel(add, 1)
     assert fold_kernel(add, 1) is not fold_kernel(mul, 1)
     assert fold_kernel(add, 1) is not fold_kernel(add, 1, square, 1)
-    kernel = fold_kernel(matmul2, 4, parallel=False)  # the kernel these sizes run (one chunk each)
+    # the kernel these sizes run (one chunk each; the identity and the partials of one dtype packed)
+    kernel = fold_kernel(matmul2, 4, parallel=False, layout=((1,) * 4, (4,), (4,)))
     for n in (5, 50, 500):
         kc.reduce(matmul2, 4, (1, 0, 0, 1), [np.ones(n, np.int64)] * 4)
     assert sum(1 for sig in kernel.signatures if sig[1] == numba.int64[::1]) == 1  # one compile for all sizes

@@ -33,13 +33,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import host
-from .codegen import call, compile_kernel, each, indent, names
+from .codegen import call, compile_kernel, each, first_row, indent, names, signature
 from .reduce import LANES, _lanes_loop
 
 # Elements per block: the forward scan of a block is still in cache when the backward walk reads it. Not
 # a power of two: segments a multiple of 4 KiB apart share cache sets (at 4096 elements and four segments, 9.8 ms
 # against 9.0 at 8000; eight segments of 512 elements, 37.6 ms).
 BLOCK = 8000
+# The kernel's arguments, in order, as groups of values (kernels.cpu.codegen.signature): consts, leaves,
+# others, the identity, the three scratch arrays, the outputs.
+ARGUMENTS = ("c", "x", "y", "id", "tot", "pre", "suf", "out")
 
 
 def _segments_per_block(k: int) -> int:
@@ -47,10 +50,9 @@ def _segments_per_block(k: int) -> int:
     return max(1, LANES // k)
 
 
-def _source(k: int, m: int, c: int, r: int, block: int) -> str:
+def _source(k: int, m: int, c: int, r: int, block: int, layout: tuple[tuple[int, ...], ...]) -> str:
     lanes = _segments_per_block(k)
     last = lanes - 1
-    consts, others = "".join(f"c{j}, " for j in range(c)), "".join(f"y{j}, " for j in range(m))
 
     def element(i: str) -> str:
         return ", ".join(f"x{j}[{i}]" for j in range(k))
@@ -87,32 +89,41 @@ for t in range(q - 1, -1, -1):
 {indent(interleaved(backward), 4)}"""
 
     def per_block(body) -> str:  # a full block's segment length is a literal: LLVM then addresses the lanes by constant offsets
+        if lanes == 1:  # nothing to address: the body once, at half the compile time
+            return body("hi - lo")
         return f"""if hi - lo == {block}:
 {indent(body(str(block // lanes)), 4)}
 else:
 {indent(body(f"(hi - lo) // {lanes}"), 4)}"""
 
-    params = f"{consts}{names('x', k)}, {others}{names('id', k)}, {names('tot', k)}, {names('pre', k)}, {names('suf', k)}, {names('out', r)}"
+    groups = dict(zip(ARGUMENTS, layout, strict=True))
+
+    def takes(*arguments: str) -> tuple[str, str]:  # a helper's parameters and their unpacking, indented
+        params, rows = signature([(a, groups[a]) for a in arguments])
+        return params, indent(rows, 4)
+
+    params = takes(*ARGUMENTS)[0]
+    (totals_params, totals_rows), (seeds_params, seeds_rows), (scans_params, scans_rows) = \
+        takes("x", "id", "tot"), takes("id", "tot", "pre", "suf"), takes("c", "x", "y", "pre", "suf", "out")
     return f"""
-def block_totals(b, n, {params}):
+def block_totals(b, n, {totals_params}):
+{totals_rows}
     lo = b * {block}
     hi = min(lo + {block}, n)
 {indent(per_block(totals), 4)}
 {indent(chr(10).join(each("tot{j}[b * " + str(lanes) + f" + {lane}] = a{lane}_" + "{j}", k) for lane in range(lanes)), 4)}
 
 
-def block_scans(b, n, {params}):
+def block_scans(b, n, {scans_params}):
+{scans_rows}
     lo = b * {block}
     hi = min(lo + {block}, n)
 {each("buf{j} = np.empty(hi - lo, x{j}.dtype)", k, 4)}
 {indent(per_block(scans), 4)}
 
 
-def kernel({params}):
-    n = x0.shape[0]
-    nb = -(-n // {block})
-    for b in prange(nb):
-        block_totals(np.int64(b), n, {params})
+def seeds(nb, {seeds_params}):
+{seeds_rows}
 {each("acc{j} = id{j}", k, 4)}
     for s in range(nb * {lanes}):
 {each("pre{j}[s] = acc{j}", k, 8)}
@@ -121,8 +132,16 @@ def kernel({params}):
     for s in range(nb * {lanes} - 1, -1, -1):
 {each("suf{j}[s] = acc{j}", k, 8)}
         {call("acc", "combine", ", ".join(f"tot{j}[s]" for j in range(k)) + f", {names('acc', k)}", k)}
+
+
+def kernel({params}):
+    n = {first_row("x", layout[1])}.shape[0]
+    nb = -(-n // {block})
     for b in prange(nb):
-        block_scans(np.int64(b), n, {params})
+        block_totals(np.int64(b), n, {totals_params})
+    seeds(nb, {seeds_params})
+    for b in prange(nb):
+        block_scans(np.int64(b), n, {scans_params})
 """
 
 
@@ -132,13 +151,24 @@ def segments(n: int, block: int, k: int) -> int:
 
 
 def scan_pair_map_kernel(combine: Any, mapper: Any, k: int, m: int, c: int, r: int, parallel: bool = True,
-                         block: int = BLOCK) -> Any:
+                         block: int = BLOCK, layout: tuple[tuple[int, ...], ...] | None = None) -> Any:
     """The compiled kernel(c.., x.., y.., id.., tot.., pre.., suf.., out..) for blocks of `block` elements,
     filling out_j in place; tot, pre and suf are scratch arrays with one entry per segment,
-    segments(n, block, k) (allocated by the driver)."""
-    key = ("scan_pair_map", combine, mapper, k, m, c, r, parallel, block)
-    return compile_kernel(key, lambda: _source(k, m, c, r, block), {"combine": combine, "mapper": mapper},
-                          parallel=parallel, helpers=("block_totals", "block_scans"))
+    segments(n, block, k) (allocated by the driver).
+
+    `layout`: how many of each of ARGUMENTS each argument holds (default: one each). Runs of leaves, others
+    and outputs that are the columns of one array (host.column_groups), scratch arrays of one dtype
+    (host.packed_rows) and scalars of one dtype (host.packed_values) are passed as one array: Numba's
+    compile time grows faster than linearly in a function's arguments (a prange loop calling a helper of
+    90 arrays: 5.3 s, of 10: 0.75 s). With its helpers (block_totals, seeds, block_scans) taking only what
+    they read, and the block loops written once where a block has one segment, the kernel of the
+    Hessian-vector product of a logwsum fold with v in R^5 (k = 12, its operator no longer inlined: see
+    runtime/numba_backend/codegen.py) compiled in 3.7 s instead of 23.5 (90 arguments); with v in R^16
+    (k = 34) in 9.6 s instead of 128 (255 arguments)."""
+    layout = layout or tuple((1,) * count for count in (c, k, m, k, k, k, k, r))
+    key = ("scan_pair_map", combine, mapper, k, m, c, r, parallel, block, layout)
+    return compile_kernel(key, lambda: _source(k, m, c, r, block, layout), {"combine": combine, "mapper": mapper},
+                          parallel=parallel, helpers=("block_totals", "seeds", "block_scans"))
 
 
 def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], mapper: Any,
@@ -177,9 +207,13 @@ def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequenc
     if n == 0:
         return outs
     blocks = -(-n // block)
-    scratch = [np.empty(segments(n, block, k), d) for d in dtypes for _ in range(3)]
-    tot, pre, suf = scratch[0::3], scratch[1::3], scratch[2::3]
+    segs = segments(n, block, k)
+    (tot, _, tot_sizes), (pre, _, pre_sizes), (suf, _, suf_sizes) = (host.packed_rows(dtypes, segs) for _ in range(3))
+    (c_args, c_sizes), (ids, id_sizes) = host.packed_values(consts, [np.asarray(v).dtype for v in consts]), \
+        host.packed_values(ident, dtypes)
+    (xs, x_sizes), (ys, y_sizes), (out_args, out_sizes) = (host.column_groups(a) for a in (leaves, others, outs))
     threaded = host.num_chunks(n, None) > 1 if parallel is None else bool(parallel)
-    kernel = scan_pair_map_kernel(combine, mapper, k, len(others), len(consts), r, threaded and blocks > 1, block)
-    kernel(*consts, *leaves, *others, *ident, *tot, *pre, *suf, *outs)
+    layout = (c_sizes, x_sizes, y_sizes, id_sizes, tot_sizes, pre_sizes, suf_sizes, out_sizes)
+    kernel = scan_pair_map_kernel(combine, mapper, k, len(others), len(consts), r, threaded and blocks > 1, block, layout)
+    kernel(*c_args, *xs, *ys, *ids, *tot, *pre, *suf, *out_args)
     return outs

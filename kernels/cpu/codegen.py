@@ -14,6 +14,7 @@ does not notice when a function a cached kernel calls has changed.
 Helpers for writing templates, with `k` leaves:
 
     names("acc", 3)                          -> "acc0, acc1, acc2"
+    grouped("x", (1, 2))                     -> ("x0, x_g1", "x1 = x_g1[0]\nx2 = x_g1[1]")
     each("acc{j} = id{j}", 2, indent=8)      -> "        acc0 = id0\n        acc1 = id1"
     indent(block, 4)                         -> every line of block indented by 4 more spaces
     call("acc", "combine", "acc0, x0[i]", 1) -> "acc0 = as_scalar(combine(acc0, x0[i]))"
@@ -27,7 +28,7 @@ import itertools
 import linecache
 import textwrap
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 from numba import njit, prange, types
@@ -62,6 +63,34 @@ def names(prefix: str, count: int) -> str:
 def each(line: str, count: int, indent: int = 0) -> str:
     """`line` formatted with j = 0 .. count-1, one per line, indented by `indent` spaces."""
     return "\n".join(" " * indent + line.format(j=j) for j in range(count))
+
+
+def grouped(prefix: str, sizes: tuple[int, ...]) -> tuple[str, str]:
+    """(parameters, unpacking) for values prefix0, prefix1, .. passed in groups of these sizes (see
+    host.column_groups, host.packed_rows and host.packed_values): a group of one is the value itself,
+    `prefix{j}`; a larger one an array `prefix_g{g}` whose rows (or items) the unpacking lines name
+    `prefix{j}` again, so that the rest of the kernel's text is the same either way."""
+    params, lines, j = [], [], 0
+    for g, size in enumerate(sizes):
+        if size == 1:
+            params.append(f"{prefix}{j}")
+        else:
+            params.append(f"{prefix}_g{g}")
+            lines += [f"{prefix}{j + row} = {prefix}_g{g}[{row}]" for row in range(size)]
+        j += size
+    return ", ".join(params), "\n".join(lines)
+
+
+def signature(groups: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[str, str]:
+    """(parameters, unpacking lines) of a function whose arguments are these (prefix, sizes) groups, in
+    order, each as `grouped` writes it (a prefix with no sizes has no parameter)."""
+    parts = [grouped(prefix, sizes) for prefix, sizes in groups]
+    return ", ".join(p for p, _ in parts if p), "\n".join(rows for _, rows in parts if rows)
+
+
+def first_row(prefix: str, sizes: tuple[int, ...]) -> str:
+    """The expression for prefix0 where its values are passed in groups of these sizes (see `grouped`)."""
+    return f"{prefix}0" if sizes[0] == 1 else f"{prefix}_g0[0]"
 
 
 def indent(block: str, spaces: int) -> str:

@@ -191,3 +191,62 @@ def num_chunks(n: int, chunks: int | None, min_chunk: int = MIN_CHUNK) -> int:
     if n < 2 * min_chunk:  # one chunk whatever the thread count (asking Numba for it costs a microsecond)
         return 1
     return max(1, min(numba.get_num_threads(), n // min_chunk))
+
+
+def column_groups(arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple[int, ...]]:
+    """The 1-D arrays as few arguments as their memory allows: each run of consecutive views of one array
+    (one base), of one dtype, length and stride, whose starts are evenly spaced (the columns of one wider
+    array, as the backend passes a record's vector leaf) becomes one 2-D view whose rows they are; any
+    other array stays itself. Returns the arguments and each one's count of arrays (1: the array itself).
+    The grouping depends on how the arrays were made, never on where an allocator happened to put them,
+    which would compile the kernel again for each new placement.
+
+    Numba's compile time grows faster than linearly in a function's arguments, and a prange loop's body is
+    a function of all it reads; a kernel unpacks the rows again (kernels.cpu.codegen.grouped)."""
+    out: list[np.ndarray] = []
+    sizes: list[int] = []
+    i = 0
+    while i < len(arrays):
+        first, end = arrays[i], i + 1
+        if first.ndim == 1 and i + 1 < len(arrays):
+            start = _address(first)
+            step = _address(arrays[i + 1]) - start
+            while (end < len(arrays) and step != 0 and first.base is not None and arrays[end].base is first.base
+                   and arrays[end].ndim == 1 and arrays[end].dtype == first.dtype
+                   and arrays[end].shape == first.shape and arrays[end].strides == first.strides
+                   and _address(arrays[end]) == start + (end - i) * step):
+                end += 1
+        if end - i > 1:
+            out.append(np.lib.stride_tricks.as_strided(first, shape=(end - i, first.shape[0]),
+                                                       strides=(step, first.strides[0]),
+                                                       writeable=first.flags.writeable))
+        else:
+            out.append(first)
+        sizes.append(end - i)
+        i = end
+    return out, tuple(sizes)
+
+
+def packed_rows(dtypes: Sequence[np.dtype], shape: int | tuple[int, ...]) -> tuple[list[np.ndarray], list[np.ndarray],
+                                                                               tuple[int, ...]]:
+    """New arrays of this shape, one per dtype: the rows of one array where the dtypes are all one (fewer
+    kernel arguments, see column_groups). Returns the kernel's arguments, the arrays (rows) and the group
+    sizes."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if len(dtypes) > 1 and len(set(dtypes)) == 1:
+        packed = np.empty((len(dtypes), *shape), dtypes[0])
+        return [packed], list(packed), (len(dtypes),)
+    rows = [np.empty(shape, d) for d in dtypes]
+    return rows, rows, (1,) * len(rows)
+
+
+def packed_values(values: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple[list[Any], tuple[int, ...]]:
+    """Scalars as a kernel's arguments: one array of them where their dtypes are all one (see packed_rows),
+    else each itself. Returns the arguments and the group sizes."""
+    if len(values) > 1 and len(set(dtypes)) == 1:
+        return [np.array(values, dtypes[0])], (len(values),)
+    return list(values), (1,) * len(values)
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]

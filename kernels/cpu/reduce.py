@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import host
-from .codegen import call, compile_kernel, each, indent, names
+from .codegen import call, compile_kernel, each, first_row, indent, names, signature
 from .lanes import WIDTH, lane_call, lane_form
 
 
@@ -153,7 +153,8 @@ for i in range(hi - lo):
     acc0 = acc0 {symbol} e0"""
 
 
-def _fold_source(k: int, m: int, mapped: bool, vector: bool, tiled: bool = False, inline: str | None = None) -> str:
+def _fold_source(k: int, m: int, mapped: bool, vector: bool, tiled: bool = False, inline: str | None = None,
+                 layout: tuple[tuple[int, ...], ...] | None = None) -> str:
     if inline is not None:  # one reassociable loop, serially too
         serial = f"""lo = 0
 hi = n
@@ -176,15 +177,33 @@ return ({names("s", k)},)"""
         chunk = _reassociated_loop(m, mapped, inline)
     else:
         chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, LANES, vector=vector)
+    # The two folds are helpers the kernel calls: a prange loop's body is copied and analysed again by
+    # Numba's parfor passes, and at k = 6 (a record of six leaves) the kernel with the chunk's fold written
+    # in the loop took 4.7 s to compile (see kernels.cpu.codegen.compile_kernel's `helpers`).
+    x_sizes, id_sizes, p_sizes = layout or ((1,) * m, (1,) * k, (1,) * k)
+    inputs, input_rows = signature([("x", x_sizes), ("id", id_sizes)])
+    partials, partial_rows = signature([("p", p_sizes)])
     return f"""
-def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
-    n = x0.shape[0]
+def serial_fold(n, {inputs}):
+{indent(input_rows, 4)}
+{indent(serial, 4)}
+
+
+def chunk_fold(t, T, n, {inputs}):
+{indent(input_rows, 4)}
+    lo = t * n // T
+    hi = (t + 1) * n // T
+{indent(chunk, 4)}
+    return ({names("acc", k)},)
+
+
+def kernel(T, {inputs}, {partials}):
+{indent(partial_rows, 4)}
+    n = {first_row("x", x_sizes)}.shape[0]
     if T == 1:  # no parallel region at all
-{indent(serial, 8)}
+        return serial_fold(n, {inputs})
     for t in prange(T):
-        lo = t * n // T
-        hi = (t + 1) * n // T
-{indent(chunk, 8)}
+        {names("acc", k)}, = chunk_fold(np.int64(t), T, n, {inputs})
 {each("p{j}[t] = acc{j}", k, 8)}
 {each("tot{j} = p{j}[0]", k, 4)}
     for t in range(1, T):
@@ -194,10 +213,12 @@ def kernel(T, {names("x", m)}, {names("id", k)}, {names("p", k)}):
 
 
 def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, parallel: bool = True,
-                commutative: bool = False, operator: str | None = None) -> Any:
+                commutative: bool = False, operator: str | None = None,
+                layout: tuple[tuple[int, ...], ...] | None = None) -> Any:
     """The compiled kernel(T, x_0..x_{m-1}, id_0..id_{k-1}, p_0..p_{k-1}) -> k-tuple (m = k without mapper).
 
-    The p_j are T-element scratch arrays for the chunk partials, allocated by the driver. `commutative`:
+    The p_j are T-element scratch arrays for the chunk partials, allocated by the driver. `layout`: how many
+    of the x, id and p each argument holds (default one each; see kernels.cpu.bidirectional's). `commutative`:
     the elements may be folded in any order (TILE lanes of consecutive elements), unless the mapper has a
     lane form, whose vector calls serve better. `operator`: a key of INLINE_OPERATORS that `combine` is
     (floating-point elements only; the driver checks): the fold is written inline and reassociated.
@@ -206,10 +227,10 @@ def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, 
     vector = lane_form(mapper) if LANES == WIDTH else None
     inline = INLINE_OPERATORS[operator] if operator is not None and k == 1 and vector is None else None
     tiled = commutative and vector is None and inline is None
-    key = ("fold", combine, mapper, k, m, parallel, tiled, inline)
-    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None, tiled, inline),
+    key = ("fold", combine, mapper, k, m, parallel, tiled, inline, layout)
+    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None, tiled, inline, layout),
                           {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel,
-                          fastmath={"reassoc"} if inline is not None else None)
+                          fastmath={"reassoc"} if inline is not None else None, helpers=("serial_fold", "chunk_fold"))
 
 
 def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray], *,
@@ -232,7 +253,8 @@ def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.nd
     carried = host.carried_dtypes(carry, dtypes)
     ident = host.cast_identity(identity, carried)
     commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, parallel=parallel, commutative=commutative, operator=operator),
+    return _run(lambda parallel, layout: fold_kernel(combine, k, parallel=parallel, commutative=commutative,
+                                                     operator=operator, layout=layout),
                 combine, ident, dtypes, carried, leaves, chunks)
 
 
@@ -253,8 +275,8 @@ def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any
     carried = host.carried_dtypes(carry, dtypes)
     ident = host.cast_identity(identity, carried)
     commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
-    return _run(lambda parallel: fold_kernel(combine, k, mapper, m, parallel, commutative, operator), combine, ident,
-                dtypes, carried, inputs, chunks)
+    return _run(lambda parallel, layout: fold_kernel(combine, k, mapper, m, parallel, commutative, operator, layout),
+                combine, ident, dtypes, carried, inputs, chunks)
 
 
 def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> str | None:
@@ -264,13 +286,14 @@ def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> st
     return operator if k == 1 and dtypes[0].kind == "f" else None
 
 
-def _run(kernel_for: Callable[[bool], Any], combine: Any, ident: tuple, dtypes: list[np.dtype],
+def _run(kernel_for: Callable[[bool, tuple], Any], combine: Any, ident: tuple, dtypes: list[np.dtype],
          carried: list[np.dtype], xs: list[np.ndarray], chunks: int | None) -> tuple:
     host.check_combine(combine, carried)
     n = xs[0].shape[0]
     if n == 0:
         return tuple(d.type(v) for d, v in zip(dtypes, ident, strict=True))
     T = host.num_chunks(n, chunks)
-    partials = [np.empty(T, d) for d in carried]
-    out = kernel_for(T > 1)(T, *xs, *ident, *partials)
+    (inputs, x_sizes), (ids, id_sizes) = host.column_groups(xs), host.packed_values(ident, carried)
+    partials, _, p_sizes = host.packed_rows(carried, T)
+    out = kernel_for(T > 1, (x_sizes, id_sizes, p_sizes))(T, *inputs, *ids, *partials)
     return tuple(d.type(v) for d, v in zip(dtypes, out, strict=True))
