@@ -504,9 +504,10 @@ def test_column_groups_follow_views_not_addresses():
 
 @pytest.mark.parametrize("chunks", [1, 3, None])
 def test_grouped_columns_and_packed_scratch_give_the_results_of_separate_arrays(chunks):
-    """Leaves, others and outputs that are columns of one array reach each kernel as one 2-D argument, and
-    scratch and identities of one dtype as one array (fewer arguments compile faster): the results are those
-    of separate contiguous arrays, with leaves of two dtypes (not packed) too."""
+    """Leaves, others and outputs that are columns of one array reach the reduce and scan_pair_map kernels as
+    one 2-D argument, and their scratch and identities of one dtype as one array (fewer arguments compile
+    faster): the results are those of separate contiguous arrays, with leaves of two dtypes (not packed)
+    too; the scan and histogram kernels read the same columns one argument each."""
     op, xs, ident = _case("matmul", I64, 100_003, "grouped")
     table = np.stack(xs, axis=1)
     mixed = [xs[0], table[:, 1], table[:, 2], xs[3]]  # groups of sizes 1, 2, 1

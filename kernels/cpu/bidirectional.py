@@ -208,7 +208,7 @@ def scan_pair_map(combine: Any, k: int, identity: Sequence[Any], leaves: Sequenc
         return outs
     blocks = -(-n // block)
     segs = segments(n, block, k)
-    (tot, _, tot_sizes), (pre, _, pre_sizes), (suf, _, suf_sizes) = (host.packed_rows(dtypes, segs) for _ in range(3))
+    (tot, tot_sizes), (pre, pre_sizes), (suf, suf_sizes) = (host.packed_rows(dtypes, segs) for _ in range(3))
     (c_args, c_sizes), (ids, id_sizes) = host.packed_values(consts, [np.asarray(v).dtype for v in consts]), \
         host.packed_values(ident, dtypes)
     (xs, x_sizes), (ys, y_sizes), (out_args, out_sizes) = (host.column_groups(a) for a in (leaves, others, outs))

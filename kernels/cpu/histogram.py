@@ -29,91 +29,61 @@ import numba
 import numpy as np
 
 from . import host
-from .codegen import call, compile_kernel, each, first_row, indent, names, signature
+from .codegen import call, compile_kernel, each, names
 
 # A thread's chunk must hold at least this many elements per bin for private histograms to pay.
 ELEMENTS_PER_BIN = 4
 
 
-def _histogram_source(k: int, m: int | None = None, layout: tuple[tuple[int, ...], ...] | None = None) -> str:
-    """The kernel's source; `m`: the count of mapper inputs (None: the k leaves are read as they are);
-    `layout`: how many of the x, id, priv and out each argument holds (see kernels.cpu.bidirectional's)."""
+def _histogram_source(k: int, m: int | None = None) -> str:
+    """The kernel's source; `m`: the count of mapper inputs (None: the k leaves are read as they are)."""
     out_s = ", ".join(f"out{j}[s]" for j in range(k))
     priv_tc, priv_tb = (", ".join(f"priv{j}[t, {c}]" for j in range(k)) for c in "cb")
     if m is None:
-        element, x_i, count = "", ", ".join(f"x{j}[i]" for j in range(k)), k
+        element, x_i, inputs = "", ", ".join(f"x{j}[i]" for j in range(k)), names("x", k)
     else:
         element = call("e", "mapper", ", ".join(f"x{j}[i]" for j in range(m)), k)
-        x_i, count = names("e", k), m
-    groups = dict(zip(("x", "id", "priv", "out"), layout or ((1,) * count, (1,) * k, (1,) * k, (1,) * k), strict=True))
-
-    def takes(*arguments: str) -> tuple[str, str]:
-        params, rows = signature([(a, groups[a]) for a in arguments])
-        return params, indent(rows, 4)
-
-    (all_params, _), (serial, serial_rows), (private, private_rows), (merge, merge_rows) = \
-        takes("x", "id", "priv", "out"), takes("x", "id", "out"), takes("x", "id", "priv"), takes("priv", "out")
-    # The loops are helpers the kernel calls: Numba's parfor passes copy and analyse again the body of a
-    # prange loop (see kernels.cpu.codegen.compile_kernel's `helpers`).
+        x_i, inputs = names("e", k), names("x", m)
     return f"""
-def serial_fold(n, nb, idx, {serial}):
-{serial_rows}
-    for z in range(nb):
-{each("out{j}[z] = id{j}", k, 8)}
-    for i in range(n):
-        s = np.int64(idx[i])
-        if s >= 0 and s < nb:
-            {element}
-            {call("r", "combine", f"{out_s}, {x_i}", k)}
-{each("out{j}[s] = r{j}", k, 12)}
-
-
-def private_fold(t, T, n, nb, idx, {private}):
-{private_rows}
-    for z in range(nb):
-{each("priv{j}[t, z] = id{j}", k, 8)}
-    for i in range(t * n // T, (t + 1) * n // T):
-        c = np.int64(idx[i])
-        if c >= 0 and c < nb:
-            {element}
-            {call("q", "combine", f"{priv_tc}, {x_i}", k)}
-{each("priv{j}[t, c] = q{j}", k, 12)}
-
-
-def merge_bins(lo, hi, T, {merge}):
-{merge_rows}
-    for b in range(lo, hi):
+def kernel(T, idx, {inputs}, {names("id", k)}, {names("priv", k)}, {names("out", k)}):
+    n = idx.shape[0]
+    nb = out0.shape[0]
+    if T == 1:
+        for z in range(nb):
+{each("out{j}[z] = id{j}", k, 12)}
+        for i in range(n):
+            s = np.int64(idx[i])
+            if s >= 0 and s < nb:
+                {element}
+                {call("r", "combine", f"{out_s}, {x_i}", k)}
+{each("out{j}[s] = r{j}", k, 16)}
+        return
+    for t in prange(T):
+        for z in range(nb):
+{each("priv{j}[t, z] = id{j}", k, 12)}
+        for i in range(t * n // T, (t + 1) * n // T):
+            c = np.int64(idx[i])
+            if c >= 0 and c < nb:
+                {element}
+                {call("q", "combine", f"{priv_tc}, {x_i}", k)}
+{each("priv{j}[t, c] = q{j}", k, 16)}
+    for b in prange(nb):
 {each("acc{j} = priv{j}[0, b]", k, 8)}
         for t in range(1, T):
             {call("acc", "combine", f"{names('acc', k)}, {priv_tb}", k)}
 {each("out{j}[b] = acc{j}", k, 8)}
-
-
-def kernel(T, idx, {all_params}):
-    n = idx.shape[0]
-    nb = {first_row("out", groups["out"])}.shape[0]
-    if T == 1:
-        serial_fold(n, nb, idx, {serial})
-        return
-    for t in prange(T):
-        private_fold(np.int64(t), T, n, nb, idx, {private})
-    for t in prange(T):
-        merge_bins(np.int64(t) * nb // T, (np.int64(t) + 1) * nb // T, T, {merge})
 """
 
 
-def histogram_kernel(combine: Any, k: int, parallel: bool = True, mapper: Any = None, m: int | None = None,
-                     layout: tuple[tuple[int, ...], ...] | None = None) -> Any:
+def histogram_kernel(combine: Any, k: int, parallel: bool = True, mapper: Any = None, m: int | None = None) -> Any:
     """The compiled kernel(T, indices, x_0.., id_0.., priv_0.., out_0..), filling out_j in place.
 
     priv_j are (T, n_bins) scratch arrays (unused when T == 1); out_j have n_bins elements. With a mapper,
-    the x_j are its m inputs and each element is mapper(x_0[i], ..), k values. `layout`: how many of the x,
-    id, priv and out each argument holds (default one each; see kernels.cpu.bidirectional's).
+    the x_j are its m inputs and each element is mapper(x_0[i], ..), k values.
     """
     m = None if mapper is None else m
-    return compile_kernel(("histogram", combine, k, parallel, mapper, m, layout), lambda: _histogram_source(k, m, layout),
-                          {"combine": combine, "mapper": mapper}, parallel=parallel,
-                          helpers=("serial_fold", "private_fold", "merge_bins"))
+    return compile_kernel(("histogram", combine, k, parallel, mapper, m), lambda: _histogram_source(k, m),
+                          {"combine": combine, "mapper": mapper}, parallel=parallel)
 
 
 def histogram_threads(n: int, n_bins: int) -> int:
@@ -170,10 +140,8 @@ def _run(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indices: np
     n_bins, n = int(n_bins), indices.shape[0]
     if n == 0 or n_bins == 0:
         return tuple(np.full(n_bins, v, d) for v, d in zip(ident, dtypes, strict=True))
-    bin_args, bins, out_sizes = host.packed_rows(carried, n_bins)  # T == 1 folds into them in place
+    bins = tuple(np.empty(n_bins, d) for d in carried)  # T == 1 folds into them in place
     T = histogram_threads(n, n_bins) if chunks is None else host.num_chunks(n, chunks)
-    privates, _, priv_sizes = host.packed_rows(carried, (T, n_bins) if T > 1 else (0, 0))
-    (inputs, x_sizes), (ids, id_sizes) = host.column_groups(xs), host.packed_values(ident, carried)
-    kernel = histogram_kernel(combine, k, T > 1, mapper, len(xs), (x_sizes, id_sizes, priv_sizes, out_sizes))
-    kernel(T, indices, *inputs, *ids, *privates, *bin_args)
+    privates = [np.empty((T, n_bins) if T > 1 else (0, 0), d) for d in carried]
+    histogram_kernel(combine, k, T > 1, mapper, len(xs))(T, indices, *xs, *ident, *privates, *bins)
     return tuple(b.astype(d, copy=False) for b, d in zip(bins, dtypes, strict=True))

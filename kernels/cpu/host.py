@@ -227,17 +227,13 @@ def column_groups(arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple
     return out, tuple(sizes)
 
 
-def packed_rows(dtypes: Sequence[np.dtype], shape: int | tuple[int, ...]) -> tuple[list[np.ndarray], list[np.ndarray],
-                                                                               tuple[int, ...]]:
-    """New arrays of this shape, one per dtype: the rows of one array where the dtypes are all one (fewer
-    kernel arguments, see column_groups). Returns the kernel's arguments, the arrays (rows) and the group
+def packed_rows(dtypes: Sequence[np.dtype], length: int) -> tuple[list[np.ndarray], tuple[int, ...]]:
+    """New scratch arrays of `length` elements, one per dtype, as a kernel's arguments: the rows of one array
+    where the dtypes are all one (fewer arguments, see column_groups). Returns the arguments and the group
     sizes."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if len(dtypes) > 1 and len(set(dtypes)) == 1:
-        packed = np.empty((len(dtypes), *shape), dtypes[0])
-        return [packed], list(packed), (len(dtypes),)
-    rows = [np.empty(shape, d) for d in dtypes]
-    return rows, rows, (1,) * len(rows)
+        return [np.empty((len(dtypes), length), dtypes[0])], (len(dtypes),)
+    return [np.empty(length, d) for d in dtypes], (1,) * len(dtypes)
 
 
 def packed_values(values: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple[list[Any], tuple[int, ...]]:

@@ -294,6 +294,6 @@ def _run(kernel_for: Callable[[bool, tuple], Any], combine: Any, ident: tuple, d
         return tuple(d.type(v) for d, v in zip(dtypes, ident, strict=True))
     T = host.num_chunks(n, chunks)
     (inputs, x_sizes), (ids, id_sizes) = host.column_groups(xs), host.packed_values(ident, carried)
-    partials, _, p_sizes = host.packed_rows(carried, T)
+    partials, p_sizes = host.packed_rows(carried, T)
     out = kernel_for(T > 1, (x_sizes, id_sizes, p_sizes))(T, *inputs, *ids, *partials)
     return tuple(d.type(v) for d, v in zip(dtypes, out, strict=True))

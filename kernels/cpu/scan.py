@@ -38,7 +38,7 @@ import numba
 import numpy as np
 
 from . import host
-from .codegen import call, compile_kernel, each, first_row, indent, names, signature
+from .codegen import call, compile_kernel, each, indent, names
 from .lanes import lane_form
 from .reduce import _each_element, _fold_loop
 
@@ -69,7 +69,7 @@ def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | 
 
 
 def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None, exclusive: bool,
-                 reverse: bool, vector: bool, layout: tuple[tuple[int, ...], ...] | None = None) -> str:
+                 reverse: bool, vector: bool) -> str:
     full = _scan_chunk(k, m, mapped, r, post, None, exclusive, reverse, vector)
     final = _scan_chunk(k, m, mapped, r, post, live, exclusive, reverse, vector)
     if reverse:  # the last chunk needs no seed; the totals of chunks 1 .. T; seeds from the right
@@ -83,84 +83,58 @@ def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple |
 {each("tot{j}[c] = seed{j}", k, 4)}
     {call("seed", "combine", fold_in, k)}
 {each("tot{j}[" + far_end + "] = seed{j}", k)}"""
-    x_sizes, id_sizes, tot_sizes, out_sizes = layout or ((1,) * m, (1,) * k, (1,) * k, (1,) * r)
-    xs, x_rows = signature([("x", x_sizes)])
-    outs, out_rows = signature([("out", out_sizes)])
-    ids, id_rows = signature([("id", id_sizes)])
-    tots, tot_rows = signature([("tot", tot_sizes)])
-    arrays = indent("\n".join(rows for rows in (x_rows, out_rows) if rows), 4)
-    accs = names("acc", k)
-    final_helper = "" if live is None else f"""
-
-def scan_final(lo, hi, {xs}, {outs}, {accs}):
-{arrays}
-{indent(final, 4)}"""
-    final_call = "scan_full" if live is None else "scan_final"
-    # The chunks' loops are helpers the kernel calls: Numba's parfor passes copy and analyse again the body of
-    # a prange loop (see kernels.cpu.codegen.compile_kernel's `helpers`).
     return f"""
-def scan_full(lo, hi, {xs}, {outs}, {accs}):
-{arrays}
-{indent(full, 4)}
-    return ({accs},)
-{final_helper}
-
-def fold_chunk(lo, hi, {xs}, {names("id", k)}):
-{indent(x_rows, 4)}
-{indent(_fold_loop(k, m, mapped, "lo", "hi", "acc", vector), 4)}
-    return ({accs},)
-
-
-def kernel(T, {xs}, {ids}, {tots}, {outs}):
-{indent(id_rows, 4)}
-{indent(tot_rows, 4)}
-    n = {first_row("x", x_sizes)}.shape[0]
+def kernel(T, {names("x", m)}, {names("id", k)}, {names("tot", k)}, {names("out", r)}):
+    n = x0.shape[0]
     if T == 1:  # no parallel region at all
-        {final_call}(0, n, {xs}, {outs}, {names("id", k)})
+        lo = 0
+        hi = n
+{each("acc{j} = id{j}", k, 8)}
+{indent(final, 8)}
         return
     C = T + 1
     # 1. the seedless chunk scanned from the identity, its total kept; at once, the totals of the chunks
     #    between it and the other end
     for t in prange(T):
-        ch = np.int64({first})
+        ch = {first}
         lo = ch * n // C
         hi = (ch + 1) * n // C
         if ch == {seedless}:
-            {accs}, = scan_full(lo, hi, {xs}, {outs}, {names("id", k)})
+{each("acc{j} = id{j}", k, 12)}
+{indent(full, 12)}
         else:
-            {accs}, = fold_chunk(lo, hi, {xs}, {names("id", k)})
+{indent(_fold_loop(k, m, mapped, "lo", "hi", "acc", vector), 12)}
 {each("tot{j}[ch] = acc{j}", k, 8)}
     # 2. seeds: tot[c] becomes the combination of the totals of the chunks before c (after c in reverse)
 {each("seed{j} = id{j}", k, 4)}
 {indent(seeds, 4)}
     # 3. the other chunks scanned from their seeds
     for t in prange(T):
-        ch = np.int64({rest})
+        ch = {rest}
         lo = ch * n // C
         hi = (ch + 1) * n // C
-        {final_call}(lo, hi, {xs}, {outs}, {", ".join(f"tot{j}[ch]" for j in range(k))})
+{each("acc{j} = tot{j}[ch]", k, 8)}
+{indent(final, 8)}
 """
 
 
 def scan_kernel(combine: Any, k: int, parallel: bool = True, *, exclusive: bool = False, reverse: bool = False,
                 mapper: Any = None, m: int | None = None, post: Any = None, r: int | None = None, step: Any = None,
-                live: tuple | None = None, layout: tuple[tuple[int, ...], ...] | None = None) -> Any:
+                live: tuple | None = None) -> Any:
     """The compiled kernel(T, x_0.., id_0.., tot_0.., out_0..) of one variant, filling out_j in place.
 
     tot_j are (T + 1)-element scratch arrays; out_j are the n-element outputs. All allocated by the driver.
-    `layout`: how many of the x, id, tot and out each argument holds (default one each; see
-    kernels.cpu.bidirectional's).
     """
     m = k if mapper is None else m
     r = k if post is None else r
     live = None if step is None else tuple(live)
     exclusive, reverse = bool(exclusive), bool(reverse)
     vector = lane_form(mapper)
-    key = ("scan", combine, k, parallel, exclusive, reverse, mapper, m, post, r, step, live, layout)
+    key = ("scan", combine, k, parallel, exclusive, reverse, mapper, m, post, r, step, live)
     return compile_kernel(key, lambda: _scan_source(k, m, mapper is not None, r, post is not None, live, exclusive, reverse,
-                                                    vector is not None, layout),
+                                                    vector is not None),
                           {"combine": combine, "mapper": mapper, "mapper_lanes": vector, "post": post, "step": step},
-                          parallel=parallel, helpers=("scan_full", "fold_chunk") + (() if live is None else ("scan_final",)))
+                          parallel=parallel)
 
 
 def scan(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.ndarray],
@@ -253,10 +227,7 @@ def _run(combine: Any, k: int, identity: Sequence[Any], inputs: list[np.ndarray]
     if n == 0:
         return outs
     T = host.num_chunks(n, chunks)
-    (xs, x_sizes), (out_args, out_sizes) = host.column_groups(inputs), host.column_groups(outs)
-    ids, id_sizes = host.packed_values(ident, carried)
-    totals, _, tot_sizes = host.packed_rows(carried, T + 1)
-    kernel = scan_kernel(combine, k, T > 1, exclusive=exclusive, reverse=reverse, m=len(inputs),
-                         layout=(x_sizes, id_sizes, tot_sizes, out_sizes), **fused)
-    kernel(T, *xs, *ids, *totals, *out_args)
+    totals = [np.empty(T + 1, d) for d in carried]
+    m = len(inputs)
+    scan_kernel(combine, k, T > 1, exclusive=exclusive, reverse=reverse, m=m, **fused)(T, *inputs, *ident, *totals, *outs)
     return outs
