@@ -208,14 +208,10 @@ def column_groups(arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple
     i = 0
     while i < len(arrays):
         first, end = arrays[i], i + 1
-        if first.ndim == 1 and i + 1 < len(arrays):
-            start = _address(first)
-            step = _address(arrays[i + 1]) - start
-            while (end < len(arrays) and step != 0 and first.base is not None and arrays[end].base is first.base
-                   and arrays[end].ndim == 1 and arrays[end].dtype == first.dtype
-                   and arrays[end].shape == first.shape and arrays[end].strides == first.strides
-                   and _address(arrays[end]) == start + (end - i) * step):
-                end += 1
+        views = end < len(arrays) and first.base is not None and arrays[end].base is first.base
+        step = _address(arrays[end]) - _address(first) if views else 0  # (addresses cost a dict each)
+        while end < len(arrays) and step != 0 and _is_column_of(arrays[end], first, (end - i) * step):
+            end += 1
         if end - i > 1:
             out.append(np.lib.stride_tricks.as_strided(first, shape=(end - i, first.shape[0]),
                                                        strides=(step, first.strides[0]),
@@ -225,6 +221,12 @@ def column_groups(arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple
         sizes.append(end - i)
         i = end
     return out, tuple(sizes)
+
+
+def _is_column_of(a: np.ndarray, first: np.ndarray, offset: int) -> bool:
+    """Whether 1-D `a` is a view of the array `first` views, `offset` bytes after it, laid out as it is."""
+    return (first.ndim == 1 and first.base is not None and a.base is first.base and a.dtype == first.dtype
+            and a.shape == first.shape and a.strides == first.strides and _address(a) == _address(first) + offset)
 
 
 def packed_rows(dtypes: Sequence[np.dtype], length: int) -> tuple[list[np.ndarray], tuple[int, ...]]:
