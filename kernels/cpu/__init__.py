@@ -3,6 +3,8 @@
     reduce(combine, k, identity, leaves, *, chunks=None, commutative=False, operator=None) -> k scalars
     map_reduce(mapper, m, combine, k, identity, inputs, *, chunks=None, commutative=False, operator=None)
                                                                                -> k scalars
+    MapReduce(mapper, m, combine, k, input_dtypes, ...)(inputs, identity, *, chunks=None)
+                    map_reduce with its functions and dtypes checked once         -> k scalars
     segmented_reduce(mapper_or_None, combine, k, identity, inputs, *, parallel=None) -> k arrays (rows,)
     scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, chunks=None) -> k arrays (n,)
     map_scan(mapper, m, combine, k, identity, inputs, exclusive=False, reverse=False, *, post=None, r=None,
@@ -43,7 +45,7 @@ from .histogram import histogram, map_histogram
 from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)
 from .product_fold import product_first_extreme, product_fold
-from .reduce import map_reduce, reduce
+from .reduce import MapReduce, map_reduce, reduce
 from .row_sums import map_with_row_sums
 from .scan import map_scan, scan
 from .segmented import segmented_reduce
@@ -55,4 +57,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_histogram", "map_reduce", "map_scan", "map_with_row_sums", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
+__all__ = ["MapReduce", "clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_histogram", "map_reduce", "map_scan", "map_with_row_sums", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]

@@ -267,16 +267,42 @@ def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any
     types for the inputs' dtypes. Returns a tuple of k NumPy scalars of those dtypes. `commutative`,
     `operator` and `carry`: as for reduce.
     """
-    host.check_function(mapper, "mapper")
-    host.check_function(combine, "combine")
-    m, k = host.check_count(m, "m"), host.check_count(k, "k")
-    inputs = host.check_arrays(inputs, m, 1, "inputs")
-    dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
-    carried = host.carried_dtypes(carry, dtypes)
-    ident = host.cast_identity(identity, carried)
-    commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
-    return _run(lambda parallel, layout: fold_kernel(combine, k, mapper, m, parallel, commutative, operator, layout),
-                combine, ident, dtypes, carried, inputs, chunks)
+    inputs = host.check_arrays(inputs, host.check_count(m, "m"), 1, "inputs")
+    fold = MapReduce(mapper, m, combine, k, [a.dtype for a in inputs], commutative=commutative, operator=operator,
+                     carry=carry)
+    return fold(inputs, identity, chunks=chunks)
+
+
+class MapReduce:
+    """map_reduce with everything that depends only on the functions and the inputs' dtypes checked once:
+    a caller that folds the same functions over new arrays of those dtypes again and again (the numba
+    backend, once per statement) pays only for the arrays' checks and the kernel's call. Calling it is
+    map_reduce(mapper, m, combine, k, identity, inputs, chunks=chunks, ...) for inputs of `input_dtypes`."""
+
+    def __init__(self, mapper: Any, m: int, combine: Any, k: int, input_dtypes: Sequence[np.dtype], *,
+                 commutative: bool = False, operator: str | None = None, carry: Sequence[Any] | None = None):
+        host.check_function(mapper, "mapper")
+        host.check_function(combine, "combine")
+        self.m, self.k = host.check_count(m, "m"), host.check_count(k, "k")
+        self.input_dtypes = tuple(np.dtype(d) for d in input_dtypes)
+        if len(self.input_dtypes) != self.m:
+            raise ValueError(f"input_dtypes: expected {self.m} dtypes, got {len(self.input_dtypes)}")
+        self.dtypes = host.result_dtypes(mapper, self.input_dtypes, self.k, "mapper")
+        self.carried = host.carried_dtypes(carry, self.dtypes)
+        host.check_combine(combine, self.carried)
+        self.commutative = commutative or operator is not None
+        self.operator = _inline_operator(operator, self.k, self.dtypes)
+        self.mapper, self.combine = mapper, combine
+
+    def __call__(self, inputs: Sequence[np.ndarray], identity: Sequence[Any], *, chunks: int | None = None) -> tuple:
+        inputs = host.check_arrays(inputs, self.m, 1, "inputs")
+        for j, (a, d) in enumerate(zip(inputs, self.input_dtypes, strict=True)):
+            if a.dtype != d:
+                raise TypeError(f"inputs[{j}] has dtype {a.dtype}, but this fold was prepared for {d}")
+        ident = host.cast_identity(identity, self.carried)
+        return _run(lambda parallel, layout: fold_kernel(self.combine, self.k, self.mapper, self.m, parallel,
+                                                         self.commutative, self.operator, layout),
+                    None, ident, self.dtypes, self.carried, inputs, chunks)
 
 
 def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> str | None:
@@ -288,7 +314,10 @@ def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> st
 
 def _run(kernel_for: Callable[[bool, tuple], Any], combine: Any, ident: tuple, dtypes: list[np.dtype],
          carried: list[np.dtype], xs: list[np.ndarray], chunks: int | None) -> tuple:
-    host.check_combine(combine, carried)
+    """The fold of xs (checked) from `ident` by the kernel `kernel_for(parallel, layout)` gives; `combine`:
+    checked against the carried dtypes here, or None where the caller has checked it."""
+    if combine is not None:
+        host.check_combine(combine, carried)
     n = xs[0].shape[0]
     if n == 0:
         return tuple(d.type(v) for d, v in zip(dtypes, ident, strict=True))

@@ -41,10 +41,26 @@ def decline(prim, reason: str) -> None:
     return None
 
 
+def per_statement(memo: "weakref.WeakKeyDictionary", prim, make: Callable):
+    """make(prim), computed once per statement (primitive) while it lives: what a rule derives from the
+    statement alone, not from its arguments, costs microseconds that a small call would pay every time."""
+    found = memo.get(prim)
+    if found is None:
+        found = memo[prim] = make(prim)
+    return found
+
+
+_SCALAR_OPERATORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _scalar_operator(prim):
     """(the operator compiled as a function of its elements' scalar components, the kernels' `carry`, None),
     or (None, None, the reason it cannot be). Float32 leaves are folded in float64 (wide_folds.py): the
     operator is then compiled on float64 running values, and `carry` says so; otherwise it is None."""
+    return per_statement(_SCALAR_OPERATORS, prim, _make_scalar_operator)
+
+
+def _make_scalar_operator(prim):
     if prim.num_consts:
         return None, None, "its operator captures values"
     problem = compile_problem(prim.body)
@@ -67,6 +83,9 @@ def _identity(identity: list[np.ndarray], shapes: list[tuple]) -> tuple | None:
     None if it differs from row to row (an identity inside a map)."""
     parts = []
     for e, shape in zip(identity, shapes, strict=True):
+        if e.ndim == 0 and shape == ():  # a scalar identity outside any map: the common case, made cheap
+            parts.append(e[()])
+            continue
         batch = e.shape[: e.ndim - len(shape)]
         if any(b != 1 for b in batch):
             return None
@@ -173,6 +192,13 @@ def is_commutative(prim: Reduce) -> bool:
 def fold_options(prim: Reduce) -> dict:
     """What a fold kernel may assume of a reduce's operator: `commutative` (see is_commutative), and
     `operator`, the name of a recognised operation the kernel writes inline and vectorises (+ and *)."""
+    return dict(per_statement(_FOLD_OPTIONS, prim, _make_fold_options))
+
+
+_FOLD_OPTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _make_fold_options(prim: Reduce) -> dict:
     from kernels.cpu.reduce import INLINE_OPERATORS
 
     op = recognize_binary_op(prim.body, prim.num_consts)
