@@ -853,3 +853,30 @@ def test_few_columns_give_taller_blocks_within_the_same_budget():
     assert block(narrow, budget=2**30)[0] == 20000  # never more rows than there are
     got = fold.run(lambda P, C: fold.gemm_map_reduce(fold.monoids.min, lambda s: s, P, C, budget=2**20), P, narrow)
     np.testing.assert_allclose(got, (P @ narrow.T).min(axis=1), rtol=1e-12, atol=1e-12)  # BLAS may round differently
+
+
+# ------------------------------------------------------------------------------------------ inside a map
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_inside_a_map_each_row_is_its_own_block_walk(backend):
+    """Multi-head attention as a map over heads: each head's gemm_map_reduce (and its gradient's block sum)
+    runs once per row of the map, as in a Python loop over heads; K is shared by every head (a captured
+    value), Q and V vary. Values and gradients against that loop, jvp against finite differences."""
+    layers = load_example("gemm_layers")
+    rng = np.random.default_rng(21)
+    Q, K, V = rng.normal(size=(3, 5, 4)), rng.normal(size=(6, 4)), rng.normal(size=(3, 6, 2))
+    head = lambda q, k, v: layers.attention(q, k, v, block=(2, 4))  # noqa: E731
+    heads = lambda Q, K, V: fold.map(lambda q, v: head(q, K, v), Q, V)  # noqa: E731
+    ct = rng.normal(size=(3, 5, 2))
+    got = fold.jit(heads, backend=backend)(Q, K, V)
+    grads = fold.jit(lambda Q, K, V: fold.vjp(heads, (Q, K, V), ct), backend=backend)(Q, K, V)
+    want = np.stack([fold.run(head, Q[h], K, V[h], backend=backend) for h in range(3)])
+    per_head = [fold.jit(lambda q, k, v, c: fold.vjp(head, (q, k, v), c), backend=backend)(Q[h], K, V[h], ct[h])
+                for h in range(3)]
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(grads[0], np.stack([g[0] for g in per_head]), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(grads[1], sum(g[1] for g in per_head), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(grads[2], np.stack([g[2] for g in per_head]), rtol=1e-12, atol=1e-14)
+    check_grads(heads, (Q, K, V))
+    empty = fold.jit(heads, backend=backend)(Q[:0], K, V[:0])
+    assert empty.shape == (0, 5, 2)

@@ -19,9 +19,9 @@ def _run_block(program: Program, inputs: list) -> list:
 
 @numba_impls.register(GemmMapReduce)
 def _gemm(prim: GemmMapReduce, args: list, depth: int):
-    return None if depth else numpy_gemm._gemm(prim, args, depth, run_block=_run_block)
+    return numpy_gemm._gemm(prim, args, depth, run_block=_run_block)  # inside a map: once per row
 
 
 @numba_impls.register(GemmBlockSum)
 def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int):
-    return None if depth else numpy_gemm._gemm_block_sum(prim, args, depth, run_block=_run_block)
+    return numpy_gemm._gemm_block_sum(prim, args, depth, run_block=_run_block)

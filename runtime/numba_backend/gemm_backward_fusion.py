@@ -27,7 +27,7 @@ from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
 from ..memory import body_extra_rules, program_peak
-from ..numpy_impl.gemm import _at_top_level, add_parts, block_grid, empty_totals, fold_row_block, new_sums, role_slice
+from ..numpy_impl.gemm import add_parts, block_grid, empty_totals, fold_row_block, new_sums, per_row, role_slice
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ def _print(stmt: Let, args: list[str]) -> str:
 def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     """Per row block: the forward's column blocks (their products kept while they fit in `keep` bytes),
     then the backward's, reading the kept products or computing the others again."""
-    _at_top_level(prim, depth)
+    if depth:
+        return per_row(prim, args, depth, lambda p, row: _run(p, row, 0))
     fwd, bwd = prim.forward, prim.backward
     n_fwd = _shared_count(fwd) + fwd.num_leaves
     f_args, cts = list(args[:n_fwd]), list(args[n_fwd:])

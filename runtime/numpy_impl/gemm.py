@@ -12,9 +12,10 @@ from typing import Callable
 
 import numpy as np
 
-from fold.errors import MissingRuleError
+from fold.dtypes import ShapedArray
 from fold.primitives import GemmBlockSum, GemmMapReduce
 from fold.primitives.gemm import split_gemm_args
+from fold.tracing import shape_rules
 
 from ..interpreter import eval_program, numpy_impls
 
@@ -25,9 +26,21 @@ def block_grid(m: int, n: int, block: tuple[int, int]):
         yield i0, min(i0 + bi, m), [(j0, min(j0 + bj, n)) for j0 in range(0, n, bj)]
 
 
-def _at_top_level(prim, depth: int) -> None:
-    if depth:
-        raise MissingRuleError(f"{prim.name} inside a map body is not supported by the numpy backend; call it at the top level")
+def per_row(prim, args: list, depth: int, at_top_level: Callable[[object, list], list]) -> list:
+    """A statement inside `depth` maps, run at the top level once per row of the maps: its values have
+    `depth` leading batch dimensions, each full or 1. The heads of a multi-head attention are one block walk
+    each, as they would be in a Python loop; there is no batched block walk."""
+    batch = np.broadcast_shapes(*[a.shape[:depth] for a in args])
+
+    def row(index: tuple) -> list:
+        return [a[tuple(i if s != 1 else 0 for i, s in zip(index, a.shape[:depth], strict=True))] for a in args]
+
+    results = [at_top_level(prim, row(index)) for index in np.ndindex(*batch)]
+    if not results:  # no rows: empty outputs of the shapes one row would have
+        avals = shape_rules.lookup(prim)(prim, *[ShapedArray(tuple(a.shape[depth:]), a.dtype) for a in args])
+        return [np.zeros(batch + tuple(v.shape), v.dtype) for v in avals]
+    return [np.stack([np.asarray(r[k]) for r in results]).reshape(batch + np.shape(results[0][k]))
+            for k in range(len(results[0]))]
 
 
 BlockRunner = Callable[[object, list], list]  # (block program, its inputs) -> its outputs: how a backend runs one block
@@ -35,7 +48,8 @@ BlockRunner = Callable[[object, list], list]  # (block program, its inputs) -> i
 
 @numpy_impls.register(GemmMapReduce)
 def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
-    _at_top_level(prim, depth)
+    if depth:
+        return per_row(prim, args, depth, lambda p, row: _gemm(p, row, 0, run_block))
     consts, identity, rows, cols = split_gemm_args(prim, args)
     m, n = rows[0].shape[0], cols[0].shape[0]
     totals = empty_totals(identity, m)
@@ -73,7 +87,8 @@ def role_slice(value: np.ndarray, role: str, rows: slice, cols: slice) -> np.nda
 
 @numpy_impls.register(GemmBlockSum)
 def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
-    _at_top_level(prim, depth)
+    if depth:
+        return per_row(prim, args, depth, lambda p, row: _gemm_block_sum(p, row, 0, run_block))
     m, n = role_extents(prim, args)
     sums = new_sums(prim, m, n)
     for i0, i1, col_blocks in block_grid(m, n, prim.block):
