@@ -763,3 +763,18 @@ def test_compare_rules_plain_lambda_has_no_monoid_rule() -> None:
     assert set(result.runs) == {"auto", "generic"}
     assert "monoid" not in [line.split()[0] for line in str(result).splitlines()[2:-1]]
     assert result.max_rel_diff < 1e-10
+
+
+def test_check_monoid_draws_integer_and_boolean_elements() -> None:
+    """Elements of an integer or boolean monoid are drawn as integers in [low, high] and as booleans (floats
+    could not be stored); d, a derivative, is not judged on them."""
+    count = fold.Monoid(lambda a, b: a + b, 0, commutative=True, name="count")
+    assert fold.check_monoid(count, np.zeros((), np.int64)).ok
+    assert fold.check_monoid(fold.Monoid(lambda a, b: a | b, False, commutative=True, name="any"), np.zeros(3, bool)).ok
+    mixed = fold.Monoid(lambda a, b: (a[0] + b[0], fold.maximum(a[1], b[1])), (0.0, -np.inf), commutative=True)
+    assert fold.check_monoid(mixed, (np.zeros(()), np.zeros((), np.int32))).ok
+    minus = fold.check_monoid(fold.Monoid(lambda a, b: a - b, 0, name="minus"), np.zeros((), np.int64))
+    assert not minus["associativity"].holds and not minus["left identity"].holds
+    with_d = fold.Monoid(lambda a, b: a + b, 0, commutative=True, d=lambda c, a, g: g, name="sum with d")
+    assert [r.law for r in fold.check_monoid(with_d, np.zeros((), np.int32)).laws] == [
+        "associativity", "left identity", "right identity", "commutativity"]
