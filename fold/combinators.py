@@ -11,11 +11,12 @@ from typing import Any, Callable
 import numpy as np
 
 from .dtypes import ShapedArray, is_static_int
-from .errors import FoldTypeError, ShapeError, StructureError
+from .errors import FoldTypeError, MonoidLawError, ShapeError, StructureError
 from .monoid import Monoid, identity_leaves
+from .recognize import recognize_binary_op
 from .primitives import Loop, Map, Reduce, ReduceByIndex, Scan
-from .pytree import TreeDef, leaf_paths
-from .tracing import TracedBody, abstractify, bind, trace_body
+from .pytree import TreeDef, leaf_paths, tree_flatten
+from .tracing import STATIC_HINT, TracedBody, Tracer, abstractify, bind, trace_body
 
 Operator = Callable[[Any, Any], Any] | Monoid
 
@@ -89,7 +90,58 @@ def _fold_setup(where: str, op: Operator, xs: Any, identity: Any):
     fn, ident, monoid = _operator(where, op, identity)
     ident_leaves = identity_leaves(where, ident, treedef, elems)
     body = _trace_operator(where, fn, treedef, elems)
+    _check_identity(where, fn, body, ident_leaves, treedef)
     return leaves, treedef, n, ident_leaves, body, monoid
+
+
+# The identities of the operators fold recognises (as -inf/inf mean an integer dtype's least/greatest value).
+_KNOWN_IDENTITIES = {"add": 0, "mul": 1, "maximum": -np.inf, "minimum": np.inf, "logaddexp": -np.inf}
+
+
+def _check_identity(where: str, fn: Callable, body: TracedBody, ident: list[np.ndarray], treedef: TreeDef) -> None:
+    """Refuse an identity that is not one: it is the result for no elements, and a fold may combine it into
+    its elements any number of times (once per parallel chunk, per bin, per scan block), so a value like
+    functools.reduce's `initializer` would give answers that depend on the backend and the array's size.
+    For the operators fold recognises the identity is known; for others, op(e, e) must be e (up to rounding;
+    a NaN result is not judged). Operators that capture traced values are not evaluated."""
+    op = recognize_binary_op(body.program, len(body.consts))
+    if op is not None:
+        (value,) = ident
+        known = _KNOWN_IDENTITIES[op]
+        want = identity_leaves(where, known, tree_flatten(known)[1], [ShapedArray(value.shape, value.dtype)])[0]
+        if not np.array_equal(value, want):
+            raise MonoidLawError(f"{where}: identity {_shown(value)} is not the identity of operator {_name(fn)} "
+                                 f"({op}), which is {_shown(want)}. {_WHY_IDENTITY}")
+        return
+    if body.consts:
+        return
+    from runtime.interpreter import eval_program  # lazy: runtime depends on fold, not the other way
+
+    try:
+        got = eval_program(body.program, ident + ident)
+    except Exception:  # noqa: BLE001 - an operator that fails on its identity is judged when it runs, not here
+        return
+    paths = leaf_paths(treedef, "identity")
+    for path, e, g in zip(paths, ident, got, strict=True):
+        g = np.asarray(g)
+        if e.dtype.kind == "f":
+            with np.errstate(all="ignore"):
+                same = np.isnan(g) | (g == e) | (np.abs(g - e) <= 64 * np.finfo(e.dtype).eps * np.abs(e))
+        else:
+            same = g == e
+        if not np.all(same):
+            at = "" if treedef.kind == "leaf" else f" (leaf {path})"
+            raise MonoidLawError(f"{where}: identity {_shown(e)}{at} is not an identity of operator {_name(fn)}: "
+                                 f"op(identity, identity) gives {_shown(g)}. {_WHY_IDENTITY}")
+
+
+_WHY_IDENTITY = ("The identity is the result for an empty array, and a fold may combine it with the elements "
+                 "any number of times (per parallel chunk, bin or block); to start from a value, combine it with "
+                 "the result instead.")
+
+
+def _shown(value: np.ndarray) -> str:
+    return str(value.item()) if value.ndim == 0 else np.array2string(value, threshold=8)
 
 
 def reduce(op: Operator, xs: Any, *, identity: Any = None) -> Any:
@@ -138,6 +190,7 @@ def reduce_by_index(op: Operator, n: int, indices: Any, values: Any, *, identity
     fn, ident, monoid = _operator(where, op, identity)
     ident_leaves = identity_leaves(where, ident, treedef, elems)
     body = _trace_operator(where, fn, treedef, elems)
+    _check_identity(where, fn, body, ident_leaves, treedef)
     prim = ReduceByIndex(body.program, len(body.consts), n, monoid)
     return treedef.unflatten(bind(prim, *body.consts, *ident_leaves, idx, *leaves))
 
@@ -167,13 +220,15 @@ def _count(where: str, name: str, value: Any, least: int, alternative: str = "")
     """A static integer parameter as an int; a bool, a float or a value below `least` is an error."""
     if not is_static_int(value) or value < least:
         kind = "non-negative" if least == 0 else "positive" if least == 1 else f">= {least}"
-        raise FoldTypeError(f"{where}: {name} must be a {kind} int{alternative}, got {value!r}")
+        hint = f" ({STATIC_HINT})" if isinstance(value, Tracer) else ""
+        raise FoldTypeError(f"{where}: {name} must be a {kind} int{alternative}, got {value!r}{hint}")
     return int(value)
 
 
 def _flag(where: str, name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise FoldTypeError(f"{where}: {name} must be True or False, got {value!r}")
+        hint = f" ({STATIC_HINT})" if isinstance(value, Tracer) else ""
+        raise FoldTypeError(f"{where}: {name} must be True or False, got {value!r}{hint}")
     return bool(value)
 
 

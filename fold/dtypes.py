@@ -23,6 +23,12 @@ def check_dtype(dtype: np.dtype, where: str) -> np.dtype:
     return dtype
 
 
+def native_byte_order(array: np.ndarray) -> np.ndarray:
+    """`array` in the machine's byte order: data read from some file formats arrives big-endian ('>f8'),
+    which is the same float64 to the user, so it is converted (one copy) rather than refused."""
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
 def is_static_int(value: Any) -> bool:
     """A Python or NumPy integer, and not a bool (which Python counts as an int): what a count, a size or an
     axis must be, so that a float is never truncated and True never read as 1."""

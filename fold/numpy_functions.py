@@ -29,9 +29,10 @@ def _handles(*functions: Callable) -> Callable:
     return register
 
 
-def _axes(axis: Any, ndim: int, where: str) -> tuple[int, ...]:
-    axes = tuple(range(ndim)) if axis is None else tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
-    return tuple(sorted(ops._static_axes(axes, (1,) * ndim, where))) if axes else ()
+def _axes(axis: Any, shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """`axis` (None: all, an axis, or a sequence of them) of an array of `shape`, non-negative and sorted."""
+    axes = tuple(range(len(shape))) if axis is None else tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    return tuple(sorted(ops._static_axes(axes, shape, where))) if axes else ()
 
 
 def _keep_dims(result: Any, shape: tuple[int, ...], axes: tuple[int, ...]) -> Any:
@@ -44,7 +45,7 @@ def _sum(a, axis=None, keepdims=False):
     if np.result_type(ops._dtype_key(a)) == np.int32:
         a = ops.convert(a, "int64")  # NumPy sums smaller integers in the platform's int64
     shape = ops.shape_of(a)
-    axes = _axes(axis, len(shape), "np.sum")
+    axes = _axes(axis, shape, "np.sum")
     result = ops.sum(a, axes)
     return _keep_dims(result, shape, axes) if keepdims else result
 
@@ -53,7 +54,7 @@ def _sum(a, axis=None, keepdims=False):
 def _mean(a, axis=None, keepdims=False):
     a = ops.as_value(a, "np.mean")
     shape = ops.shape_of(a)
-    axes = _axes(axis, len(shape), "np.mean")
+    axes = _axes(axis, shape, "np.mean")
     count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
     if count == 0:
         raise ShapeError(f"np.mean of an empty selection: shape {shape}, axes {axes}")
@@ -140,7 +141,11 @@ def _stack(arrays, axis=0):
 def _expand_dims(a, axis):
     shape = ops.shape_of(ops.as_value(a, "np.expand_dims"))
     ndim = len(shape) + (len(axis) if isinstance(axis, (tuple, list)) else 1)
-    new = _axes(axis, ndim, "np.expand_dims")  # positions in the result, as NumPy counts them
+    try:  # positions in the result, as NumPy counts them
+        new = _axes(axis, (1,) * ndim, "np.expand_dims")
+    except ShapeError as err:
+        raise ShapeError(f"np.expand_dims: axis {axis!r} does not name distinct axes of the result, which has {ndim} "
+                         f"dimensions (array shape {shape})") from err
     rest = iter(shape)
     return ops.reshape(a, tuple(1 if i in new else next(rest) for i in range(ndim)))
 
@@ -148,7 +153,7 @@ def _expand_dims(a, axis):
 @_handles(np.squeeze)
 def _squeeze(a, axis=None):
     shape = ops.shape_of(ops.as_value(a, "np.squeeze"))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1) if axis is None else _axes(axis, len(shape), "np.squeeze")
+    axes = tuple(i for i, s in enumerate(shape) if s == 1) if axis is None else _axes(axis, shape, "np.squeeze")
     if any(shape[i] != 1 for i in axes):
         raise ShapeError(f"np.squeeze: axes {axes} of shape {shape} are not all of length 1")
     return ops.reshape(a, tuple(s for i, s in enumerate(shape) if i not in axes))
@@ -172,7 +177,7 @@ def _ndim(a):
 @_handles(np.size)
 def _size(a, axis=None):
     shape = ops.shape_of(a)
-    return int(np.prod([shape[i] for i in _axes(axis, len(shape), "np.size")], dtype=np.int64))
+    return int(np.prod([shape[i] for i in _axes(axis, shape, "np.size")], dtype=np.int64))
 
 
 @_handles(np.zeros_like)
@@ -229,3 +234,34 @@ def array_function(self: Tracer, func: Callable, types: Sequence[type], args: tu
 
 
 Tracer.__array_function__ = array_function
+
+
+# ndarray methods a NumPy user writes on a traced array: the functions above, or what to write instead
+_METHODS = {"sum": _sum, "mean": _mean, "dot": _dot, "squeeze": _squeeze,
+            "copy": lambda a: a,  # fold values are never written in place: a copy is the same value
+            "ravel": lambda a: ops.reshape(a, (-1,)), "flatten": lambda a: ops.reshape(a, (-1,))}
+_METHODS_INSTEAD = {"max": np.max, "min": np.min, "prod": np.prod, "cumsum": np.cumsum, "cumprod": np.cumprod,
+                    "argmax": np.argmax, "argmin": np.argmin}
+
+
+def _instead(name: str) -> Callable:
+    def method(self, *args, **kwargs):
+        raise FoldTypeError(f"x.{name}() is not supported on traced arrays; write {_INSTEAD[_METHODS_INSTEAD[name]]}")
+    return method
+
+
+def _missing_attribute(self: Tracer, name: str) -> Any:
+    """Tracer.__getattr__ (only reached for names a Tracer lacks): an AttributeError that says what a traced
+    array has, so that a NumPy habit gets a pointer rather than a bare error (hasattr still works)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "shape", "dtype", "ndim", "size", *_METHODS]))
+    raise AttributeError(f"a traced array ({self.aval}) has no attribute {name!r}: it has {methods}, the operators, "
+                         "the NumPy functions and ufuncs fold traces (docs/language.md), and fold.* for the rest")
+
+
+for _name, _fn in _METHODS.items():
+    setattr(Tracer, _name, _fn)
+for _name in _METHODS_INSTEAD:
+    setattr(Tracer, _name, _instead(_name))
+Tracer.__getattr__ = _missing_attribute

@@ -8,12 +8,13 @@ statements, so every elementwise statement sees arguments of one shape and one d
 from __future__ import annotations
 
 import builtins
+import math
 import numbers
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .dtypes import SUPPORTED_DTYPES, check_dtype, is_static_int
+from .dtypes import SUPPORTED_DTYPES, check_dtype, is_static_int, native_byte_order
 from .errors import FoldIndexError, FoldTypeError, ShapeError
 from .primitives import (
     SCALAR_OPS,
@@ -31,7 +32,7 @@ from .primitives import (
     Transpose,
 )
 from .primitives.structural import broadcast_shapes
-from .tracing import Tracer, bind
+from .tracing import STATIC_HINT, Tracer, bind
 
 ArrayLike = Any  # a Tracer, a NumPy array or a Python number
 
@@ -53,7 +54,7 @@ def as_value(x: Any, where: str) -> Any:
         return x
     if isinstance(x, (np.ndarray, np.generic, list, tuple)):
         try:
-            array = np.asarray(x)
+            array = native_byte_order(np.asarray(x))
         except ValueError as err:
             raise FoldTypeError(f"{where}: {type(x).__name__} is not a rectangular array: {err}") from None
         check_dtype(array.dtype, where)
@@ -88,6 +89,8 @@ def _static_int(value: Any, where: str, what: str, within: Any = None) -> int:
         why = "a bool is not taken as 0 or 1"
     elif isinstance(value, (float, np.floating)):
         why = "floats are refused, even whole ones such as 2.0; write int(...) if truncation is meant"
+    elif isinstance(value, Tracer):
+        why = STATIC_HINT
     else:
         why = f"a {type(value).__name__}"
     context = "" if within is None else f" in {within!r}"
@@ -455,13 +458,49 @@ _UFUNCS = {
 }
 
 
+def _reciprocal(x: ArrayLike) -> ArrayLike:
+    if np.result_type(_dtype_key(x)).kind != "f":
+        raise FoldTypeError(f"np.reciprocal of a {np.result_type(_dtype_key(x))} array truncates to an integer in NumPy; "
+                            "write 1.0 / x for the float reciprocal")
+    return elementwise("div", 1.0, x)
+
+
+# Ufuncs that are exact compositions of the primitives (up to rounding: log2(8) may differ from 3 by an ulp),
+# so that they differentiate with no rule of their own
+_COMPOSITE_UFUNCS: dict[Any, Callable[[ArrayLike], ArrayLike]] = {
+    np.square: lambda x: elementwise("mul", x, x),
+    np.positive: lambda x: x,
+    np.reciprocal: _reciprocal,
+    np.log2: lambda x: elementwise("div", elementwise("log", x), math.log(2.0)),
+    np.log10: lambda x: elementwise("div", elementwise("log", x), math.log(10.0)),
+    np.exp2: lambda x: elementwise("exp", elementwise("mul", x, math.log(2.0))),
+    np.tan: lambda x: elementwise("div", elementwise("sin", x), elementwise("cos", x)),
+    np.sinh: lambda x: elementwise("mul", elementwise("sub", elementwise("expm1", x), elementwise("expm1", elementwise("neg", x))), 0.5),
+    np.cosh: lambda x: elementwise("mul", elementwise("add", elementwise("exp", x), elementwise("exp", elementwise("neg", x))), 0.5),
+    np.isnan: lambda x: elementwise("ne", x, x),
+    np.isinf: lambda x: elementwise("eq", elementwise("abs", x), math.inf),
+    np.isfinite: lambda x: elementwise("lt", elementwise("abs", x), math.inf),
+}
+
+
+def traced_ufuncs() -> list[str]:
+    """The names of the NumPy ufuncs that work on traced arrays."""
+    return sorted({u.__name__ for u in [*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul]})
+
+
 def _array_ufunc(self: Tracer, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-    if ufunc is np.matmul and method == "__call__" and not kwargs:
-        return matmul(*inputs)
-    op = _UFUNCS.get(ufunc)
-    if op is None or method != "__call__" or kwargs:
-        raise FoldTypeError(f"NumPy ufunc {ufunc.__name__}.{method} is not supported on traced arrays; use the fold.* function")
-    return elementwise(op, *inputs)
+    if method == "__call__" and not kwargs:
+        if ufunc is np.matmul:
+            return matmul(*inputs)
+        if ufunc in _UFUNCS:
+            return elementwise(_UFUNCS[ufunc], *inputs)
+        if ufunc in _COMPOSITE_UFUNCS:
+            return _COMPOSITE_UFUNCS[ufunc](*inputs)
+    call = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+    reason = f"with {', '.join(f'{k}=' for k in kwargs)}" if method == "__call__" and ufunc in (*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul) else ""
+    raise FoldTypeError(f"{call} is not supported on traced arrays{' ' + reason if reason else ''}; the ufuncs fold traces "
+                        f"(called plainly) are {', '.join(traced_ufuncs())}; for folds over an axis use fold.reduce or "
+                        "fold.scan")
 
 
 def _reshape_method(self: Tracer, *shape: Any) -> ArrayLike:

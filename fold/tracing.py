@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .dtypes import SUPPORTED_DTYPES, ShapedArray, check_dtype
+from .dtypes import SUPPORTED_DTYPES, ShapedArray, check_dtype, native_byte_order
 from .errors import ConcretizationError, EscapedTracerError, FoldTypeError
 from .ir import Atom, Let, Lit, Primitive, Program, Var
 from .pytree import TreeDef, leaf_paths, tree_flatten
@@ -141,7 +141,7 @@ class Tracer:
     def _concrete(self, what: str):
         raise ConcretizationError(
             f"{what} needs the concrete value of a traced array {self.aval}, which is unknown while tracing; "
-            f"use fold.where(...) for data-dependent choices, or pass static values as Python constants"
+            f"use fold.where(...) for data-dependent choices; {STATIC_HINT}"
         )
 
     def __bool__(self):
@@ -170,6 +170,12 @@ class Tracer:
         return f"Tracer<{self.aval}>"
 
 
+# What to do when a size, a count or a flag arrives traced: said wherever one is refused
+STATIC_HINT = ("a value the trace needs (a size, a count, a flag) must not be traced: close over it, or pass it "
+               "to fold.jit(f, static_argnums=...) (the arguments of fold.jit and fold.run are traced, Python "
+               "numbers too)")
+
+
 def bind(prim: Primitive, *args: "Tracer | np.ndarray") -> list[Any]:
     """Apply `prim` to `args`: record a statement in the current scope, or evaluate it now if none is active."""
     scope = current_scope()
@@ -196,7 +202,7 @@ def to_array_leaf(value: Any, where: str, path: str) -> "Tracer | np.ndarray":
     if isinstance(value, Tracer):
         return value
     if isinstance(value, (bool, int, float, np.ndarray, np.generic)):
-        array = np.asarray(value)
+        array = native_byte_order(np.asarray(value))
         check_dtype(array.dtype, f"{where} (leaf {path})")
         return array
     raise FoldTypeError(

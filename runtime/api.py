@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -49,11 +49,13 @@ class Jitted:
     `trace_count` report the one-off costs apart from run time.
     """
 
-    def __init__(self, f: Callable[..., Any], backend: str | None = None):
+    def __init__(self, f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = ()):
         if not callable(f):
             raise FoldTypeError(f"fold.jit: expected a function, got {type(f).__name__}")
         self.f = f
         self.backend = backend
+        self.static_argnums = _argnums(static_argnums)
+        self._per_static: dict = {}  # static argument values, or keyword names -> the Jitted that binds them
         self._compiled: dict = {}
         self._by_arrays: dict = {}  # (backend, (shape, dtype) per argument) -> a _compiled entry: warm calls on arrays
         self._trace_seconds = 0.0
@@ -65,14 +67,64 @@ class Jitted:
     def compile_seconds(self) -> float:
         """Seconds spent tracing and compiling so far; a backend that compiles lazily (numba: kernels on the
         call that first needs them) adds its compile time as it is spent."""
-        return self._trace_seconds + sum(getattr(c, "compile_seconds", 0.0) for _, c in self._compiled.values())
+        return (self._trace_seconds + sum(getattr(c, "compile_seconds", 0.0) for _, c in self._compiled.values())
+                + sum(j.compile_seconds for j in self._per_static.values()))
 
     def program(self, *args: Any) -> Program:
         """The traced Program for arguments shaped like `args`."""
+        if self.static_argnums:
+            bound, dynamic = self._bound(args)
+            return bound.program(*dynamic)
         _, signature = signature_of(args, f"fold.jit({self.__name__})")
         return trace_signature(self.f, signature)
 
-    def __call__(self, *args: Any) -> Any:
+    def _bound(self, args: tuple) -> tuple["Jitted", tuple]:
+        """(the Jitted of f with the static arguments' values bound, the other arguments)."""
+        positions = sorted({i % len(args) if -len(args) <= i < len(args) else _bad_argnum(i, len(args), self.__name__)
+                            for i in self.static_argnums})
+        values = tuple(args[i] for i in positions)
+        try:
+            key = (tuple(positions), values)
+            bound = self._per_static.get(key)
+        except TypeError:
+            raise FoldTypeError(f"fold.jit({self.__name__}): static arguments must be hashable (they key the "
+                                f"compiled program), got {', '.join(type(v).__name__ for v in values)} at "
+                                f"positions {positions}") from None
+        if bound is None:
+            def with_statics(*dynamic: Any) -> Any:
+                merged, rest = [], iter(dynamic)
+                for i in range(len(args)):
+                    merged.append(values[positions.index(i)] if i in positions else next(rest))
+                return self.f(*merged)
+
+            with_statics.__name__ = self.__name__
+            bound = self._per_static[key] = Jitted(with_statics, self.backend)
+        return bound, tuple(a for i, a in enumerate(args) if i not in positions)
+
+    @property
+    def trace_count(self) -> int:
+        return self._trace_count + sum(j.trace_count for j in self._per_static.values())
+
+    @trace_count.setter
+    def trace_count(self, value: int) -> None:
+        self._trace_count = value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:  # traced like the positional arguments: one Jitted per count of those and set of keyword names
+            names = tuple(sorted(kwargs))
+            per_names = self._per_static.get((len(args), names))
+            if per_names is None:
+                count = len(args)
+
+                def with_keywords(*flat: Any) -> Any:
+                    return self.f(*flat[:count], **dict(zip(names, flat[count:], strict=True)))
+
+                with_keywords.__name__ = self.__name__
+                per_names = self._per_static[(len(args), names)] = Jitted(with_keywords, self.backend, self.static_argnums)
+            return per_names(*args, *(kwargs[k] for k in names))
+        if self.static_argnums:
+            bound, dynamic = self._bound(args)
+            return bound(*dynamic)
         arrays = _array_key(args)
         if arrays is not None and current_scope() is None:  # the common warm call, without flattening a pytree
             entry = self._by_arrays.get((get_backend(self.backend).name, arrays))
@@ -101,15 +153,30 @@ class Jitted:
         return program.out_tree.unflatten(_finish(compiled(inputs), inputs))
 
 
-def jit(f: Callable[..., Any], backend: str | None = None) -> Jitted:
+def jit(f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = ()) -> Jitted:
     """`f` as a function that is traced once per input signature and runs on `backend`.
+
+    `static_argnums`: the positions of arguments that are not traced but passed to `f` as they are (sizes,
+    flags, anything hashable): `f` is traced once per distinct value of them, as `jax.jit`'s.
 
     >>> import numpy as np, fold
     >>> g = fold.jit(lambda x: fold.reduce(fold.monoids.sum, x * x))
     >>> float(g(np.arange(4.0)))
     14.0
     """
-    return Jitted(f, backend)
+    return Jitted(f, backend, static_argnums)
+
+
+def _argnums(static_argnums: Any) -> tuple[int, ...]:
+    nums = (static_argnums,) if not isinstance(static_argnums, (tuple, list, range)) else tuple(static_argnums)
+    for i in nums:
+        if not isinstance(i, (int, np.integer)) or isinstance(i, (bool, np.bool_)):
+            raise FoldTypeError(f"fold.jit: static_argnums must be an int or a sequence of ints, got {static_argnums!r}")
+    return tuple(int(i) for i in nums)
+
+
+def _bad_argnum(i: int, count: int, name: str) -> int:
+    raise FoldTypeError(f"fold.jit({name}): static_argnums names argument {i}, but the call has {count} arguments")
 
 
 def run(f: Callable[..., Any], *args: Any, backend: str | None = None) -> Any:

@@ -225,3 +225,20 @@ def test_gemm_map_reduce_rows_and_cols_may_be_one_array() -> None:
     np.testing.assert_allclose(one, 2.0 * 4 * t + c.sum())
     with pytest.raises(fold.ShapeError, match=r"rows\[0\] has shape \(4,\); its leading axis must be M"):
         fold.run(lambda a, b: fold.gemm_map_reduce(fold.monoids.sum, lambda s, t: s * t, a, b, rows=c), lhs, rhs)
+
+
+# ------------------------------------------------------------------------------- byte order
+
+
+@pytest.mark.parametrize("dtype", [">f8", ">f4", ">i8", ">i4"])
+def test_big_endian_arrays_are_the_same_numbers(dtype) -> None:
+    """Data read from some file formats arrives big-endian: as an argument or a captured constant it is
+    converted to the machine's byte order, not refused as an unsupported dtype."""
+    x = np.arange(1, 5).astype(dtype)
+    w = np.arange(4, 0, -1).astype(dtype)
+    native = np.dtype(dtype).newbyteorder("=")
+    got = fold.jit(lambda x: fold.reduce(fold.monoids.sum, x * w))(x)
+    assert got.dtype == native and got == np.sum(x.astype(native) * w.astype(native))
+    assert fold.run(lambda x: x + 1, x).dtype == native
+    if native.kind == "f":
+        np.testing.assert_array_equal(fold.grad(lambda x: fold.reduce(fold.monoids.sum, x * w))(x), w.astype(native))

@@ -102,6 +102,56 @@ def test_identity_of_the_wrong_structure_or_kind() -> None:
     raises(fold.FoldTypeError, g, np.ones(3), match=["fold.reduce", "identity"])
 
 
+def _fold_call(combinator: str) -> Callable[..., Any]:
+    if combinator == "reduce_by_index":
+        rows = lambda x: (x[0] if isinstance(x, tuple) else x).shape[0]  # noqa: E731
+        return lambda op, x, **kw: fold.reduce_by_index(op, 2, np.arange(rows(x)) % 2, x, **kw)
+    if combinator == "exclusive scan":
+        return lambda op, x, **kw: fold.scan(op, x, exclusive=True, **kw)
+    return getattr(fold, combinator)
+
+
+@pytest.mark.parametrize("combinator", ["reduce", "scan", "exclusive scan", "reduce_by_index"])
+def test_an_identity_that_is_not_one_is_refused(combinator: str) -> None:
+    """An initial value passed as identity= would be combined in once per chunk, bin or block, so the answer
+    would depend on the backend and the size: a recognised operator's identity is known, another's must
+    satisfy op(e, e) == e."""
+    comb = _fold_call(combinator)
+    where = "fold.scan" if "scan" in combinator else f"fold.{combinator}"
+    cases = [(lambda a, b: a + b, 5.0, ["(add)", "0.0"]), (lambda a, b: a * b, 0.0, ["(mul)", "1.0"]),
+             (lambda a, b: fold.maximum(a, b), 3.0, ["(maximum)", "-inf"]),
+             (lambda a, b: (a + b) * 1.0, 5.0, ["op(identity, identity) gives 10.0"])]
+    for op, identity, words in cases:
+        f = _run(lambda x: comb(op, x, identity=identity))
+        raises(fold.MonoidLawError, f, np.ones(6), match=[where, f"identity {identity}", *words, "result for an empty array"])
+    ints = _run(lambda x: comb(lambda a, b: fold.maximum(a, b), x, identity=0))
+    raises(fold.MonoidLawError, ints, np.ones(6, np.int64), match=[where, "identity 0", str(np.iinfo(np.int64).min)])
+    pair = _run(lambda x: comb(lambda a, b: (a[0] * b[0], a[1] * b[0] + b[1]), (x, x), identity=(1.0, 1.0)))
+    raises(fold.MonoidLawError, pair, np.ones(6), match=[where, "identity 1.0 (leaf identity[1])", "gives 2.0"])
+
+
+def _online_softmax(a, b):
+    """(maximum, sum of exp(x - maximum)): exp(-inf - -inf) is NaN, so op(e, e) is (-inf, NaN) at its true
+    identity (-inf, 0), which is therefore not judged."""
+    m = fold.maximum(a[0], b[0])
+    return m, a[1] * fold.exp(a[0] - m) + b[1] * fold.exp(b[0] - m)
+
+
+@pytest.mark.parametrize("combinator", ["reduce", "scan", "exclusive scan", "reduce_by_index"])
+def test_true_identities_are_accepted(combinator: str) -> None:
+    comb = _fold_call(combinator)
+    x = np.linspace(-1.0, 2.0, 6)
+    ints = np.arange(6, dtype=np.int64)
+    for f, args in [(lambda x: comb(lambda a, b: fold.maximum(a, b), x, identity=-np.inf), (ints,)),
+                    (lambda x: comb(lambda a, b: fold.minimum(a, b), x, identity=np.inf), (x,)),
+                    (lambda x: comb(lambda a, b: (a[0] * b[0], a[1] * b[0] + b[1]), (x, x), identity=(1.0, 0.0)), (x,)),
+                    (lambda x: comb(lambda a, b: fold.logaddexp(a, b), x, identity=-np.inf), (x,))]:
+        fold.jit(f, backend="numpy")(*args)
+    softmax = fold.jit(lambda x: comb(_online_softmax, (x, np.ones_like(x)), identity=(-np.inf, 0.0)), backend="numpy")(x)
+    if combinator == "reduce":
+        assert_close(softmax[0] + np.log(softmax[1]), np.log(np.exp(x).sum()))
+
+
 def test_identity_that_is_a_traced_value() -> None:
     f = _run(lambda x: fold.reduce(lambda a, b: a + b, x, identity=x[0]))
     raises(fold.FoldTypeError, f, np.ones(3), match=["fold.reduce", "identity", "constant"])

@@ -70,6 +70,28 @@ def test_gradients_flow_through_numpy_functions(f) -> None:
     check_grads(f, (X,))
 
 
+SPECIAL = np.array([-3.0, -0.5, 1e-8, 0.7, 2.0, 8.0, np.inf, np.nan, -np.inf])
+COMPOSITE_UFUNCS = [np.square, np.positive, np.reciprocal, np.log2, np.log10, np.exp2, np.tan, np.sinh, np.cosh,
+                    np.isnan, np.isinf, np.isfinite]
+
+
+@pytest.mark.parametrize("ufunc", COMPOSITE_UFUNCS, ids=lambda u: u.__name__)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_ufuncs_written_with_the_primitives_give_numpys_values(ufunc, dtype) -> None:
+    x = SPECIAL.astype(dtype)
+    with np.errstate(all="ignore"):
+        expected = ufunc(x)
+    got = fold.jit(lambda x: ufunc(x))(x)
+    assert got.dtype == expected.dtype
+    np.testing.assert_allclose(got, expected, rtol=1e-14 if dtype == np.float64 else 1e-6, atol=0, equal_nan=True)
+
+
+def test_gradients_flow_through_ufuncs_written_with_the_primitives() -> None:
+    x = np.abs(X) + 0.5
+    check_grads(lambda x: np.square(x) + np.reciprocal(x) + np.log2(x) + np.log10(x) + np.exp2(x) + np.tan(x * 0.3)
+                + np.sinh(x) + np.cosh(x) + np.where(np.isfinite(x), x, 0.0), (x,))
+
+
 @pytest.mark.parametrize("f,message", [
     (lambda x: np.median(x), r"np\.median is not supported on traced arrays.*np\.sum"),
     (lambda x: np.max(x), r"np\.max .*fold\.reduce\(fold\.monoids\.max"),
@@ -83,7 +105,28 @@ def test_gradients_flow_through_numpy_functions(f) -> None:
     (lambda x: np.dot(np.reshape(x, (1, 3, 4)), np.ones((4, 2))), r"np\.dot on traced arrays takes 0-d, 1-d and 2-d operands, got 3-d and 2-d"),
     (lambda x: np.full_like(np.zeros(3), x[0, 0]), r"np\.copyto .*fold\.broadcast_to"),
     (lambda x: np.clip(x, low=0.0), r"np\.clip .*low"),
+    (lambda x: np.floor(x), r"np\.floor is not supported on traced arrays; the ufuncs fold traces .*log2.*fold\.reduce"),
+    (lambda x: np.add.reduce(x), r"np\.add\.reduce is not supported"),
+    (lambda x: np.reciprocal(np.ones(3, np.int64) + x[0, :3].astype(np.int64)), r"np\.reciprocal .*int64.*1\.0 / x"),
+    (lambda x: x.max(), r"x\.max\(\) is not supported on traced arrays; write fold\.reduce\(fold\.monoids\.max"),
+    (lambda x: np.sum(x, axis=2), r"np\.sum: axis 2 is out of range for an array of shape \(3, 4\)"),
+    (lambda x: np.mean(x, axis=-3), r"np\.mean: axis -3 is out of range for an array of shape \(3, 4\)"),
+    (lambda x: np.squeeze(x, axis=4), r"np\.squeeze: axis 4 is out of range for an array of shape \(3, 4\)"),
+    (lambda x: x * np.size(x, 2), r"np\.size: axis 2 is out of range for an array of shape \(3, 4\)"),
+    (lambda x: np.expand_dims(x, 5), r"np\.expand_dims: axis 5 .* 3 dimensions \(array shape \(3, 4\)\)"),
 ])
 def test_unsupported_numpy_functions_and_options_are_named(f, message) -> None:
     with pytest.raises(fold.FoldError, match=message):
         fold.trace(f, X)
+
+
+def test_ndarray_methods_on_traced_arrays() -> None:
+    """The methods a NumPy user writes: sum and mean as np.sum and np.mean, copy, ravel, dot, squeeze; an
+    unknown attribute is an AttributeError (hasattr works) that lists what a traced array has."""
+    f = lambda x: (x.sum(), x.sum(axis=1, keepdims=True), x.mean(0), x.copy() * 2.0, x.ravel(), x.flatten(),  # noqa: E731
+                   x.dot(V), x[None].squeeze(0), hasattr(x, "not_an_attribute"))
+    got, want = fold.jit(f)(X), f(X)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15)
+    with pytest.raises(AttributeError, match=r"a traced array \(f64\[3,4\]\) has no attribute 'max_'.*mean"):
+        fold.trace(lambda x: x.max_(), X)

@@ -237,6 +237,36 @@ def test_warm_calls_on_arrays_run_what_their_signature_would() -> None:
     assert "const:f64[3] * 3.0" in str(traced.program(np.ones(3)))
 
 
+def test_static_arguments_are_passed_as_they_are_and_key_the_trace() -> None:
+    """static_argnums (as jax.jit's): sizes and flags reach f as Python values, f is traced once per distinct
+    value; traced, the same values get an error that says how to pass them."""
+    f = lambda x, n, reverse: fold.scan(fold.monoids.sum, x * fold.iota(n).astype(x.dtype), reverse=reverse)  # noqa: E731
+    with pytest.raises(fold.FoldTypeError, match=r"fold\.iota: n must be an integer, got Tracer.*static_argnums"):
+        fold.jit(f)(np.ones(3), 3, False)
+    g = fold.jit(f, static_argnums=(1, -1))
+    x = np.arange(1.0, 4.0)
+    assert_close(g(x, 3, False), np.cumsum(x * np.arange(3)))
+    assert_close(g(x, 3, True), np.cumsum((x * np.arange(3))[::-1])[::-1])
+    assert_close(g(x, 3, False), np.cumsum(x * np.arange(3)))
+    assert g.trace_count == 2 and g.compile_seconds > 0.0
+    assert "iota" in str(g.program(x, 3, True))
+    with pytest.raises(fold.FoldTypeError, match=r"static arguments must be hashable.*list"):
+        g(x, [3], False)
+    with pytest.raises(fold.FoldTypeError, match=r"static_argnums names argument 5, but the call has 3 arguments"):
+        fold.jit(f, static_argnums=5)(x, 3, False)
+    with pytest.raises(fold.FoldTypeError, match=r"static_argnums must be an int or a sequence of ints"):
+        fold.jit(f, static_argnums=1.0)
+
+
+def test_keyword_arguments_are_traced_like_positional_ones() -> None:
+    g = fold.jit(lambda x, *, scale, shift=0.0: x * scale + shift)
+    x = np.arange(3.0)
+    assert_close(g(x, scale=2.0), 2.0 * x)
+    assert_close(g(x, scale=np.float64(3.0)), 3.0 * x)
+    assert_close(g(x, shift=1.0, scale=2.0), 2.0 * x + 1.0)
+    assert g.trace_count == 2  # one per set of keyword names
+
+
 def test_jit_inside_a_trace_inlines_the_program() -> None:
     inner = fold.jit(lambda v: fold.tanh(v) * 2.0)
     x = np.random.default_rng(2).normal(size=(3, 4))
