@@ -90,9 +90,13 @@ def _minimum(args, out, wanted):
 @partials("logaddexp")
 def _logaddexp(args, out, wanted):
     x, y = args
-    # exp(x - out), made safe where x == out (both infinite: split evenly instead of exp(nan))
+    # exp(x - out), made safe where x == out. Both +inf: split evenly instead of exp(nan). Both -inf: 0, as
+    # the result stays -inf whatever finite change either gets; this also keeps (-inf, 0), the identity of
+    # logaddexp lifted to (value, tangent) pairs, an identity there, so a fold's tangent does not depend on
+    # how often its kernel combines the identity in.
     def weight(a, b):
-        shift = ops.where(a == out, ops.where(b == out, float(-np.log(2.0)), 0.0).astype(out.dtype), a - out)
+        tie = ops.where(out == -np.inf, -np.inf, float(-np.log(2.0))).astype(out.dtype)
+        shift = ops.where(a == out, ops.where(b == out, tie, 0.0).astype(out.dtype), a - out)
         return ops.exp(shift)
 
     return (weight(x, y) if wanted[0] else None), (weight(y, x) if wanted[1] else None)
