@@ -67,7 +67,14 @@ def _div(args, out, wanted):
 @partials("pow")
 def _pow(args, out, wanted):
     x, y = args
-    dx = y * x ** (y - 1) if wanted[0] else None
+    # y x^(y-1); 0 where y == 0 (x^0 is constant: 0 * 0^-1 would be NaN at x == 0), with x replaced there so
+    # that no branch of the where is infinite (its derivative, in a second derivative, would be 0 * inf)
+    if wanted[0]:
+        zero_exponent = y == 0
+        safe_x = ops.where(zero_exponent, 1.0, x).astype(out.dtype)
+        dx = ops.where(zero_exponent, 0.0, y * safe_x ** (y - 1)).astype(out.dtype)
+    else:
+        dx = None
     # d/dy x**y = out * log(x); at x == 0 the limit is 0 (for y > 0), not nan
     dy = ops.where(x == 0, 0.0, out * ops.log(ops.where(x == 0, 1.0, x))) if wanted[1] else None
     return dx, dy

@@ -409,3 +409,15 @@ def test_a_fully_masked_logsumexp_row_has_zero_derivatives_in_both_modes(rule) -
     a, b = fold.grad(lambda a, b: fold.logaddexp(a, b), argnums=(0, 1))(np.float64(np.inf), np.float64(np.inf))
     assert (a, b) == (0.5, 0.5)
     assert fold.grad(lambda a, b: fold.logaddexp(a, b), argnums=(0, 1))(np.float64(-np.inf), np.float64(-np.inf)) == (0.0, 0.0)
+
+
+def test_powers_with_exponent_zero_have_finite_derivatives_at_zero() -> None:
+    """x ** 0 is constant, so its derivative is 0 at x == 0 too (it was 0 * 0^-1 = NaN), and x ** 1's second
+    derivative is 0 there (the derivative of its partial 1 * x ** 0): polynomial features sum_k x ** k."""
+    x = np.array([0.0, 0.5, 2.0])
+    poly = lambda x: fold.reduce(fold.monoids.sum, x ** 0 + x ** 1 + x ** 2 + x ** np.arange(3.0))  # noqa: E731
+    np.testing.assert_allclose(fold.grad(poly)(x), 1.0 + 2.0 * x + np.array([0.0, 1.0, 4.0]), rtol=1e-14)
+    assert float(fold.jvp(poly, (x,), (np.ones(3),))) == pytest.approx(float(np.sum(1.0 + 2.0 * x + [0.0, 1.0, 4.0])))
+    lin = lambda x: fold.reduce(fold.monoids.sum, x ** 1)  # noqa: E731
+    np.testing.assert_array_equal(fold.jvp(fold.grad(lin), (x,), (np.ones(3),)), np.zeros(3))
+    check_grads(poly, (x + 0.25,), order=2)
