@@ -9,7 +9,8 @@ matters to a user who calls a small program many times (a training step on a sma
 iteration). fold's numba and numpy backends and, where installed, JAX jit (its C++ dispatch) run the same
 programs on the same float64 inputs:
 
-- sum of squares, reduce(sum, x * x), n = 1000, and its vjp;
+- sum of squares, reduce(sum, x * x), n = 1000, and its vjp; the same with the square a map's lambda,
+  reduce(sum, map(lambda v: v * v, x)), which the numba backend runs as one fused map-reduce kernel;
 - logsumexp, reduce(monoids.logaddexp, x), n = 1000;
 - the k-means cost of benchmarks/bench_numba.py, 256 points, d = 16, k = 64;
 - gemm_map_reduce attention (examples/gemm_layers.py), M = N = 32, F = D = 16, forward and forward+backward
@@ -76,6 +77,9 @@ def _cases(rng: np.random.Generator) -> list[dict[str, Any]]:
 
     return [
         {"name": "sum of squares n=1000", "args": (x,), "fold": jit_all(sum_of_squares),
+         "jax": lambda jnp, jax: lambda x: jnp.sum(x * x)},
+        {"name": "sum of a mapped lambda n=1000", "args": (x,),
+         "fold": jit_all(lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda v: v * v, x))),
          "jax": lambda jnp, jax: lambda x: jnp.sum(x * x)},
         {"name": "sum of squares vjp n=1000", "args": (x,),
          "fold": jit_all(lambda x: fold.vjp(sum_of_squares, (x,), 1.0)),
