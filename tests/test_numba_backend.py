@@ -1555,3 +1555,15 @@ def test_only_short_operators_are_inlined_at_each_call_site():
               lambda x: fold.grad(lambda x: fold.reduce(long_op, x, identity=1.0))(x)):
         want, got = both(f, x)
         np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+def test_stop_gradient_in_an_operator_compiles(kernel_calls):
+    """stop_gradient is its argument's value: an operator or map body using it is compiled like any other
+    (it was declined: 'its operator cannot be compiled: it uses stop_gradient')."""
+    x = np.linspace(0.0, 1.0, COMPILE_FROM)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fold.jit(lambda x: fold.reduce(lambda a, b: a + fold.stop_gradient(b) * 1.0, x, identity=0.0),
+                       backend="numba")(x)
+    assert kernel_calls.get("reduce", 0) >= 1
+    assert_same(got, fold.jit(lambda x: fold.reduce(lambda a, b: a + b * 1.0, x, identity=0.0), backend="numpy")(x))

@@ -24,7 +24,7 @@ import numpy as np
 
 from fold.ir import Let, Lit, Program, Var
 from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
-                             StaticIndex, SumAxes, Transpose)
+                             StaticIndex, StopGradient, SumAxes, Transpose)
 from kernels.cpu import lanes, simd, vector_math
 from kernels.cpu.modules import file_digest, load_module
 from runtime.numpy_impl.structural import index_key
@@ -288,6 +288,7 @@ _EXPANSIONS = {
     BroadcastTo: lambda w, prim, args, out: np.broadcast_to(args[0], prim.shape),
     Reshape: lambda w, prim, args, out: args[0].reshape(prim.shape),
     Transpose: lambda w, prim, args, out: args[0].transpose(prim.perm),
+    StopGradient: lambda w, prim, args, out: args[0],  # the value itself: only differentiation treats it apart
     StaticIndex: lambda w, prim, args, out: np.asarray(args[0][index_key(prim.index)], dtype=object),
     Concatenate: lambda w, prim, args, out: np.concatenate(args, axis=prim.axis),
     Map: _map,
