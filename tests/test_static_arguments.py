@@ -162,7 +162,8 @@ def test_sum_refuses(call: Callable[[Any], Any], exc: type, value: str, mode: st
 
 
 def test_sum_method_refuses_a_float_axis() -> None:
-    with pytest.raises(fold.FoldTypeError, match=re.escape("fold.sum: axis must be an integer, got 0.0")):
+    """x.sum is NumPy's method (axis, keepdims), so its errors say np.sum."""
+    with pytest.raises(fold.FoldTypeError, match=re.escape("np.sum: axis must be an integer, got 0.0")):
         fold.trace(lambda a: a.sum(axis=0.0), A23)
 
 
