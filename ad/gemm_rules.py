@@ -10,6 +10,10 @@ O(M * |T| + block). That backward is a GemmBlockSum, a linear sum of block progr
 again block sums (of the blocks' jvp and vjp programs): Hessian-vector products and reverse over reverse
 come with no further rule.
 
+min and max take the pairs rule with each row's cotangent divided by its number of pairs equal to the
+extreme (one more pass over the blocks counts them): D gives g to every tied pair, and a duplicated key
+(two identical rows of rhs, where the function is smooth) would otherwise double the gradient.
+
 For a monoid without d the nested map/reduce the primitive abbreviates is differentiated instead, with the
 generic rule, after one warning: that materialises M x N values.
 
@@ -72,13 +76,42 @@ def _gemm_vjp(prim: GemmMapReduce, args, outs, residual, cts):
         return _nested_vjp(prim, args, dense, "divides by each part in its d (NaN at a zero)")
     d = _d_program(prim)
     in_roles = ("whole",) * len(consts) + ("row",) * len(rows) + ("col",) * len(cols)
-    pairs = _pairs_rule(prim, d) if current_gemm_rule() == "pairs" else None
+    extreme = recognize_binary_op(prim.op, 0) in ("maximum", "minimum")
+    # min/max take the pairs rule whatever the setting: a block as one part would give a tie inside it to one
+    # pair (the reduce rule's lowest index) and a tie across blocks to each, so no count could split it
+    pairs = _pairs_rule(prim, d) if current_gemm_rule() == "pairs" or extreme else None
+    if extreme and pairs is not None:
+        dense = _split_among_ties(prim, consts, rows, cols, outs, dense)
     backward = GemmBlockSum(tuple((shape, _block_backward(prim, program, d, shape, pairs)) for shape, program in prim.blocks), prim.block,
                             in_roles + ("row",) * (2 * prim.num_leaves), in_roles, f"gemm_map_reduce_vjp[{prim.monoid.name}]")
     results = bind(backward, *consts, *rows, *cols, *outs, *dense)
     nc = len(consts)
     arg_cts = results[:nc] + [Zero(aval_of(i)) for i in identity] + results[nc:]
     return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, arg_cts, strict=True)]
+
+
+def _split_among_ties(prim, consts, rows, cols, outs, cts):
+    """A min/max row's cotangent divided by the number of its pairs equal to the extreme. D = g [a == c]
+    gives g to every part equal to c, so a row with a tie (two identical rows of rhs: a duplicated key or
+    centroid, where the function is smooth) would get its gradient once per tied pair; split evenly, the
+    tied pairs' gradients add up to one (and with identical keys to the true gradient). The count is one
+    more pass over the blocks (a gemm_map_reduce of the same products), never M x N."""
+    from fold import monoids
+    from fold.gemm import gemm_map_reduce
+
+    npairs = _pairs(prim)
+    (extreme,), (ct,) = outs, cts
+    n_row_data = len(rows) - npairs
+
+    def is_extreme(*args):
+        s, row_data, c, col_data = (args[:npairs], args[npairs: npairs + n_row_data], args[npairs + n_row_data],
+                                    args[npairs + n_row_data + 1:])
+        (h,) = inline_program(prim.fn, list(consts) + list(s) + list(row_data) + list(col_data))
+        return ops.where(h == c, 1.0, 0.0).astype(ct.dtype)
+
+    ties = gemm_map_reduce(monoids.sum, is_extreme, tuple(rows[:npairs]), tuple(cols[:npairs]),
+                           rows=(*rows[npairs:], extreme), cols=tuple(cols[npairs:]), block=prim.block, keep=prim.keep)
+    return [ops.where(ties > 1.0, ct / ops.maximum(ties, 1.0), ct).astype(ct.dtype)]
 
 
 def _pairs_rule(prim, d):

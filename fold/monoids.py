@@ -9,7 +9,8 @@ every part of a whole fold — one map instead of two scans. Where D does not ex
          product of the other parts is not a function of c and a then; `reduce_rule="auto"` uses the
          specialised * rule of reduce and reduce_by_index, and gemm_map_reduce's nested form, exact with zeros)
 - min, max: dc/da = [a == c].                           d = g * (a == c)  (at ties every tied part gets g,
-         where the true derivative is not defined; `reduce_rule="auto"` gives it to the lowest index)
+         where the true derivative is not defined; `reduce_rule="auto"` gives it to the lowest index, and
+         gemm_map_reduce divides a row's g by its count of tied pairs)
 - logaddexp: dc/da = exp(a - c).                        d = g * exp(a - c), and 0 where c = -inf
 - wsum {v, w} (weighted mean v with total weight w >= 0):
          abar_w = g_w + <g_v, a_v - c_v> / c_w,  abar_v = g_v * a_w / c_w   (0 where c_w = 0)

@@ -880,3 +880,29 @@ def test_inside_a_map_each_row_is_its_own_block_walk(backend):
     check_grads(heads, (Q, K, V))
     empty = fold.jit(heads, backend=backend)(Q[:0], K, V[:0])
     assert empty.shape == (0, 5, 2)
+
+
+@pytest.mark.parametrize("block", [(1, 1), (2, 2), None], ids=str)
+@pytest.mark.parametrize("rule", list(GEMM_RULES))
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_min_max_gradients_split_a_rows_cotangent_among_its_tied_pairs(name, rule, block):
+    """Two identical rows of K (a duplicated key) tie for every row's extreme, yet the function is smooth in
+    Q: its gradient is the key, once. D = g [a == c] gave it once per tied pair (twice); the row's cotangent
+    is now split among its tied pairs, whatever the blocks, under both gemm rules (min/max take the pairs
+    rule), so dQ matches finite differences and the nested form, and the two copies share dK evenly."""
+    rng = np.random.default_rng(5)
+    sign = 1.0 if name == "max" else -1.0
+    Q = rng.uniform(0.5, 1.5, size=(4, 3))
+    K = np.concatenate([3.0 * sign * np.ones((1, 3)), 0.1 * rng.normal(size=(2, 3)), 3.0 * sign * np.ones((1, 3))])
+    monoid = getattr(fold.monoids, name)
+    gemm = lambda Q, K: fold.reduce(fold.monoids.sum, fold.gemm_map_reduce(monoid, lambda s: s, Q, K, block=block))  # noqa: E731
+    nested = lambda Q, K: fold.reduce(fold.monoids.sum, fold.map(lambda q: fold.reduce(monoid, K @ q), Q))  # noqa: E731
+    with gemm_rule_scope(rule):
+        dQ, dK = fold.grad(gemm, argnums=(0, 1))(Q, K)
+        check_grads(lambda Q: gemm(Q, K), (Q,))
+    nQ, nK = fold.grad(nested, argnums=(0, 1))(Q, K)
+    np.testing.assert_allclose(dQ, nQ, rtol=1e-13)
+    np.testing.assert_allclose(dQ, np.tile(K[0], (4, 1)), rtol=1e-13)
+    np.testing.assert_allclose(dK[0], dK[3], rtol=1e-13)
+    np.testing.assert_allclose(dK[0] + dK[3], nK[0] + nK[3], rtol=1e-13)
+    np.testing.assert_array_equal(dK[1:3], 0.0)
