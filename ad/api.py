@@ -42,6 +42,9 @@ def _conform(where: str, what: str, value: Any, avals: Sequence[ShapedArray], ex
         python_number = isinstance(leaf, (int, float)) and not isinstance(leaf, bool)
         if differentiable(aval) and got_dtype != aval.dtype and not python_number:
             raise FoldTypeError(f"{where}: {path} has dtype {np.dtype(got_dtype).name}, expected {aval.dtype.name}")
+        if not differentiable(aval) and not isinstance(leaf, Tracer) and np.any(np.asarray(leaf) != 0):
+            raise FoldTypeError(f"{where}: {path} is nonzero, but its value is {aval.dtype.name}, which has no "
+                                f"derivative: pass zeros there (it would be ignored)")
         out.append(leaf if isinstance(leaf, Tracer) else np.asarray(leaf, dtype=aval.dtype))
     return out
 

@@ -64,6 +64,20 @@ def test_tangents_that_do_not_match_the_primals() -> None:
         fold.vjp(square, X, np.ones(3))
 
 
+def test_a_nonzero_tangent_or_cotangent_of_an_integer_value_is_an_error() -> None:
+    """Integers have no derivative, so a nonzero (co)tangent for one would be silently ignored; zeros are fine."""
+    ints = np.arange(3)
+    f = lambda x, i: (x * i, i + 1)  # noqa: E731
+    with pytest.raises(fold.FoldTypeError, match=re.escape("fold.jvp: tangents[1] is nonzero, but its value is int64")):
+        fold.jvp(f, (X, ints), (np.ones(3), np.ones(3)))
+    with pytest.raises(fold.FoldTypeError, match=re.escape("fold.vjp: cotangent[1] is nonzero, but its value is int64")):
+        fold.vjp(f, (X, ints), (np.ones(3), np.ones(3, np.int64)))
+    y, _ = fold.jvp(f, (X, ints), (np.ones(3), np.zeros(3, np.int64)))
+    np.testing.assert_array_equal(y, ints.astype(float))
+    gx, _ = fold.vjp(f, (X, ints), (np.ones(3), np.zeros(3, np.int64)))
+    np.testing.assert_array_equal(gx, ints.astype(float))
+
+
 # ------------------------------------------------------------------------------------------ reduce_rule
 
 
