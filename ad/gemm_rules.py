@@ -111,7 +111,7 @@ def _split_among_ties(prim, consts, rows, cols, outs, cts):
 
     ties = gemm_map_reduce(monoids.sum, is_extreme, tuple(rows[:npairs]), tuple(cols[:npairs]),
                            rows=(*rows[npairs:], extreme), cols=tuple(cols[npairs:]), block=prim.block, keep=prim.keep)
-    return [ops.where(ties > 1.0, ct / ops.maximum(ties, 1.0), ct).astype(ct.dtype)]
+    return [(ct / ops.maximum(ties, 1.0)).astype(ct.dtype)]  # a row with no pair equal to it (NaN): as it was
 
 
 def _pairs_rule(prim, d):

@@ -13,7 +13,7 @@ import numpy as np
 from .dtypes import ShapedArray, is_static_int
 from .errors import FoldTypeError, MonoidLawError, ShapeError, StructureError
 from .monoid import Monoid, identity_leaves
-from .recognize import recognize_binary_op
+from .recognize import KNOWN_IDENTITIES, recognize_binary_op
 from .primitives import Loop, Map, Reduce, ReduceByIndex, Scan
 from .pytree import TreeDef, leaf_paths, tree_flatten
 from .tracing import STATIC_HINT, TracedBody, Tracer, abstractify, bind, trace_body
@@ -94,10 +94,6 @@ def _fold_setup(where: str, op: Operator, xs: Any, identity: Any):
     return leaves, treedef, n, ident_leaves, body, monoid
 
 
-# The identities of the operators fold recognises (as -inf/inf mean an integer dtype's least/greatest value).
-_KNOWN_IDENTITIES = {"add": 0, "mul": 1, "maximum": -np.inf, "minimum": np.inf, "logaddexp": -np.inf}
-
-
 def _check_identity(where: str, fn: Callable, body: TracedBody, ident: list[np.ndarray], treedef: TreeDef) -> None:
     """Refuse an identity that is not one: it is the result for no elements, and a fold may combine it into
     its elements any number of times (once per parallel chunk, per bin, per scan block), so a value like
@@ -107,7 +103,7 @@ def _check_identity(where: str, fn: Callable, body: TracedBody, ident: list[np.n
     op = recognize_binary_op(body.program, len(body.consts))
     if op is not None:
         (value,) = ident
-        known = _KNOWN_IDENTITIES[op]
+        known = KNOWN_IDENTITIES[op]
         want = identity_leaves(where, known, tree_flatten(known)[1], [ShapedArray(value.shape, value.dtype)])[0]
         if not np.array_equal(value, want):
             raise MonoidLawError(f"{where}: identity {_shown(value)} is not the identity of operator {_name(fn)} "

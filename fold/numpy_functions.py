@@ -237,9 +237,12 @@ Tracer.__array_function__ = array_function
 
 
 # ndarray methods a NumPy user writes on a traced array: the functions above, or what to write instead
-_METHODS = {"sum": _sum, "mean": _mean, "dot": _dot, "squeeze": _squeeze,
-            "copy": lambda a: a,  # fold values are never written in place: a copy is the same value
-            "ravel": lambda a: ops.reshape(a, (-1,)), "flatten": lambda a: ops.reshape(a, (-1,))}
+def _flat(a):
+    return ops.reshape(a, (-1,))
+
+
+_METHODS = {"sum": _sum, "mean": _mean, "dot": _dot, "squeeze": _squeeze, "ravel": _flat, "flatten": _flat,
+            "copy": lambda a: a}  # fold values are never written in place: a copy is the same value
 _METHODS_INSTEAD = {"max": np.max, "min": np.min, "prod": np.prod, "cumsum": np.cumsum, "cumprod": np.cumprod,
                     "argmax": np.argmax, "argmin": np.argmin}
 

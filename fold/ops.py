@@ -483,9 +483,7 @@ _COMPOSITE_UFUNCS: dict[Any, Callable[[ArrayLike], ArrayLike]] = {
 }
 
 
-def traced_ufuncs() -> list[str]:
-    """The names of the NumPy ufuncs that work on traced arrays."""
-    return sorted({u.__name__ for u in [*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul]})
+_TRACED_UFUNCS = (*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul)
 
 
 def _array_ufunc(self: Tracer, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
@@ -497,10 +495,11 @@ def _array_ufunc(self: Tracer, ufunc: np.ufunc, method: str, *inputs: Any, **kwa
         if ufunc in _COMPOSITE_UFUNCS:
             return _COMPOSITE_UFUNCS[ufunc](*inputs)
     call = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
-    reason = f"with {', '.join(f'{k}=' for k in kwargs)}" if method == "__call__" and ufunc in (*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul) else ""
-    raise FoldTypeError(f"{call} is not supported on traced arrays{' ' + reason if reason else ''}; the ufuncs fold traces "
-                        f"(called plainly) are {', '.join(traced_ufuncs())}; for folds over an axis use fold.reduce or "
-                        "fold.scan")
+    if method == "__call__" and ufunc in _TRACED_UFUNCS:
+        call += f" with {', '.join(f'{k}=' for k in kwargs)}"
+    names = ", ".join(sorted({u.__name__ for u in _TRACED_UFUNCS}))
+    raise FoldTypeError(f"{call} is not supported on traced arrays; the ufuncs fold traces (called plainly) are {names}; "
+                        "for folds over an axis use fold.reduce or fold.scan")
 
 
 def _reshape_method(self: Tracer, *shape: Any) -> ArrayLike:

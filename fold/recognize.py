@@ -11,6 +11,8 @@ from .ir import Program, Var
 from .primitives import Elementwise
 
 KNOWN_BINARY_OPS = ("add", "mul", "maximum", "minimum", "logaddexp")
+# Their identities (-inf/inf: an integer dtype's least/greatest value, as fold.reduce's identity= reads them)
+KNOWN_IDENTITIES = {"add": 0, "mul": 1, "maximum": -float("inf"), "minimum": float("inf"), "logaddexp": -float("inf")}
 
 
 _recognized: "weakref.WeakKeyDictionary[Program, dict[int, str | None]]" = weakref.WeakKeyDictionary()

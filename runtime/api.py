@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fold.api import captured_consts, signature_of, trace_signature
+from fold.dtypes import is_static_int
 from fold.dce import dce
 from fold.errors import FoldTypeError
 from fold.inline import inline_program
@@ -59,7 +60,7 @@ class Jitted:
         self._compiled: dict = {}
         self._by_arrays: dict = {}  # (backend, (shape, dtype) per argument) -> a _compiled entry: warm calls on arrays
         self._trace_seconds = 0.0
-        self.trace_count = 0
+        self._trace_count = 0
         self.__name__ = getattr(f, "__name__", "jitted")
         self.__doc__ = getattr(f, "__doc__", None)
 
@@ -80,8 +81,12 @@ class Jitted:
 
     def _bound(self, args: tuple) -> tuple["Jitted", tuple]:
         """(the Jitted of f with the static arguments' values bound, the other arguments)."""
-        positions = sorted({i % len(args) if -len(args) <= i < len(args) else _bad_argnum(i, len(args), self.__name__)
-                            for i in self.static_argnums})
+        count = len(args)
+        outside = [i for i in self.static_argnums if not -count <= i < count]
+        if outside:
+            raise FoldTypeError(f"fold.jit({self.__name__}): static_argnums names argument {outside[0]}, but the call "
+                                f"has {count} arguments")
+        positions = sorted({i % count for i in self.static_argnums})
         values = tuple(args[i] for i in positions)
         try:
             key = (tuple(positions), values)
@@ -91,11 +96,9 @@ class Jitted:
                                 f"compiled program), got {', '.join(type(v).__name__ for v in values)} at "
                                 f"positions {positions}") from None
         if bound is None:
-            def with_statics(*dynamic: Any) -> Any:
-                merged, rest = [], iter(dynamic)
-                for i in range(len(args)):
-                    merged.append(values[positions.index(i)] if i in positions else next(rest))
-                return self.f(*merged)
+            def with_statics(*dynamic: Any) -> Any:  # holds the static values, not the call's arrays
+                rest, static = iter(dynamic), dict(zip(positions, values, strict=True))
+                return self.f(*[static[i] if i in static else next(rest) for i in range(count)])
 
             with_statics.__name__ = self.__name__
             bound = self._per_static[key] = Jitted(with_statics, self.backend)
@@ -103,11 +106,8 @@ class Jitted:
 
     @property
     def trace_count(self) -> int:
+        """How many signatures `f` was traced for (with those of each static value and set of keywords)."""
         return self._trace_count + sum(j.trace_count for j in self._per_static.values())
-
-    @trace_count.setter
-    def trace_count(self, value: int) -> None:
-        self._trace_count = value
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:  # traced like the positional arguments: one Jitted per count of those and set of keyword names
@@ -144,7 +144,7 @@ class Jitted:
             program = trace_signature(self.f, signature)
             entry = (program, backend.compile(dce(program)))  # what the outputs do not need is never run
             self._trace_seconds += time.perf_counter() - start
-            self.trace_count += 1
+            self._trace_count += 1
             self._compiled[key] = entry
         if arrays is not None:
             self._by_arrays[(backend.name, arrays)] = entry
@@ -168,15 +168,10 @@ def jit(f: Callable[..., Any], backend: str | None = None, static_argnums: int |
 
 
 def _argnums(static_argnums: Any) -> tuple[int, ...]:
-    nums = (static_argnums,) if not isinstance(static_argnums, (tuple, list, range)) else tuple(static_argnums)
-    for i in nums:
-        if not isinstance(i, (int, np.integer)) or isinstance(i, (bool, np.bool_)):
-            raise FoldTypeError(f"fold.jit: static_argnums must be an int or a sequence of ints, got {static_argnums!r}")
+    nums = tuple(static_argnums) if isinstance(static_argnums, (tuple, list, range)) else (static_argnums,)
+    if not all(is_static_int(i) for i in nums):
+        raise FoldTypeError(f"fold.jit: static_argnums must be an int or a sequence of ints, got {static_argnums!r}")
     return tuple(int(i) for i in nums)
-
-
-def _bad_argnum(i: int, count: int, name: str) -> int:
-    raise FoldTypeError(f"fold.jit({name}): static_argnums names argument {i}, but the call has {count} arguments")
 
 
 def run(f: Callable[..., Any], *args: Any, backend: str | None = None) -> Any:

@@ -337,6 +337,21 @@ def test_commutative_fold_of_two_leaves_and_of_mapped_elements(n, chunks):
     np.testing.assert_allclose(total, np.sum(x * x), rtol=1e-12, atol=1e-300)
 
 
+def test_a_prepared_map_reduce_folds_new_arrays_of_its_dtypes_and_refuses_others():
+    """kc.MapReduce checks its functions and dtypes once (the numba backend keeps one per statement); each
+    call is map_reduce on new arrays, and an array of another dtype is refused, not compiled for."""
+    fold_sq = kc.MapReduce(square, 1, add, 1, [F64], commutative=True)
+    assert fold_sq.dtypes == [np.dtype(F64)]
+    for n, chunks in [(0, None), (7, 1), (5000, 3)]:
+        x = _rng("prepared", n).standard_normal(n)
+        (total,) = fold_sq([x], (0.0,), chunks=chunks)
+        assert total == kc.map_reduce(square, 1, add, 1, (0.0,), [x], chunks=chunks, commutative=True)
+    with pytest.raises(TypeError, match=r"inputs\[0\] has dtype float32, but this fold was prepared for float64"):
+        fold_sq([np.ones(4, np.float32)], (0.0,))
+    with pytest.raises(ValueError, match="input_dtypes: expected 1 dtypes, got 2"):
+        kc.MapReduce(square, 1, add, 1, [F64, F64])
+
+
 INLINE_CASES = [("add", F64), ("add", F32), ("mul", F64), ("add", I64), ("mul", I64)]  # ints: the tiled path
 
 

@@ -253,9 +253,10 @@ def reduce(combine: Any, k: int, identity: Sequence[Any], leaves: Sequence[np.nd
     carried = host.carried_dtypes(carry, dtypes)
     ident = host.cast_identity(identity, carried)
     commutative, operator = commutative or operator is not None, _inline_operator(operator, k, dtypes)
+    host.check_combine(combine, carried)
     return _run(lambda parallel, layout: fold_kernel(combine, k, parallel=parallel, commutative=commutative,
                                                      operator=operator, layout=layout),
-                combine, ident, dtypes, carried, leaves, chunks)
+                ident, dtypes, carried, leaves, chunks)
 
 
 def map_reduce(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any],
@@ -302,7 +303,7 @@ class MapReduce:
         ident = host.cast_identity(identity, self.carried)
         return _run(lambda parallel, layout: fold_kernel(self.combine, self.k, self.mapper, self.m, parallel,
                                                          self.commutative, self.operator, layout),
-                    None, ident, self.dtypes, self.carried, inputs, chunks)
+                    ident, self.dtypes, self.carried, inputs, chunks)
 
 
 def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> str | None:
@@ -312,12 +313,9 @@ def _inline_operator(operator: str | None, k: int, dtypes: list[np.dtype]) -> st
     return operator if k == 1 and dtypes[0].kind == "f" else None
 
 
-def _run(kernel_for: Callable[[bool, tuple], Any], combine: Any, ident: tuple, dtypes: list[np.dtype],
-         carried: list[np.dtype], xs: list[np.ndarray], chunks: int | None) -> tuple:
-    """The fold of xs (checked) from `ident` by the kernel `kernel_for(parallel, layout)` gives; `combine`:
-    checked against the carried dtypes here, or None where the caller has checked it."""
-    if combine is not None:
-        host.check_combine(combine, carried)
+def _run(kernel_for: Callable[[bool, tuple], Any], ident: tuple, dtypes: list[np.dtype], carried: list[np.dtype],
+         xs: list[np.ndarray], chunks: int | None) -> tuple:
+    """The fold of xs from `ident` (both checked, the combine too) by the kernel `kernel_for(parallel, layout)`."""
     n = xs[0].shape[0]
     if n == 0:
         return tuple(d.type(v) for d, v in zip(dtypes, ident, strict=True))

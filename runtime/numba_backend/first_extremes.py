@@ -26,11 +26,11 @@ import numpy as np
 
 from fold.ir import Let, Lit, Primitive, Program, Var, use_counts, with_statements_replaced
 from fold.primitives import BroadcastTo, Elementwise, Iota, Reduce
-from fold.recognize import recognize_binary_op
+from fold.recognize import KNOWN_IDENTITIES, recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
 
-_IDENTITY = {"minimum": np.inf, "maximum": -np.inf}
+_IDENTITY = {op: KNOWN_IDENTITIES[op] for op in ("minimum", "maximum")}
 
 
 @dataclass(frozen=True, eq=False)

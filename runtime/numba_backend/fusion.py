@@ -19,7 +19,7 @@ from fold.primitives import Map, Reduce, ReduceByIndex
 from ..interpreter import numpy_impls
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .lowering import (_element_shapes, _identity, _joined, _operator_and_identity, _split, decline, fold_options,
-                       map_inputs, numba_impls, run_kernel, worth_compiling)
+                       map_inputs, numba_impls, per_statement, run_kernel, worth_compiling)
 from .wide_folds import WIDE, fused_fold, widened_last_output
 
 
@@ -127,9 +127,7 @@ _PREPARED: "weakref.WeakKeyDictionary[FusedMapReduce, dict]" = weakref.WeakKeyDi
 def _prepared(prim: FusedMapReduce, input_dtypes: tuple, identity_dtype: np.dtype):
     """(the kernels.cpu.MapReduce that runs the statement, whether it folds widened float64 values: a float32
     sum, see wide_folds.py)."""
-    per_dtypes = _PREPARED.get(prim)
-    if per_dtypes is None:
-        per_dtypes = _PREPARED[prim] = {}
+    per_dtypes = per_statement(_PREPARED, prim, lambda _: {})
     key = (input_dtypes, identity_dtype)
     found = per_dtypes.get(key)
     if found is None:
