@@ -79,7 +79,7 @@ def vjp(f: Callable[..., Any], primals: tuple, cotangent: Any, *, reduce_rule: s
     args, program, nc = _trace(f, primals, "fold.vjp")
     cts = _conform("fold.vjp", "cotangent", cotangent, program.out_avals, program.out_tree)
     with reduce_rule_scope(reduce_rule):
-        grad_program, in_mask = vjp_program(program)
+        grad_program, in_mask = vjp_program(program, wrt=[False] * nc + [True] * (len(args) - nc))
     out_mask = [differentiable(a) for a in program.out_avals]
     results = _run(grad_program, args + [c for c, m in zip(cts, out_mask, strict=True) if m])
     in_cts = _spread(results, in_mask, program.in_avals)[nc:]  # captured values are constants here
@@ -115,7 +115,7 @@ def value_and_grad(f: Callable[..., Any], argnums: int | Sequence[int] = 0, *, r
         _check_scalar(program)
         _check_argnums(args, nums)
         with reduce_rule_scope(reduce_rule):
-            grad_program, in_mask = vjp_program(program, with_primal_outputs=True)
+            grad_program, in_mask = vjp_program(program, wrt=_wrt_mask(args, nums, nc), with_primal_outputs=True)
         seed = np.ones((), program.out_avals[0].dtype)
         results = _run(grad_program, flat_args + [seed])
         cts = program.in_tree.unflatten(_spread(results[1:], in_mask, program.in_avals)[nc:])
@@ -156,6 +156,15 @@ def _argnums(argnums: Any) -> tuple[bool, tuple[int, ...]]:
     if isinstance(argnums, (tuple, list)) and argnums and all(is_static_int(i) for i in argnums):
         return False, tuple(int(i) for i in argnums)
     raise FoldTypeError(f"fold.grad: argnums must be an int or a non-empty tuple or list of ints, got {argnums!r}")
+
+
+def _wrt_mask(args: tuple, nums: tuple[int, ...], num_captured: int) -> list[bool]:
+    """Per input leaf of the traced program: whether grad was asked for it (captured values never)."""
+    chosen = {i % len(args) for i in nums}
+    mask = [False] * num_captured
+    for i, arg in enumerate(args):
+        mask += [i in chosen] * len(tree_flatten(arg)[0])
+    return mask
 
 
 def _check_argnums(args: tuple, nums: tuple[int, ...]) -> None:

@@ -19,7 +19,7 @@ from fold.tracing import bind, trace_body
 from .fn_vjp import vjp_of_function
 from .jvp import jvp_inline, jvp_rules
 from .map_rules import split_by_mask
-from .vjp import vjp_forward_rules, vjp_rules
+from .vjp import arg_activity, vjp_forward_rules, vjp_rules
 from .zeros import Zero, aval_of, differentiable, instantiate, is_zero
 
 
@@ -83,17 +83,18 @@ def _loop_forward(prim: Loop, args):
     return outs[:k], outs[k:]
 
 
-def _step_vjp(prim, consts, i, state, ct_state, ct_consts):
-    """One iteration backwards: cotangents of (consts, state) of `state = body(i, state)`."""
+def _step_vjp(prim, consts, active_consts, i, state, ct_state, ct_consts):
+    """One iteration backwards: cotangents of (consts, state) of `state = body(i, state)`; of the consts,
+    only those marked in `active_consts` are wanted."""
     nc = prim.num_consts
     cts = vjp_of_function(lambda *cs: inline_program(prim.body, list(cs[:nc]) + [i] + list(cs[nc:])),
-                          list(consts) + list(state), ct_state)
+                          list(consts) + list(state), ct_state, list(active_consts) + [True] * len(state))
     new_consts = [ops.convert(a + instantiate(c, aval_of(a)), aval_of(a).dtype) for a, c in zip(ct_consts, cts[:nc], strict=True)]
     new_state = [instantiate(c, aval_of(s)) for c, s in zip(cts[nc:], state, strict=True)]
     return new_state, new_consts
 
 
-def _backward_stretch(prim, consts, start: int, length, first_state, ct_state, ct_consts, saved_cts=None):
+def _backward_stretch(prim, consts, active_consts, start: int, length, first_state, ct_state, ct_consts, saved_cts=None):
     """The return sweep over iterations start .. start+length-1, recomputing their states from `first_state`.
 
     `start` may be traced (the stretch index of an enclosing loop); `length` is static. `saved_cts`: see
@@ -119,7 +120,7 @@ def _backward_stretch(prim, consts, start: int, length, first_state, ct_state, c
         ct_s, ct_c = carry
         i_local = length - 1 - j
         state_i = state_before(i_local)
-        new_s, new_c = _step_vjp(prim, consts, start + i_local, state_i, list(ct_s), list(ct_c))
+        new_s, new_c = _step_vjp(prim, consts, active_consts, start + i_local, state_i, list(ct_s), list(ct_c))
         return _add_saved_cts(new_s, saved_cts, start + i_local), new_c
 
     ct_s, ct_c = fold_loop(back, (list(ct_state), list(ct_consts)), length)
@@ -154,7 +155,9 @@ def _loop_vjp(prim: Loop, args, outs, saved, cts, saved_cts=None):
     nc = prim.num_consts
     consts = args[:nc]
     ct_state = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
-    diff_consts = [i for i, c in enumerate(consts) if hasattr(c, "aval") and differentiable(c.aval)]
+    active = arg_activity(len(args))
+    diff_consts = [i for i, c in enumerate(consts) if active[i] and hasattr(c, "aval") and differentiable(c.aval)]
+    active_consts = [i in diff_consts for i in range(nc)]
     ct_consts = [ops.broadcast_to(np.zeros((), aval_of(consts[i]).dtype), aval_of(consts[i]).shape) for i in diff_consts]
     const_list = list(consts)
     stride, n = _stride(prim), prim.n
@@ -164,16 +167,16 @@ def _loop_vjp(prim: Loop, args, outs, saved, cts, saved_cts=None):
     n_full, rest = divmod(n, stride)
     if rest:  # the last, shorter stretch first
         last = [s[n_full] for s in saved]
-        ct_state, all_ct_consts = _backward_stretch(prim, const_list, n_full * stride, rest, last, ct_state, all_ct_consts, saved_cts)
+        ct_state, all_ct_consts = _backward_stretch(prim, const_list, active_consts, n_full * stride, rest, last, ct_state, all_ct_consts, saved_cts)
     if n_full:
         def back_stretch(j, carry):
             ct_s, ct_c = carry
             seg = n_full - 1 - j
             first = [s[seg] for s in saved]
-            return _backward_stretch(prim, const_list, seg * stride, stride, first, list(ct_s), list(ct_c), saved_cts)
+            return _backward_stretch(prim, const_list, active_consts, seg * stride, stride, first, list(ct_s), list(ct_c), saved_cts)
 
         if n_full == 1:
-            ct_state, all_ct_consts = _backward_stretch(prim, const_list, 0, stride, [s[0] for s in saved], ct_state, all_ct_consts,
+            ct_state, all_ct_consts = _backward_stretch(prim, const_list, active_consts, 0, stride, [s[0] for s in saved], ct_state, all_ct_consts,
                                                         saved_cts)
         else:
             ct_state, all_ct_consts = fold_loop(back_stretch, (list(ct_state), list(all_ct_consts)), n_full)

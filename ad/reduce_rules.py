@@ -21,7 +21,7 @@ from fold.tracing import bind
 
 from .fn_vjp import vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
-from .vjp import current_reduce_rule, vjp_rules
+from .vjp import arg_activity, current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of, differentiable
 
 
@@ -142,8 +142,12 @@ def _operator_name(prim) -> str:
     return prim.body.meta.get("label", "operator")
 
 
-def check_no_captured_floats(prim, consts) -> None:
-    traced = [c for c in consts if hasattr(c, "aval") and differentiable(c.aval)]
+def check_no_captured_floats(prim, args) -> None:
+    """Refuse a cotangent for a float the operator captures (no rule computes one); a captured value that
+    depends on no input being differentiated (a parameter held fixed) is a constant, and fine."""
+    consts = args[: prim.num_consts]
+    activity = arg_activity(len(args))
+    traced = [c for c, active in zip(consts, activity) if active and hasattr(c, "aval") and differentiable(c.aval)]
     if traced:
         raise FoldError(
             f"{prim.name}: cannot differentiate through values its operator captures "
@@ -155,7 +159,7 @@ def check_no_captured_floats(prim, consts) -> None:
 def _reduce_vjp(prim: Reduce, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
-    check_no_captured_floats(prim, consts)
+    check_no_captured_floats(prim, args)
     rule = choose_rule(prim, current_reduce_rule())
     dense_cts = [_dense(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     xs_cts = rule.vjp(prim, consts, identity, xs, outs, dense_cts)

@@ -134,7 +134,7 @@ def _forward_generic(prim, consts, identity, xs, ys, cts):
 def _scan_vjp(prim: Scan, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
-    check_no_captured_floats(prim, consts)
+    check_no_captured_floats(prim, args)
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     if aval_of(xs[0]).shape[0] == 0:
         return [Zero(aval_of(a)) for a in args]

@@ -118,9 +118,12 @@ def _convert_vjp(prim, args, outs, residual, cts):
 
 @vjp_rules.register(Gather)
 def _gather_vjp(prim, args, outs, residual, cts):
-    """The transpose of a gather is a scatter-add: a reduce_by_index with +."""
+    """The transpose of a gather is a scatter-add: a reduce_by_index with +, at the indices the gather read
+    (negative ones counted from the end, which reduce_by_index would ignore)."""
     x, idx = args
     aval = aval_of(x)
+    if aval_of(idx).dtype.kind == "i":
+        idx = ops.where(idx < 0, idx + aval.shape[0], idx)
     flat_idx = ops.reshape(idx, (-1,))
     flat_ct = ops.reshape(cts[0], (-1,) + aval.shape[1:])
     from fold.combinators import reduce_by_index

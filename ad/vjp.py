@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 from fold.dce import dce
 from fold.errors import FoldTypeError
 from fold.ir import Lit, Program, Var, flat_program
+from fold.primitives import StopGradient
 from fold.rules import RuleTable
 from fold.tracing import bind, trace_body
 
@@ -65,14 +66,49 @@ def gemm_rule_scope(rule: str) -> contextlib.AbstractContextManager[None]:
     return _setting("gemm_rule", GEMM_RULES, rule)
 
 
-def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] | Callable[[list], Sequence[Any]]) -> tuple[list, list]:
+def arg_activity(n: int) -> list[bool]:
+    """For the rule now differentiating a statement with `n` arguments: which of them are active, that is
+    depend on an input whose cotangent was asked for. A rule needs this only where it would otherwise
+    refuse, or do work, for a cotangent nobody wants (a reduce operator's captured values, a map body)."""
+    mask = getattr(_config, "activity", None)
+    return list(mask) if mask is not None and len(mask) == n else [True] * n
+
+
+@contextlib.contextmanager
+def _activity_scope(mask: list[bool]) -> Iterator[None]:
+    previous = getattr(_config, "activity", None)
+    _config.activity = mask
+    try:
+        yield
+    finally:
+        _config.activity = previous
+
+
+def _active_vars(program: Program, wrt: Sequence[bool] | None) -> set:
+    """The variables that depend on an input marked in `wrt` (every float input when None), floats only."""
+    if wrt is None:
+        wrt = [True] * len(program.inputs)
+    active = {v for v, m in zip(program.inputs, wrt, strict=True) if m and differentiable(v.aval)}
+    for stmt in program.stmts:
+        if isinstance(stmt.prim, StopGradient):
+            continue
+        if any(isinstance(a, Var) and a in active for a in stmt.args):
+            active.update(v for v in stmt.outs if differentiable(v.aval))
+    return active
+
+
+def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] | Callable[[list], Sequence[Any]],
+               wrt: Sequence[bool] | None = None) -> tuple[list, list]:
     """Emit, in the current trace, the forward sweep and the return sweep of `program`.
 
     `cts_out` are the output cotangents, or a function that computes them from the primal outputs (so that
-    a cotangent depending on the outputs costs no second forward sweep). Returns (primal outputs,
-    cotangents of the inputs), cotangents possibly `Zero`.
+    a cotangent depending on the outputs costs no second forward sweep). `wrt` marks the inputs whose
+    cotangents are wanted (default: every float input); the others get `Zero`, and values that depend on
+    none of the marked ones are constants of the return sweep. Returns (primal outputs, cotangents of the
+    inputs), cotangents possibly `Zero`.
     """
     env: dict = dict(zip(program.inputs, primals, strict=True))
+    active = _active_vars(program, wrt)
 
     def read(atom):
         return atom.value if isinstance(atom, Lit) else env[atom]
@@ -92,7 +128,7 @@ def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] 
     ct_env: dict = {}
 
     def accumulate(atom, ct):
-        if isinstance(atom, Var) and differentiable(atom.aval) and not is_zero(ct):
+        if isinstance(atom, Var) and atom in active and not is_zero(ct):
             ct_env[atom] = add_any(ct_env.get(atom), ct)
 
     for atom, ct in zip(program.outputs, cts_out, strict=True):
@@ -101,12 +137,14 @@ def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] 
         cts = [ct_env.pop(v, None) for v in stmt.outs]
         if all(is_zero(c) for c in cts):
             continue
-        if not any(isinstance(a, Var) and differentiable(a.aval) for a in stmt.args):
+        activity = [isinstance(a, Var) and a in active for a in stmt.args]
+        if not any(activity):
             continue
         cts = [Zero(v.aval) if is_zero(c) else c for v, c in zip(stmt.outs, cts, strict=True)]
         args = [read(a) for a in stmt.args]
         outs = [env[v] for v in stmt.outs]
-        arg_cts = vjp_rules.lookup(stmt.prim)(stmt.prim, args, outs, residual, cts)
+        with _activity_scope(activity):
+            arg_cts = vjp_rules.lookup(stmt.prim)(stmt.prim, args, outs, residual, cts)
         for atom, ct in zip(stmt.args, arg_cts, strict=True):
             accumulate(atom, ct)
     in_cts = [ct_env.get(v) for v in program.inputs]
@@ -117,18 +155,21 @@ _cache: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 
 
 def vjp_program(
-    program: Program, ct_mask: Sequence[bool] | None = None, *, with_primal_outputs: bool = False
+    program: Program, ct_mask: Sequence[bool] | None = None, *, wrt: Sequence[bool] | None = None,
+    with_primal_outputs: bool = False,
 ) -> tuple[Program, list[bool]]:
     """The vjp of a closed `program`, under the current reduce rule.
 
     Inputs: the primal inputs, then a cotangent for each output whose `ct_mask` entry is True (default: every
     float output). Outputs: (the primal outputs, if asked,) then the cotangents of the inputs that are not
-    symbolically zero; the returned mask says which inputs have one.
+    symbolically zero; the returned mask says which inputs have one. `wrt` marks the inputs whose cotangents
+    are wanted (default: every float input).
     """
     if ct_mask is None:
         ct_mask = [differentiable(a.aval) for a in program.outputs]
     ct_mask = tuple(bool(m) and differentiable(a.aval) for m, a in zip(ct_mask, program.outputs, strict=True))
-    key = (ct_mask, with_primal_outputs, current_reduce_rule(), current_gemm_rule())
+    wrt = tuple(bool(m) for m in wrt) if wrt is not None else (True,) * len(program.inputs)
+    key = (ct_mask, wrt, with_primal_outputs, current_reduce_rule(), current_gemm_rule())
     per_program = _cache.setdefault(program, {})
     if key in per_program:
         return per_program[key]
@@ -138,7 +179,7 @@ def vjp_program(
     def fn(*flat):
         primals, rest = list(flat[:n]), list(flat[n:])
         cts = [rest.pop(0) if m else Zero(a.aval) for m, a in zip(ct_mask, program.outputs, strict=True)]
-        outs, in_cts = vjp_inline(program, primals, cts)
+        outs, in_cts = vjp_inline(program, primals, cts, wrt)
         in_mask.extend(not is_zero(c) for c in in_cts)
         nonzero = [c for c in in_cts if not is_zero(c)]
         return (list(outs) if with_primal_outputs else []) + nonzero

@@ -204,6 +204,20 @@ def test_gather_scatter_accumulates_repeated_indices() -> None:
     np.testing.assert_array_equal(ct, [7.0, 0.0, 3.0])
 
 
+def test_indices_computed_in_the_program_count_from_the_end_when_negative() -> None:
+    """x[i] for a traced i with negative entries reads as NumPy does, forward and in both modes, in a map too."""
+    x, i = np.arange(1.0, 6.0), np.array([-1, 0, -5, 4, -1])
+    ct = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    np.testing.assert_array_equal(fold.run(lambda x, i: x[i], x, i), x[i])
+    np.testing.assert_array_equal(fold.run(lambda x, i: fold.map(lambda j: x[j], i), x, i), x[i])
+    scattered = np.zeros(5)
+    np.add.at(scattered, i, ct)
+    np.testing.assert_array_equal(fold.vjp(lambda x: x[i], (x,), ct)[0], scattered)
+    np.testing.assert_array_equal(fold.vjp(lambda x, i: x[i], (x, i), ct)[0], scattered)
+    np.testing.assert_array_equal(fold.jvp(lambda x, i: x[i], (x, i), (ct, np.zeros(5, np.int64))), ct[i])
+    check_grads(lambda x, i: x[i] * x[i], (x, i))
+
+
 # ------------------------------------------------------------------------------------------ combinators
 
 

@@ -209,6 +209,7 @@ def test_dynamic_gather_index_out_of_range_at_run_time() -> None:
     run_checked(lambda a, i: a[i], x, np.array([0, 2]))
     # ... and an out-of-range value is reported when it runs, as a fold error, not a raw NumPy IndexError
     raises(fold.FoldIndexError, _run(lambda a, i: a[i]), x, np.array([0, 3]), match=["gather", "index 3", "out of range", "size 3"])
+    raises(fold.FoldIndexError, _run(lambda a, i: a[i]), x, np.array([0, -4]), match=["gather", "index -4", "out of range", "size 3"])
     raises(fold.FoldIndexError, _run(lambda a, i: fold.map(lambda j: a[j], i)), x, np.array([1, 9, 0]),
            match=["gather", "index 9", "size 3"])
 

@@ -921,6 +921,14 @@ def test_a_gathered_operand_of_a_run_is_read_in_place(gathered_maps):
         gathered_maps.clear()
         assert_same(*both(lambda t, i, x: (lambda g: (g, g * x + 1.0))(t[i]), t, i, x))
         assert gathered_maps == [None]  # the gathered rows are stored for the output: the run reads them
+        gathered_maps.clear()
+        from_the_end = i - 64  # the same rows, counted from the end as NumPy counts negative indices
+        expected = (t[i] * x + 1.0, fold.vjp(lambda t, x: f(t, i, x), (t, x), np.ones((n, 16))))
+        for backend in ("numpy", "numba"):
+            run = fold.jit(lambda t, i, x: (f(t, i, x), fold.vjp(lambda t, x: f(t, i, x), (t, x), np.ones((n, 16)))),
+                           backend=backend)
+            assert_same(run(t, from_the_end, x), expected)
+        assert any(r is not None and r[0] for r in gathered_maps), gathered_maps  # read in place
     bad = i.copy()
     bad[7] = 64
     for backend in ("numpy", "numba"):

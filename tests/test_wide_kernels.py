@@ -175,8 +175,11 @@ def test_gathered_rows_take_the_wide_path_and_check_their_indices(monkeypatch):
     assert chosen == [(True, (1,))]
     with pytest.raises(IndexError, match="rows\\[1\\]: index 4 is out of range for a table of 4 rows"):
         kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, 4, 3, 1, 2, 0])])
-    with pytest.raises(IndexError, match="index -1 is out of range"):
-        kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, -1, 3, 1, 2, 0])])
+    with pytest.raises(IndexError, match="index -5 is out of range"):
+        kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, -5, 3, 1, 2, 0])])
+    table = np.random.default_rng(0).normal(size=(4, 8))  # rows counted from the end read the same rows
+    np.testing.assert_array_equal(kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, -1, 3, -3, 2, -4])]),
+                                  kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, 3, 3, 1, 2, 0])]))
     with pytest.raises(ValueError, match=r"one shape, got \[\(6, 8\), \(5, 8\)\]"):
         kc.map(exp_of_difference, 2, 1, [x, table], rows=[None, np.array([0, 1, 3, 1, 2])])
     with pytest.raises(TypeError, match="rows\\[1\\] must be a 1-D integer array, got float64"):

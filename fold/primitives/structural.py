@@ -58,7 +58,8 @@ class StaticIndex(Primitive):
 
 @dataclass(frozen=True)
 class Gather(Primitive):
-    """`x[idx]` along the leading axis with an integer index array of any shape."""
+    """`x[idx]` along the leading axis with an integer index array of any shape. As in NumPy, an index in
+    [-n, 0) counts from the end of the axis (of size n); one outside [-n, n) is an error."""
 
     name = "gather"
 

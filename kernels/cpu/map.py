@@ -167,8 +167,8 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     Returns a tuple of k arrays of that shape whose dtypes are the mapper's result types for the arguments'
     dtypes: new ones, or `out` filled (which may be an input read at the same element, not a gathered table).
     `parallel` overrides the automatic choice (parallel from 2 * MIN_CHUNK elements with two threads).
-    `rows` (2-D maps): per input, None or a 1-D integer array g; then inputs[j] is a table whose row g[i] is
-    the input's row i (inputs[j][g] is never made: a gradient's nearest centroid per point is read in place).
+    `rows` (2-D maps): per input, None or a 1-D integer array g (in [-rows, rows), negatives counted from the
+    end); then inputs[j] is a table whose row g[i] is the input's row i (inputs[j][g] is never made: a gradient's nearest centroid per point is read in place).
     """
     host.check_function(mapper, "mapper")
     m, k = host.check_count(m, "m"), host.check_count(k, "k")
@@ -213,10 +213,12 @@ def _gathered_rows(rows: Sequence[np.ndarray | None] | None, inputs: Sequence[np
         if not isinstance(table, np.ndarray) or table.ndim != 2:
             raise ValueError(f"inputs[{j}] is gathered by rows[{j}], so it must be a 2-D table, got shape "
                              f"{getattr(table, 'shape', None)}")
-        if g.size and (g.min() < 0 or g.max() >= table.shape[0]):
-            bad = g[(g < 0) | (g >= table.shape[0])][0]
-            raise IndexError(f"rows[{j}]: index {bad} is out of range for a table of {table.shape[0]} rows")
-        found[j] = np.ascontiguousarray(g, dtype=np.int64)
+        n = table.shape[0]
+        low = g.min() if g.size else 0
+        if g.size and (low < -n or g.max() >= n):
+            bad = g[(g < -n) | (g >= n)][0]
+            raise IndexError(f"rows[{j}]: index {bad} is out of range for a table of {n} rows")
+        found[j] = np.ascontiguousarray(np.where(g < 0, g + n, g) if low < 0 else g, dtype=np.int64)
     return found
 
 

@@ -73,8 +73,9 @@ def _static_index(prim: StaticIndex, args: list, depth: int) -> list:
 
 
 def check_indices(idx: np.ndarray, size: int, where: str) -> None:
-    if idx.size and (idx.min() < 0 or idx.max() >= size):
-        bad = idx[(idx < 0) | (idx >= size)].ravel()[0]
+    """Indices in [-size, size) are fine (NumPy's indexing wraps the negative ones); others are an error."""
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        bad = idx[(idx < -size) | (idx >= size)].ravel()[0]
         raise FoldIndexError(f"{where}: index {bad} is out of range for an axis of size {size}")
 
 

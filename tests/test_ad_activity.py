@@ -1,0 +1,143 @@
+"""Reverse mode differentiates only what depends on the inputs asked for.
+
+A reduce, scan or reduce_by_index operator may capture a float (a parameter of the operator). No rule gives
+the cotangent of such a value, so asking for it is an error; but a gradient with respect to the elements
+alone treats the captured value as a constant, and works. The operator used here,
+a . b = a + b + t a b  (identity 0), is associative for every t: 1 + t (a . b) = (1 + t a)(1 + t b), so the
+reference values below are products, computed by NumPy apart from fold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fold
+
+RULES = ("auto", "generic")
+
+
+def combine(t):
+    return lambda a, b: a + b + t * a * b
+
+
+def fold_reference(x, t):
+    """a . b . ... over the last axis, by the closed form."""
+    return (np.prod(1.0 + t * x, axis=-1) - 1.0) / t
+
+
+def central_difference(f, x, eps=1e-6):
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[i] = eps
+        grad[i] = (f(x + step) - f(x - step)) / (2 * eps)
+    return grad
+
+
+@pytest.fixture
+def x():
+    return np.random.default_rng(7).uniform(-0.5, 0.5, 6)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_reduce_gradient_with_a_captured_argument_held_fixed(x, rule):
+    t = 0.7
+
+    def f(x, t):
+        return fold.reduce(combine(t), x, identity=0.0)
+
+    assert np.isclose(fold.run(f, x, t), fold_reference(x, t), rtol=1e-12)
+    got = fold.grad(f, argnums=0, reduce_rule=rule)(x, t)
+    want = central_difference(lambda v: fold_reference(v, t), x)
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_scan_gradient_with_a_captured_argument_held_fixed(x, rule):
+    t, w = -0.4, np.linspace(0.5, 1.5, x.size)
+
+    def f(x, t):
+        return fold.reduce(fold.monoids.sum, fold.scan(combine(t), x, identity=0.0) * w)
+
+    def reference(v):
+        return float(np.sum(np.array([fold_reference(v[: k + 1], t) for k in range(v.size)]) * w))
+
+    got = fold.grad(f, argnums=0, reduce_rule=rule)(x, t)
+    np.testing.assert_allclose(got, central_difference(reference, x), rtol=1e-7, atol=1e-9)
+
+
+def test_reduce_by_index_gradient_with_a_captured_argument_held_fixed(x):
+    t, bins = 1.3, np.array([0, 2, 0, 1, 2, 2])
+    w = np.array([1.0, -2.0, 0.5])
+
+    def f(x, t):
+        return fold.reduce(fold.monoids.sum, fold.reduce_by_index(combine(t), 3, bins, x, identity=0.0) * w)
+
+    def reference(v):
+        return float(sum(w[b] * fold_reference(v[bins == b], t) for b in range(3)))
+
+    got = fold.grad(f, argnums=0)(x, t)
+    np.testing.assert_allclose(got, central_difference(reference, x), rtol=1e-7, atol=1e-9)
+
+
+def test_a_map_passes_activity_into_its_body():
+    """The map captures t and its body's reduce operator captures it again: still a constant for grad in X."""
+    X, t = np.random.default_rng(3).uniform(-0.5, 0.5, (4, 5)), 0.9
+
+    def f(X, t):
+        rows = fold.map(lambda row: fold.reduce(combine(t), row * t, identity=0.0), X)
+        return fold.reduce(fold.monoids.sum, rows)
+
+    got = fold.grad(f)(X, t)
+    np.testing.assert_allclose(got, central_difference(lambda V: float(np.sum(fold_reference(V * t, t))), X),
+                               rtol=1e-7, atol=1e-9)
+
+
+def test_a_loop_passes_activity_into_its_body(x):
+    t = 0.5
+
+    def f(x, t):
+        return fold.loop(lambda i, s: s * fold.reduce(combine(t), s, identity=0.0), x, 2)[0]
+
+    def reference(v):
+        for _ in range(2):
+            v = v * fold_reference(v, t)
+        return v[0]
+
+    got = fold.grad(f)(x, t)
+    np.testing.assert_allclose(got, central_difference(reference, x), rtol=1e-6, atol=1e-9)
+
+
+def test_asking_for_the_captured_value_is_an_error_naming_it(x):
+    def f(x, t):
+        return fold.reduce(combine(t), x, identity=0.0)
+
+    for ask in (lambda: fold.grad(f, argnums=1)(x, 0.7), lambda: fold.grad(f, argnums=(0, 1))(x, 0.7),
+                lambda: fold.vjp(f, (x, 0.7), 1.0)):
+        with pytest.raises(fold.FoldError, match=r"reduce: cannot differentiate through values its operator "
+                                                 r"captures \(f64\[\]\)"):
+            ask()
+
+
+def test_a_stopped_captured_value_is_a_constant(x):
+    """stop_gradient cuts the dependence on t, so asking for t's gradient gives 0 rather than the error."""
+    def f(x, t):
+        return fold.reduce(combine(fold.stop_gradient(t)), x, identity=0.0)
+
+    gx, gt = fold.grad(f, argnums=(0, 1))(x, 0.7)
+    np.testing.assert_allclose(gx, central_difference(lambda v: fold_reference(v, 0.7), x), rtol=1e-7, atol=1e-9)
+    assert gt == 0.0
+
+
+def test_hessian_vector_product_through_a_captured_parameter(x):
+    """grad inside jvp: the inner grad's program captures t from the outer trace, as a constant."""
+    t, v = 0.7, np.linspace(-1.0, 1.0, x.size)
+
+    def f(x, t):
+        return fold.reduce(combine(t), x, identity=0.0)
+
+    hvp = fold.jvp(lambda x: fold.grad(f)(x, t), (x,), (v,))
+    grad_reference = lambda u: central_difference(lambda w: fold_reference(w, t), u, eps=1e-5)  # noqa: E731
+    want = (grad_reference(x + 1e-4 * v) - grad_reference(x - 1e-4 * v)) / 2e-4
+    np.testing.assert_allclose(hvp, want, rtol=1e-5, atol=1e-7)
