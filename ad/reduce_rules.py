@@ -109,6 +109,37 @@ def _generic_vjp(prim, consts, identity, xs, ys, cts):
     return list(abar)
 
 
+# the same with the captured values' cotangents: the left fold applies the operator once per element,
+#   y = (...((e . a_0) . a_1) ...) . a_{n-1}, so tbar = sum_i vjp of (t' -> (l_i .' a_i) . r_i) at t on ybar,
+#   where .' is the operator with t' in place of t (its other applications keep t)
+def _generic_vjp_through_consts(prim, consts, active, identity, xs, ys, cts):
+    nc, k = prim.num_consts, prim.num_leaves
+    ls = bind(Scan(prim.body, nc, prim.monoid, True, False), *consts, *identity, *xs)
+    rs = bind(Scan(prim.body, nc, prim.monoid, True, True), *consts, *identity, *xs)
+    wanted = [i for i in range(nc) if active[i]]
+
+    def op(cs, a, b):
+        return inline_program(prim.body, list(cs) + list(a) + list(b))
+
+    def per_element(*leaves):
+        l_, a_, r_ = list(leaves[:k]), list(leaves[k: 2 * k]), list(leaves[2 * k:])
+
+        def applied_once(*z):
+            cs = list(consts)
+            for i, c in zip(wanted, z[k:], strict=True):
+                cs[i] = c
+            return op(consts, op(cs, l_, list(z[:k])), r_)
+
+        primals = a_ + [consts[i] for i in wanted]
+        return [_dense(c, aval_of(p)) for c, p in zip(vjp_of_function(applied_once, primals, cts), primals, strict=True)]
+
+    out = fold_map(per_element, *ls, *xs, *rs)
+    consts_cts = [Zero(aval_of(c)) for c in consts]
+    for i, summed in zip(wanted, out[k:], strict=True):
+        consts_cts[i] = ops.sum(summed, axis=0)
+    return consts_cts, list(out[:k])
+
+
 def _dense(ct, aval):
     return ops.broadcast_to(np.zeros((), aval.dtype), aval.shape) if isinstance(ct, Zero) else ct
 
@@ -159,8 +190,15 @@ def check_no_captured_floats(prim, args) -> None:
 def _reduce_vjp(prim: Reduce, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
-    check_no_captured_floats(prim, args)
-    rule = choose_rule(prim, current_reduce_rule())
     dense_cts = [_dense(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
+    active = [a and differentiable(aval_of(c)) for a, c in zip(arg_activity(len(args)), consts)]
+    if any(active):  # only the generic rule differentiates through the operator's captured values
+        if current_reduce_rule() == "monoid":
+            raise FoldError(f"reduce_rule='monoid' cannot differentiate the {prim.name} with respect to values its "
+                            f"operator captures ({', '.join(str(aval_of(c)) for c, a in zip(consts, active) if a)}): "
+                            f"D(c, a) knows only the elements; use reduce_rule='generic' or 'auto'")
+        consts_cts, xs_cts = _generic_vjp_through_consts(prim, consts, active, identity, xs, outs, dense_cts)
+        return consts_cts + [Zero(aval_of(a)) for a in identity] + xs_cts
+    rule = choose_rule(prim, current_reduce_rule())
     xs_cts = rule.vjp(prim, consts, identity, xs, outs, dense_cts)
     return [Zero(aval_of(a)) for a in consts + identity] + list(xs_cts)

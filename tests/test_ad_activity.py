@@ -1,8 +1,10 @@
-"""Reverse mode differentiates only what depends on the inputs asked for.
+"""Reverse mode differentiates only what depends on the inputs asked for, and a reduce through the values its
+operator captures.
 
-A reduce, scan or reduce_by_index operator may capture a float (a parameter of the operator). No rule gives
-the cotangent of such a value, so asking for it is an error; but a gradient with respect to the elements
-alone treats the captured value as a constant, and works. The operator used here,
+A reduce, scan or reduce_by_index operator may capture a float (a parameter of the operator). The reduce's
+generic rule gives that value's cotangent; no scan or reduce_by_index rule does, so asking for it there is an
+error. A gradient with respect to the elements alone treats the captured value as a constant, and works
+everywhere. The operator used here,
 a . b = a + b + t a b  (identity 0), is associative for every t: 1 + t (a . b) = (1 + t a)(1 + t b), so the
 reference values below are products, computed by NumPy apart from fold.
 """
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 import fold
+from fold.testing import check_grads
 
 RULES = ("auto", "generic")
 
@@ -109,15 +112,52 @@ def test_a_loop_passes_activity_into_its_body(x):
     np.testing.assert_allclose(got, central_difference(reference, x), rtol=1e-6, atol=1e-9)
 
 
-def test_asking_for_the_captured_value_is_an_error_naming_it(x):
+@pytest.mark.parametrize("rule", RULES)
+def test_reduce_gradient_through_the_captured_value(x, rule):
+    """y = ((prod (1 + t x_i)) - 1) / t: d/dt by the generic rule's sum over the operator's applications."""
     def f(x, t):
         return fold.reduce(combine(t), x, identity=0.0)
 
-    for ask in (lambda: fold.grad(f, argnums=1)(x, 0.7), lambda: fold.grad(f, argnums=(0, 1))(x, 0.7),
-                lambda: fold.vjp(f, (x, 0.7), 1.0)):
-        with pytest.raises(fold.FoldError, match=r"reduce: cannot differentiate through values its operator "
-                                                 r"captures \(f64\[\]\)"):
-            ask()
+    gx, gt = fold.grad(f, argnums=(0, 1), reduce_rule=rule)(x, 0.7)
+    np.testing.assert_allclose(gx, central_difference(lambda v: fold_reference(v, 0.7), x), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(gt, central_difference(lambda t: fold_reference(x, t), np.array(0.7)), rtol=1e-7)
+    check_grads(f, (x, 0.7))  # jvp against finite differences, vjp against jvp
+    check_grads(f, (x[:0], 0.7))  # no elements: y = 0 whatever t is
+    with pytest.raises(fold.FoldError, match=r"reduce_rule='monoid' cannot differentiate the reduce with respect "
+                                             r"to values its operator captures \(f64\[\]\)"):
+        fold.grad(f, argnums=(0, 1), reduce_rule="monoid")(x, 0.7)
+
+
+def test_per_row_captured_values_in_a_map():
+    """Each row's reduce captures its own t (a row of the map's second input): both gradients, and forward over
+    reverse (reverse over reverse would differentiate the generic rule's scans through t: an error, above)."""
+    rng = np.random.default_rng(5)
+    X, T = rng.uniform(-0.5, 0.5, (3, 4)), rng.uniform(0.2, 1.0, 3)
+
+    def f(X, T):
+        return fold.map(lambda row, t: fold.reduce(combine(t), row, identity=0.0), X, T)
+
+    check_grads(f, (X, T))
+    total = lambda X, T: fold.reduce(fold.monoids.sum, f(X, T))  # noqa: E731
+    gT = fold.grad(total, argnums=1)(X, T)
+    want = [central_difference(lambda t: fold_reference(X[r], t), np.array(T[r])) for r in range(3)]
+    np.testing.assert_allclose(gT, want, rtol=1e-7)
+    dT = np.array([1.0, -0.5, 0.25])
+    hvp = fold.jvp(lambda T: fold.grad(total, argnums=1)(X, T), (T,), (dT,))
+    grad_at = lambda T: fold.grad(total, argnums=1)(X, T)  # noqa: E731
+    np.testing.assert_allclose(hvp, (grad_at(T + 1e-5 * dT) - grad_at(T - 1e-5 * dT)) / 2e-5, rtol=1e-6, atol=1e-9)
+
+
+def test_asking_for_a_scan_or_histogram_captured_value_is_an_error_naming_it(x):
+    bins = np.array([0, 1, 0, 1, 0, 1])
+    programs = {"scan": lambda x, t: fold.scan(combine(t), x, identity=0.0),
+                "reduce_by_index": lambda x, t: fold.reduce_by_index(combine(t), 2, bins, x, identity=0.0)}
+    for name, f in programs.items():
+        for ask in (lambda: fold.grad(lambda x, t: fold.reduce(fold.monoids.sum, f(x, t)), argnums=1)(x, 0.7),
+                    lambda: fold.vjp(f, (x, 0.7), np.ones_like(fold.run(f, x, 0.7)))):
+            with pytest.raises(fold.FoldError, match=rf"{name}: cannot differentiate through values its operator "
+                                                     r"captures \(f64\[\]\)"):
+                ask()
 
 
 def test_a_stopped_captured_value_is_a_constant(x):
