@@ -98,8 +98,10 @@ def _check_identity(where: str, fn: Callable, body: TracedBody, ident: list[np.n
     """Refuse an identity that is not one: it is the result for no elements, and a fold may combine it into
     its elements any number of times (once per parallel chunk, per bin, per scan block), so a value like
     functools.reduce's `initializer` would give answers that depend on the backend and the array's size.
-    For the operators fold recognises the identity is known; for others, op(e, e) must be e (up to rounding;
-    a NaN result is not judged). Operators that capture traced values are not evaluated."""
+    For the operators fold recognises the identity is known; for others, op(e, e), op(e, x) and op(x, e) must
+    give e, x and x (up to rounding; a NaN result is not judged) for a sample x of positive elements (inside
+    most operators' domains: weights, logs, square roots). Operators that capture traced values are not
+    evaluated."""
     op = recognize_binary_op(body.program, len(body.consts))
     if op is not None:
         (value,) = ident
@@ -113,22 +115,37 @@ def _check_identity(where: str, fn: Callable, body: TracedBody, ident: list[np.n
         return
     from runtime.interpreter import eval_program  # lazy: runtime depends on fold, not the other way
 
-    try:
-        got = eval_program(body.program, ident + ident)
-    except Exception:  # noqa: BLE001 - an operator that fails on its identity is judged when it runs, not here
-        return
+    sample = [_positive_sample(e) for e in ident]
     paths = leaf_paths(treedef, "identity")
-    for path, e, g in zip(paths, ident, got, strict=True):
-        g = np.asarray(g)
-        if e.dtype.kind == "f":
+    cases = (("op(identity, identity)", ident + ident, ident), ("op(identity, x)", ident + sample, sample),
+             ("op(x, identity)", sample + ident, sample))
+    for name, args, want in cases:
+        try:
             with np.errstate(all="ignore"):
-                same = np.isnan(g) | (g == e) | (np.abs(g - e) <= 64 * np.finfo(e.dtype).eps * np.abs(e))
-        else:
-            same = g == e
-        if not np.all(same):
-            at = "" if treedef.kind == "leaf" else f" (leaf {path})"
-            raise MonoidLawError(f"{where}: identity {_shown(e)}{at} is not an identity of operator {_name(fn)}: "
-                                 f"op(identity, identity) gives {_shown(g)}. {_WHY_IDENTITY}")
+                got = eval_program(body.program, args)
+        except Exception:  # noqa: BLE001 - an operator that fails on these values is judged when it runs, not here
+            return
+        for path, e, w, g in zip(paths, ident, want, got, strict=True):
+            if not np.all(_same_up_to_rounding(np.asarray(g), w)):
+                at = "" if treedef.kind == "leaf" else f" (leaf {path})"
+                for_x = f" for x = {_shown(w)}" if "x" in name else ""
+                raise MonoidLawError(f"{where}: identity {_shown(e)}{at} is not an identity of operator {_name(fn)}: "
+                                     f"{name} gives {_shown(np.asarray(g))}{for_x}. {_WHY_IDENTITY}")
+
+
+def _positive_sample(e: np.ndarray) -> np.ndarray:
+    """Elements shaped like the identity leaf `e`: 0.75, 1.25, 1.75, ... (3, 4, 5, ... for integers; True)."""
+    count = np.arange(e.size).reshape(e.shape)
+    if e.dtype.kind == "b":
+        return np.ones(e.shape, bool)
+    return (3 + count if e.dtype.kind in "iu" else 0.75 + 0.5 * count).astype(e.dtype)
+
+
+def _same_up_to_rounding(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    if want.dtype.kind != "f":
+        return got == want
+    with np.errstate(all="ignore"):
+        return np.isnan(got) | (got == want) | (np.abs(got - want) <= 64 * np.finfo(want.dtype).eps * np.abs(want))
 
 
 _WHY_IDENTITY = ("The identity is the result for an empty array, and a fold may combine it with the elements "

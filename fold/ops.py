@@ -148,7 +148,12 @@ def convert(x: ArrayLike, dtype: Any) -> ArrayLike:
     dtype = check_dtype(np.dtype(dtype), "convert")
     x = as_value(x, "convert")
     if _is_weak(x):
-        return np.asarray(x, dtype=dtype)
+        number = x.item() if isinstance(x, np.generic) else x  # NumPy wraps a scalar's cast; a number's it checks
+        try:
+            return np.asarray(number, dtype=dtype)
+        except OverflowError:
+            raise FoldTypeError(f"the number {number!r} does not fit in {dtype.name}, the dtype it takes from the "
+                                f"arrays it meets (numbers are weak); convert those arrays first") from None
     if x.dtype == dtype:
         return x
     if isinstance(x, Tracer):

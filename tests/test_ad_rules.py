@@ -95,7 +95,7 @@ def test_rule_choice_under_auto() -> None:
     assert reduce_rules_of(lambda v: fold.reduce(lambda a, b: a + b + a * b, v, identity=0.0), x)[0] == ["generic"]
     assert reduce_rules_of(lambda v: fold.reduce(fold.monoids.logaddexp, v), x)[0][0] == "monoid"
     assert reduce_rules_of(lambda v: fold.reduce(fold.monoids.sum, v), x)[0][0] == "add"
-    noncommutative = fold.Monoid(lambda a, b: a - b + 0.0 * a * b, 0.0, d=lambda c, a, g: g)
+    noncommutative = fold.Monoid(lambda a, b: a + b + 0.0 * a * b, 0.0, d=lambda c, a, g: g)  # not declared commutative
     assert reduce_rules_of(lambda v: fold.reduce(noncommutative, v), x)[0] == ["generic"]
 
 

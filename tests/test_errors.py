@@ -115,12 +115,16 @@ def _fold_call(combinator: str) -> Callable[..., Any]:
 def test_an_identity_that_is_not_one_is_refused(combinator: str) -> None:
     """An initial value passed as identity= would be combined in once per chunk, bin or block, so the answer
     would depend on the backend and the size: a recognised operator's identity is known, another's must
-    satisfy op(e, e) == e."""
+    satisfy op(e, e) == e, and op(e, x) == x == op(x, e) for positive sample elements x."""
     comb = _fold_call(combinator)
     where = "fold.scan" if "scan" in combinator else f"fold.{combinator}"
     cases = [(lambda a, b: a + b, 5.0, ["(add)", "0.0"]), (lambda a, b: a * b, 0.0, ["(mul)", "1.0"]),
              (lambda a, b: fold.maximum(a, b), 3.0, ["(maximum)", "-inf"]),
-             (lambda a, b: (a + b) * 1.0, 5.0, ["op(identity, identity) gives 10.0"])]
+             (lambda a, b: (a + b) * 1.0, 5.0, ["op(identity, identity) gives 10.0"]),
+             (lambda a, b: a * b + a, 0.0, ["op(identity, x) gives 0.0 for x = 0.75"]),  # op(0, 0) == 0 holds
+             (lambda a, b: a - b + 0.0 * a * b, 0.0, ["op(identity, x) gives -0.75 for x = 0.75"]),
+             (lambda a, b: a + 2.0 * b, 0.0, ["op(identity, x) gives 1.5 for x = 0.75"]),
+             (lambda a, b: a + b + 0.5 * a, 0.0, ["op(x, identity) gives 1.125 for x = 0.75"])]
     for op, identity, words in cases:
         f = _run(lambda x: comb(op, x, identity=identity))
         raises(fold.MonoidLawError, f, np.ones(6), match=[where, f"identity {identity}", *words, "result for an empty array"])
@@ -434,3 +438,12 @@ def test_messages_never_show_a_numpy_traceback() -> None:
     with pytest.raises(fold.FoldError) as info:
         fold.run(lambda a, i: a[i], np.ones(3), np.array([5]))
     assert not re.search(r"numpy[/\\]", str(info.value))
+
+
+@pytest.mark.parametrize("number", [2**31, np.int64(2**31), -(2**31) - 1, np.int64(-(2**31) - 1)],
+                         ids=["int", "np.int64", "-int", "-np.int64"])
+def test_a_weak_integer_that_does_not_fit_the_array_dtype_is_an_error(number) -> None:
+    """A number takes the dtype of the int32 array it meets; one outside int32's range must not wrap."""
+    i32 = np.array([1, 2, 3], np.int32)
+    raises(fold.FoldTypeError, _run(lambda x: x + number), i32, match=[str(int(number)), "does not fit in int32"])
+    assert_close(fold.run(lambda x: x + np.int64(2**31 - 4), i32), (i32.astype(np.int64) + 2**31 - 4).astype(np.int32))
