@@ -101,6 +101,8 @@ def _rbi_vjp(prim: ReduceByIndex, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
     consts, identity, idx, values = args[:nc], args[nc: nc + k], args[nc + k], args[nc + k + 1:]
     check_no_captured_floats(prim, args)
+    if prim.n == 0:  # no bins: every index is out of range, and its value gets no cotangent
+        return [Zero(aval_of(a)) for a in args]
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     setting = current_reduce_rule()
     op = recognize_binary_op(prim.body, nc)

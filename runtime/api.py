@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any, Callable, Sequence
 
@@ -36,9 +37,10 @@ def _shares_memory(o: np.ndarray, others: list[np.ndarray]) -> bool:
 
 
 def _array_key(args: tuple) -> tuple | None:
-    """(shape, dtype) of each argument when every one is a NumPy array (then it is the call's signature), else None."""
+    """(shape, dtype) of each argument when every one is a NumPy array in the machine's byte order (then it is
+    the call's signature), else None."""
     for a in args:
-        if type(a) is not np.ndarray:
+        if type(a) is not np.ndarray or not a.dtype.isnative:
             return None
     return tuple((a.shape, a.dtype) for a in args)
 
@@ -89,7 +91,7 @@ class Jitted:
         positions = sorted({i % count for i in self.static_argnums})
         values = tuple(args[i] for i in positions)
         try:
-            key = (tuple(positions), values)
+            key = (tuple(positions), _typed(values))
             bound = self._per_static.get(key)
         except TypeError:
             raise FoldTypeError(f"fold.jit({self.__name__}): static arguments must be hashable (they key the "
@@ -104,12 +106,29 @@ class Jitted:
             bound = self._per_static[key] = Jitted(with_statics, self.backend)
         return bound, tuple(a for i, a in enumerate(args) if i not in positions)
 
+    def _placed(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call with every argument that can be positional made positional (as `f`'s signature binds it), so
+        that static_argnums names the same parameters however they were passed."""
+        try:
+            bound = inspect.signature(self.f).bind(*args, **kwargs)
+        except (TypeError, ValueError):  # a call f itself would refuse, or no signature: f raises its own error
+            return args, kwargs
+        args, kwargs = bound.args, bound.kwargs
+        unplaced = [i for i in self.static_argnums if not -len(args) <= i < len(args)]
+        if unplaced and kwargs:
+            raise FoldTypeError(f"fold.jit({self.__name__}): static argument {unplaced[0]} cannot be placed: the call "
+                                f"passes {', '.join(sorted(kwargs))} by keyword after an omitted argument; pass the "
+                                f"arguments up to it positionally")
+        return args, kwargs
+
     @property
     def trace_count(self) -> int:
         """How many signatures `f` was traced for (with those of each static value and set of keywords)."""
         return self._trace_count + sum(j.trace_count for j in self._per_static.values())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and self.static_argnums:  # static_argnums counts f's parameters: keyword ones are placed first
+            args, kwargs = self._placed(args, kwargs)
         if kwargs:  # traced like the positional arguments: one Jitted per count of those and set of keyword names
             names = tuple(sorted(kwargs))
             per_names = self._per_static.get((len(args), names))
@@ -120,7 +139,8 @@ class Jitted:
                     return self.f(*flat[:count], **dict(zip(names, flat[count:], strict=True)))
 
                 with_keywords.__name__ = self.__name__
-                per_names = self._per_static[(len(args), names)] = Jitted(with_keywords, self.backend, self.static_argnums)
+                statics = tuple(i % count for i in self.static_argnums)  # all among the positional ones (_placed)
+                per_names = self._per_static[(len(args), names)] = Jitted(with_keywords, self.backend, statics)
             return per_names(*args, *(kwargs[k] for k in names))
         if self.static_argnums:
             bound, dynamic = self._bound(args)
@@ -165,6 +185,14 @@ def jit(f: Callable[..., Any], backend: str | None = None, static_argnums: int |
     14.0
     """
     return Jitted(f, backend, static_argnums)
+
+
+def _typed(value: Any) -> Any:
+    """`value` with the type of each part beside it: 2, 2.0 and True are equal and hash alike, but a program
+    traced for one is not the program for another (int64 or float64 results, a flag or a count)."""
+    if isinstance(value, tuple):  # (a list stays unhashable: static arguments must be)
+        return type(value), tuple(_typed(v) for v in value)
+    return type(value), value
 
 
 def _argnums(static_argnums: Any) -> tuple[int, ...]:

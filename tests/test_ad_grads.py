@@ -363,6 +363,17 @@ def test_rbi_out_of_range_values_get_zero_cotangent() -> None:
         assert not np.any(ct[out_of_range]), (monoid, ct)
 
 
+@pytest.mark.parametrize("rule", ["auto", "generic", "monoid"])
+@pytest.mark.parametrize("monoid", ["sum", "max", "prod", "logaddexp"])
+def test_rbi_with_no_bins_has_zero_cotangents(monoid: str, rule: str) -> None:
+    v = np.array([1.0, 2.0, 0.5])
+    f = lambda v: fold.reduce_by_index(getattr(fold.monoids, monoid), 0, np.array([0, 1, -1]), v)  # noqa: E731
+    assert fold.run(f, v).shape == (0,)
+    (ct,) = fold.vjp(f, (v,), np.zeros(0), reduce_rule=rule)
+    np.testing.assert_array_equal(ct, np.zeros(3))
+    np.testing.assert_array_equal(fold.jvp(f, (v,), (np.ones(3),)), np.zeros(0))
+
+
 def test_table_covers_every_elementwise_op() -> None:
     """Every scalar op of the language appears in some row of the tables above (by name)."""
     from fold.primitives import SCALAR_OPS

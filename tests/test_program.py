@@ -258,6 +258,42 @@ def test_static_arguments_are_passed_as_they_are_and_key_the_trace() -> None:
         fold.jit(f, static_argnums=1.0)
 
 
+def test_equal_static_values_of_other_types_trace_their_own_programs() -> None:
+    """2, 2.0 and True are equal and hash alike; each gets its own program, whatever was called first."""
+    x = np.array([1, 2, 3])
+    g = fold.jit(lambda x, s: x * s, static_argnums=1)
+    assert g(x, 2).dtype == np.int64 and g(x, 2.0).dtype == np.float64
+    big = fold.jit(lambda x, s: x * s, static_argnums=1)
+    big(x, 2**62)
+    assert_close(big(x, float(2**62)), x * float(2**62))
+    h = fold.jit(lambda x, r: fold.scan(fold.monoids.sum, x, reverse=r), static_argnums=1)
+    assert_close(h(np.arange(3.0), True), np.array([3.0, 3.0, 2.0]))
+    with pytest.raises(fold.FoldTypeError, match=r"reverse must be True or False, got 1"):
+        h(np.arange(3.0), 1)
+    t = fold.jit(lambda x, s: x * s[1], static_argnums=1)
+    assert t(x, (0, 2)).dtype == np.int64 and t(x, (0, 2.0)).dtype == np.float64
+
+
+def test_static_argnums_name_parameters_however_they_are_passed() -> None:
+    def f(x, n, a):
+        return fold.iota(n) * a + x[0]
+
+    g = fold.jit(f, static_argnums=1)
+    want = np.arange(3) * 2.0 + 1.0
+    for call in (lambda: g(np.ones(3), 3, 2.0), lambda: g(np.ones(3), n=3, a=2.0), lambda: g(np.ones(3), 3, a=2.0),
+                 lambda: g(x=np.ones(3), a=2.0, n=3)):
+        assert_close(call(), want)
+    keyword_only = fold.jit(lambda x, n, *, scale: fold.iota(n) * scale + x[0], static_argnums=-1)
+    assert_close(keyword_only(np.ones(2), 3, scale=2.0), want)
+
+    def defaults(x, m=1, n=2):
+        return x * n
+
+    with pytest.raises(fold.FoldTypeError, match=r"static argument 2 cannot be placed: the call passes n by keyword "
+                                                 r"after an omitted argument"):
+        fold.jit(defaults, static_argnums=2)(np.ones(2), n=3)
+
+
 def test_keyword_arguments_are_traced_like_positional_ones() -> None:
     g = fold.jit(lambda x, *, scale, shift=0.0: x * scale + shift)
     x = np.arange(3.0)
