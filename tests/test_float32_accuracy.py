@@ -58,3 +58,24 @@ def test_float32_folds_round_once(case, backend):
     # the gradient is exp(x - total) in float32, the total (about 14.3) itself rounded: a few 1e-7 times 14
     rtol = 4e-6 if "gradient" in case else 1e-7
     np.testing.assert_allclose(got, exact(x.astype(np.float64)), rtol=rtol)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_float32_gemm_map_reduce_folds_its_blocks_without_drift(backend):
+    """gemm_map_reduce folds 1024 column blocks' row totals (pairwise), and its gradient adds 1024 blocks'
+    parts into a row cotangent (in float64): both within float32 rounding of the exact values, where a float32
+    chain of 1024 steps was 1e-5 to 1e-4 off. (Within a block, a float32 matrix product is BLAS's.)"""
+    n, width = 2**16, 64
+    R = np.full((n, 1), 0.8153, np.float32)
+    L = np.ones((2, 1), np.float32)
+    exact = np.float64(R[0, 0]) * n
+    gemm = lambda L: fold.gemm_map_reduce(fold.monoids.sum, lambda s: s, L, R, block=(2, width))  # noqa: E731
+    totals = fold.jit(gemm, backend=backend)(L)
+    assert totals.dtype == np.float32
+    np.testing.assert_allclose(totals, [exact, exact], rtol=1e-7)
+    lse = fold.jit(lambda L: fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, L, R, block=(2, width)),
+                   backend=backend)(L)
+    np.testing.assert_allclose(lse, np.log(n) + np.float64(R[0, 0]), rtol=2e-7)
+    grad = fold.jit(fold.grad(lambda L: fold.reduce(fold.monoids.sum, gemm(L))), backend=backend)(L)
+    assert grad.dtype == np.float32
+    np.testing.assert_allclose(grad, np.full((2, 1), exact), rtol=1e-6)

@@ -27,7 +27,8 @@ from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
 from ..memory import body_extra_rules, program_peak
-from ..numpy_impl.gemm import add_parts, block_grid, empty_totals, fold_row_block, new_sums, per_row, role_slice
+from ..numpy_impl.gemm import (add_parts, block_grid, empty_totals, finished_sums, fold_row_block, new_sums, per_row,
+                               role_slice)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
             parts = (eval_program(lookup_block(prim.recompute_blocks, shape), inputs) if products is None
                      else eval_program(lookup_block(prim.backward_blocks, shape), inputs + list(products)))
             add_parts(bwd, sums, parts, row_slice, col_slice, only_block=shape == (m, n))
-    return totals + sums
+    return totals + finished_sums(bwd, sums)
 
 
 @body_extra_rules.register(GemmWithBackward)

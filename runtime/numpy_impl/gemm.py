@@ -68,12 +68,22 @@ def empty_totals(identity: list, m: int) -> list[np.ndarray]:
 def fold_row_block(prim: GemmMapReduce, identity: list, totals: list[np.ndarray], rows: slice, col_blocks: list,
                    block_totals: Callable[[int, int], list]) -> None:
     """Write one row block's totals: the totals of its column blocks (`block_totals(j0, j1)`) folded with
-    the monoid's operator in column order, the first block's being the running totals."""
-    running = None
+    the monoid's operator in column order, pairwise (a block's totals join a neighbour's of as many blocks,
+    as in a binary counter), so that rounding grows with the log of the column blocks' count, not the count:
+    a float32 sum over 4 million columns in 1024-column blocks was 1.2e-5 off folded left to right."""
+    def combine(left: list, right: list) -> list:
+        return eval_program(prim.op, left + right, depth=1)
+
+    pending: list[tuple[int, list]] = []  # (how many blocks it folds, their totals), in column order
     for j0, j1 in col_blocks:
-        found = block_totals(j0, j1)
-        running = found if running is None else eval_program(prim.op, running + found, depth=1)
-    for t, r in zip(totals, identity if running is None else running, strict=True):
+        count, found = 1, block_totals(j0, j1)
+        while pending and pending[-1][0] == count:
+            count, found = 2 * count, combine(pending.pop()[1], found)
+        pending.append((count, found))
+    result = identity if not pending else pending.pop()[1]
+    while pending:
+        result = combine(pending.pop()[1], result)
+    for t, r in zip(totals, result, strict=True):
         t[rows] = r
 
 
@@ -98,7 +108,7 @@ def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: Block
             inputs = [role_slice(a, r, rows, cols) for a, r in zip(args, prim.in_roles, strict=True)]
             add_parts(prim, sums, run_block(prim.block_program((i1 - i0, j1 - j0)), inputs), rows, cols,
                       only_block=(i1 - i0, j1 - j0) == (m, n))
-    return sums
+    return finished_sums(prim, sums)
 
 
 def new_sums(prim: GemmBlockSum, m: int, n: int) -> list[np.ndarray]:
@@ -106,8 +116,21 @@ def new_sums(prim: GemmBlockSum, m: int, n: int) -> list[np.ndarray]:
     grid has blocks (add_parts writes each entry first, then adds), zeros where it has none (m or n is 0)."""
     extent = {"row": m, "col": n}
     new = np.empty if m and n else np.zeros
-    return [new(a.shape if r == "whole" else (extent[r],) + a.shape[1:], a.dtype)
+    return [new(a.shape if r == "whole" else (extent[r],) + a.shape[1:], _summed_in(a.dtype, r))
             for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
+
+
+def _summed_in(dtype: np.dtype, role: str) -> np.dtype:
+    """float32 parts of a row (one per column block: thousands over a large vocabulary) or of the whole grid
+    are summed in float64, since a float32 running sum drifts with the count of its terms (rounded once, by
+    `finished_sums`). A column's parts, one per row block (tens), stay float32: their sums are the largest
+    (N x D over the columns), and in float64 would double a gradient's largest array."""
+    return np.dtype(np.float64) if dtype == np.float32 and role != "col" else dtype
+
+
+def finished_sums(prim: GemmBlockSum, sums: list[np.ndarray]) -> list[np.ndarray]:
+    """The sums in the block sum's own dtypes."""
+    return [s.astype(a.dtype, copy=False) for s, a in zip(sums, prim.blocks[0][1].out_avals, strict=True)]
 
 
 def add_parts(prim: GemmBlockSum, sums: list[np.ndarray], parts: list, rows: slice, cols: slice,
