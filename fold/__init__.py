@@ -21,6 +21,7 @@ from .gemm import gemm_map_reduce
 from .errors import (
     ConcretizationError,
     EscapedTracerError,
+    FoldAttributeError,
     FoldError,
     FoldIndexError,
     FoldRuntimeError,
@@ -95,7 +96,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ConcretizationError", "EscapedTracerError", "FoldError", "FoldIndexError", "FoldRuntimeError",
+    "ConcretizationError", "EscapedTracerError", "FoldAttributeError", "FoldError", "FoldIndexError", "FoldRuntimeError",
     "FoldTypeError", "gemm_map_reduce", "MissingRuleError", "Monoid", "MonoidLawError", "Program", "ProgramError", "ShapeError",
     "ShapedArray", "StructureError", "Tracer", "abs", "broadcast_to", "check_program", "concatenate", "convert",
     "cos", "divide", "dot", "exp", "expm1", "iota", "log", "log1p", "logaddexp", "logical_and", "logical_not",

@@ -46,6 +46,12 @@ class ShapedArray:
     shape: tuple[int, ...]
     dtype: np.dtype
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.dtype, np.dtype):  # ShapedArray((3,), np.float64), as a user writes it
+            object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        if type(self.shape) is not tuple:
+            object.__setattr__(self, "shape", tuple(self.shape))
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

@@ -28,6 +28,10 @@ class FoldIndexError(FoldError, IndexError):
     """An index out of range, found at trace time where it is static or at run time where it is not."""
 
 
+class FoldAttributeError(FoldError, AttributeError):
+    """A traced array was asked for an attribute it does not have (the message lists the ones it has)."""
+
+
 class EscapedTracerError(FoldError):
     """A tracer was used outside the trace that created it (kept in a global and used afterwards, say)."""
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import ops
-from .errors import FoldTypeError, ShapeError
+from .errors import FoldAttributeError, FoldTypeError, ShapeError
 from .tracing import Tracer
 
 _HANDLERS: dict[Callable, Callable] = {}
@@ -259,8 +259,9 @@ def _missing_attribute(self: Tracer, name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
     methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "shape", "dtype", "ndim", "size", *_METHODS]))
-    raise AttributeError(f"a traced array ({self.aval}) has no attribute {name!r}: it has {methods}, the operators, "
-                         "the NumPy functions and ufuncs fold traces (docs/language.md), and fold.* for the rest")
+    raise FoldAttributeError(f"a traced array ({self.aval}) has no attribute {name!r}: it has {methods}, the "
+                             "operators, the NumPy functions and ufuncs fold traces (docs/language.md), and fold.* "
+                             "for the rest")
 
 
 for _name, _fn in _METHODS.items():

@@ -514,6 +514,19 @@ def _reshape_method(self: Tracer, *shape: Any) -> ArrayLike:
     return reshape(self, shape[0] if len(shape) == 1 else shape)
 
 
+def _xor(a: ArrayLike, b: ArrayLike) -> ArrayLike:
+    """a ^ b on booleans (a != b); like & | ~, not defined on numbers."""
+    values = [as_value(a, "xor"), as_value(b, "xor")]
+    _result_dtype(values, "logical", "xor")  # raises, naming the dtypes, unless both are boolean
+    return elementwise("ne", *values)
+
+
+def _no_assignment(self: Tracer, key: Any, value: Any) -> None:
+    raise FoldTypeError(f"a traced array ({self.aval}) cannot be assigned to (x[...] = v): traced values are "
+                        "immutable; build the new array instead, with fold.where(mask, v, x), fold.concatenate "
+                        "or fold.map")
+
+
 def _install_tracer_methods() -> None:
     def binop(op: str, reflected: bool = False):
         if reflected:
@@ -530,6 +543,9 @@ def _install_tracer_methods() -> None:
     Tracer.__pos__ = lambda self: self
     Tracer.__abs__ = lambda self: elementwise("abs", self)
     Tracer.__invert__ = lambda self: elementwise("not", self)
+    Tracer.__xor__ = lambda self, other: _xor(self, other)
+    Tracer.__rxor__ = lambda self, other: _xor(other, self)
+    Tracer.__setitem__ = _no_assignment
     Tracer.__matmul__ = lambda self, other: matmul(self, other)
     Tracer.__rmatmul__ = lambda self, other: matmul(other, self)
     Tracer.__getitem__ = getitem

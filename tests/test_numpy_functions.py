@@ -114,6 +114,9 @@ def test_gradients_flow_through_ufuncs_written_with_the_primitives() -> None:
     (lambda x: np.squeeze(x, axis=4), r"np\.squeeze: axis 4 is out of range for an array of shape \(3, 4\)"),
     (lambda x: x * np.size(x, 2), r"np\.size: axis 2 is out of range for an array of shape \(3, 4\)"),
     (lambda x: np.expand_dims(x, 5), r"np\.expand_dims: axis 5 .* 3 dimensions \(array shape \(3, 4\)\)"),
+    (lambda x: x.astype(np.int64) ^ 3, r"xor: needs boolean arguments, got \['int64', 'int64'\]"),
+    (lambda x: x.std(), r"a traced array \(f64\[3,4\]\) has no attribute 'std'"),
+    (lambda x: x.__setitem__(0, 1.0), r"cannot be assigned to \(x\[\.\.\.\] = v\).*fold\.where"),
 ])
 def test_unsupported_numpy_functions_and_options_are_named(f, message) -> None:
     with pytest.raises(fold.FoldError, match=message):
@@ -130,3 +133,8 @@ def test_ndarray_methods_on_traced_arrays() -> None:
         np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15)
     with pytest.raises(AttributeError, match=r"a traced array \(f64\[3,4\]\) has no attribute 'max_'.*mean"):
         fold.trace(lambda x: x.max_(), X)
+
+
+def test_xor_of_booleans() -> None:
+    a, b = X > 0.5, X < 0.8
+    np.testing.assert_array_equal(fold.jit(lambda a, b: (a ^ b, a ^ True, False ^ b))(a, b), (a ^ b, a ^ True, False ^ b))
