@@ -107,19 +107,26 @@ def value_and_grad(f: Callable[..., Any], argnums: int | Sequence[int] = 0, *, r
     """`f` returning (its float scalar value, its gradient with respect to argument(s) `argnums`).
 
     The value comes from the same gradient program (one forward sweep), not from a second evaluation.
+    Keyword arguments are traced like positional ones and never differentiated (`argnums` counts the
+    positional ones), as in JAX.
     """
     single, nums = _argnums(argnums)
+    with_keywords: dict[tuple[str, ...], Callable] = {}  # one traceable function per set of keyword names
 
-    def value_and_grad_f(*args: Any) -> tuple[Any, Any]:
-        flat_args, program, nc = _trace(f, args, "fold.grad")
-        _check_scalar(program)
+    def value_and_grad_f(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         _check_argnums(args, nums)
+        positions = [i % len(args) for i in nums]
+        names = tuple(sorted(kwargs))
+        target = f if not names else with_keywords.setdefault(names, _positional(f, len(args), names))
+        every = args + tuple(kwargs[k] for k in names)
+        flat_args, program, nc = _trace(target, every, "fold.grad")
+        _check_scalar(program)
         with reduce_rule_scope(reduce_rule):
-            grad_program, in_mask = vjp_program(program, wrt=_wrt_mask(args, nums, nc), with_primal_outputs=True)
+            grad_program, in_mask = vjp_program(program, wrt=_wrt_mask(every, positions, nc), with_primal_outputs=True)
         seed = np.ones((), program.out_avals[0].dtype)
         results = _run(grad_program, flat_args + [seed])
         cts = program.in_tree.unflatten(_spread(results[1:], in_mask, program.in_avals)[nc:])
-        grads = tuple(cts[i] for i in nums)
+        grads = tuple(cts[i] for i in positions)
         return results[0], (grads[0] if single else grads)
 
     value_and_grad_f.__name__ = f"value_and_grad({getattr(f, '__name__', 'f')})"
@@ -135,8 +142,8 @@ def grad(f: Callable[..., Any], argnums: int | Sequence[int] = 0, *, reduce_rule
     """
     both = value_and_grad(f, argnums, reduce_rule=reduce_rule)
 
-    def grad_f(*args: Any) -> Any:
-        return both(*args)[1]
+    def grad_f(*args: Any, **kwargs: Any) -> Any:
+        return both(*args, **kwargs)[1]
 
     grad_f.__name__ = f"grad({getattr(f, '__name__', 'f')})"
     return grad_f
@@ -158,9 +165,18 @@ def _argnums(argnums: Any) -> tuple[bool, tuple[int, ...]]:
     raise FoldTypeError(f"fold.grad: argnums must be an int or a non-empty tuple or list of ints, got {argnums!r}")
 
 
-def _wrt_mask(args: tuple, nums: tuple[int, ...], num_captured: int) -> list[bool]:
+def _positional(f: Callable, count: int, names: tuple[str, ...]) -> Callable:
+    """f taking its keyword arguments `names` as positional ones after the first `count`."""
+    def called(*flat: Any) -> Any:
+        return f(*flat[:count], **dict(zip(names, flat[count:], strict=True)))
+
+    called.__name__ = getattr(f, "__name__", "f")
+    return called
+
+
+def _wrt_mask(args: tuple, positions: Sequence[int], num_captured: int) -> list[bool]:
     """Per input leaf of the traced program: whether grad was asked for it (captured values never)."""
-    chosen = {i % len(args) for i in nums}
+    chosen = set(positions)
     mask = [False] * num_captured
     for i, arg in enumerate(args):
         mask += [i in chosen] * len(tree_flatten(arg)[0])

@@ -185,6 +185,23 @@ def test_grad_argnums_accepts_numpy_integers_and_lists() -> None:
     np.testing.assert_allclose(ga, 2 * X)
 
 
+def test_grad_takes_keyword_arguments_and_does_not_differentiate_them() -> None:
+    f = lambda x, w=1.0, *, scale=1.0: fold.sum(x * x * w) * scale  # noqa: E731
+    np.testing.assert_allclose(fold.grad(f)(X, w=3.0), 6 * X)
+    np.testing.assert_allclose(fold.grad(f)(X, 3.0, scale=0.5), 3 * X)
+    value, (gx, gw) = fold.value_and_grad(f, argnums=(0, -1))(X, 2.0, scale=2.0)  # -1: the last positional one
+    np.testing.assert_allclose(value, 4 * np.sum(X * X))
+    np.testing.assert_allclose(gx, 8 * X)
+    np.testing.assert_allclose(gw, 2 * np.sum(X * X))
+
+
+def test_a_size_traced_by_grad_says_to_close_over_it() -> None:
+    sized = fold.jit(lambda x, n: x * fold.iota(n), static_argnums=1)
+    with pytest.raises(fold.FoldTypeError, match=r"every argument of fold\.grad.*close over it"):
+        fold.grad(lambda x, n: fold.sum(sized(x, n)))(np.ones(3), 3)
+    np.testing.assert_allclose(fold.grad(lambda x: fold.sum(sized(x, 3)))(np.ones(3)), np.arange(3.0))
+
+
 def test_check_program_of_something_else_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="check_program: expected a fold Program .*got int"):
         fold.check_program(3)
