@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fold.errors import FoldTypeError, MonoidLawError
+from fold.errors import FoldTypeError, MonoidLawError, StructureError
 from fold.monoid import Monoid, identity_leaves
 from fold.pytree import leaf_paths, tree_flatten
 
@@ -83,6 +83,10 @@ def check_monoid(m: Monoid, example: Any, *, strict: bool = False, samples: int 
     if not isinstance(m, Monoid):
         raise FoldTypeError(f"fold.check_monoid: expected a fold.Monoid, got {type(m).__name__}")
     leaves, treedef = tree_flatten(example)
+    expected = tree_flatten(m.identity)[1]
+    if treedef != expected:
+        raise StructureError(f"fold.check_monoid: the example has structure {treedef}, but the elements of monoid "
+                             f"{m.name} have structure {expected} (its identity's)")
     leaves = [np.asarray(x) for x in leaves]
     dtype = np.result_type(*[x.dtype for x in leaves])
     tol = tolerance if tolerance is not None else (1e-9 if dtype == np.float64 else 1e-4)

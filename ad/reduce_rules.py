@@ -170,7 +170,8 @@ def choose_rule(prim, setting: str) -> ReduceRule:
 
 
 def _operator_name(prim) -> str:
-    return prim.body.meta.get("label", "operator")
+    """The operator's name from its trace label ("fold.reduce operator <lambda>" -> "<lambda>")."""
+    return prim.body.meta.get("label", "operator").rpartition(" operator ")[2]
 
 
 def check_no_captured_floats(prim, args) -> None:

@@ -218,7 +218,9 @@ _INSTEAD = {
 def array_function(self: Tracer, func: Callable, types: Sequence[type], args: tuple, kwargs: dict) -> Any:
     """Tracer.__array_function__: the fold operation NumPy's `func` means on these arguments."""
     handler = _HANDLERS.get(func)
-    name = getattr(func, "__name__", repr(func))
+    module = getattr(func, "__module__", "numpy") or "numpy"
+    submodule = module.split(".")[1] if module.startswith("numpy.") and not module.split(".")[1].startswith("_") else ""
+    name = (f"{submodule}." if submodule else "") + getattr(func, "__name__", repr(func))
     if handler is None:
         hint = _INSTEAD.get(func)
         supported = ", ".join(sorted(f"np.{f.__name__}" for f in _HANDLERS))

@@ -431,7 +431,8 @@ def getitem(x: ArrayLike, key: Any) -> ArrayLike:
 def _gather_axis(x: ArrayLike, index: Any, axis: int) -> ArrayLike:
     size = shape_of(x)[axis]
     if not isinstance(index, Tracer):
-        index = np.asarray(index)
+        empty_list = isinstance(index, (list, tuple)) and len(index) == 0
+        index = np.asarray(index, dtype=np.int64) if empty_list else np.asarray(index)  # [] is float64 to NumPy
         if index.dtype == bool:
             raise FoldIndexError("boolean mask indexing gives a data-dependent shape; use fold.where instead")
         if index.dtype.kind not in "iu":
@@ -483,9 +484,18 @@ _COMPOSITE_UFUNCS: dict[Any, Callable[[ArrayLike], ArrayLike]] = {
     np.sinh: lambda x: elementwise("mul", elementwise("sub", elementwise("expm1", x), elementwise("expm1", elementwise("neg", x))), 0.5),
     np.cosh: lambda x: elementwise("mul", elementwise("add", elementwise("exp", x), elementwise("exp", elementwise("neg", x))), 0.5),
     np.isnan: lambda x: elementwise("ne", x, x),
-    np.isinf: lambda x: elementwise("eq", elementwise("abs", x), math.inf),
-    np.isfinite: lambda x: elementwise("lt", elementwise("abs", x), math.inf),
+    np.isinf: lambda x: _on_numbers(x, False) if _not_float(x) else elementwise("eq", elementwise("abs", x), math.inf),
+    np.isfinite: lambda x: _on_numbers(x, True) if _not_float(x) else elementwise("lt", elementwise("abs", x), math.inf),
 }
+
+
+def _not_float(x: ArrayLike) -> bool:
+    return np.result_type(_dtype_key(as_value(x, "isinf"))).kind in "biu"
+
+
+def _on_numbers(x: ArrayLike, value: bool) -> ArrayLike:
+    """isinf / isfinite of integers or booleans: never infinite (abs is not defined on booleans)."""
+    return broadcast_to(np.asarray(value), shape_of(as_value(x, "isinf")))
 
 
 _TRACED_UFUNCS = (*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul)

@@ -203,6 +203,9 @@ def to_array_leaf(value: Any, where: str, path: str) -> "Tracer | np.ndarray":
     if isinstance(value, Tracer):
         return value
     if isinstance(value, (bool, int, float, np.ndarray, np.generic)):
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise FoldTypeError(f"{where}: leaf {path} is the integer {value}, which does not fit in int64 (a Python "
+                                f"int argument is traced as int64); pass a float, or close over it")
         array = native_byte_order(np.asarray(value))
         check_dtype(array.dtype, f"{where} (leaf {path})")
         return array

@@ -195,6 +195,11 @@ def test_grad_takes_keyword_arguments_and_does_not_differentiate_them() -> None:
     np.testing.assert_allclose(gw, 2 * np.sum(X * X))
 
 
+def test_a_python_int_beyond_int64_is_named() -> None:
+    with pytest.raises(fold.FoldTypeError, match=r"the integer 1180591620717411303424, which does not fit in int64"):
+        fold.jit(lambda x: x * 2)(2**70)
+
+
 def test_a_size_traced_by_grad_says_to_close_over_it() -> None:
     sized = fold.jit(lambda x, n: x * fold.iota(n), static_argnums=1)
     with pytest.raises(fold.FoldTypeError, match=r"every argument of fold\.grad.*close over it"):

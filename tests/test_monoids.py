@@ -240,6 +240,13 @@ def _naive_logwsum_op(x, y):
     return {"z": z, "v": x["v"] * ops.exp(x["z"] - z) + y["v"] * ops.exp(y["z"] - z)}
 
 
+def test_check_monoid_names_an_example_of_the_wrong_structure() -> None:
+    for example, got in ((SCALAR, r"\*"), ({"z": SCALAR, "w": np.zeros(3)}, r"\{'w': \*, 'z': \*\}")):
+        with pytest.raises(fold.StructureError, match=rf"fold\.check_monoid: the example has structure {got}, but the "
+                                                      r"elements of monoid logwsum have structure \{'v': \*, 'z': \*\}"):
+            fold.check_monoid(M.logwsum, example)
+
+
 def test_check_monoid_catches_an_identity_that_becomes_nan() -> None:
     """e . e = e is part of the identity law: a -inf identity the operator turns into NaN is caught (such an
     operator is fine on finite elements, and gives NaN in any fold with two -inf entries)."""

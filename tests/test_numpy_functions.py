@@ -116,6 +116,7 @@ def test_gradients_flow_through_ufuncs_written_with_the_primitives() -> None:
     (lambda x: np.expand_dims(x, 5), r"np\.expand_dims: axis 5 .* 3 dimensions \(array shape \(3, 4\)\)"),
     (lambda x: x.astype(np.int64) ^ 3, r"xor: needs boolean arguments, got \['int64', 'int64'\]"),
     (lambda x: x.std(), r"a traced array \(f64\[3,4\]\) has no attribute 'std'"),
+    (lambda x: np.linalg.norm(x), r"np\.linalg\.norm is not supported on traced arrays"),
     (lambda x: x.__setitem__(0, 1.0), r"cannot be assigned to \(x\[\.\.\.\] = v\).*fold\.where"),
 ])
 def test_unsupported_numpy_functions_and_options_are_named(f, message) -> None:
@@ -133,6 +134,16 @@ def test_ndarray_methods_on_traced_arrays() -> None:
         np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15)
     with pytest.raises(AttributeError, match=r"a traced array \(f64\[3,4\]\) has no attribute 'max_'.*mean"):
         fold.trace(lambda x: x.max_(), X)
+
+
+def test_isinf_and_isfinite_of_integers_and_booleans() -> None:
+    for x in (X > 0.5, np.arange(4, dtype=np.int32)):
+        got = fold.jit(lambda x: (np.isinf(x), np.isfinite(x), np.isnan(x)))(x)
+        np.testing.assert_array_equal(got, (np.isinf(x), np.isfinite(x), np.isnan(x)))
+
+
+def test_an_empty_list_index_is_an_empty_integer_index() -> None:
+    assert fold.run(lambda x: x[[]], X).shape == X[[]].shape == (0, 4)
 
 
 def test_xor_of_booleans() -> None:
