@@ -68,10 +68,10 @@ def test_only_operators_known_to_commute_are_folded_in_any_order():
         return stmt.prim
 
     x = rng.normal(size=8)
-    flip = fold.Monoid(lambda a, b: a - b + 0.0 * a, 0.0, name="not commutative")
+    flip = fold.Monoid(lambda a, b: a + b + 0.0 * a, 0.0, name="not declared commutative")
     assert is_commutative(reduce_prim(lambda x: fold.reduce(fold.monoids.sum, x), x))
     assert is_commutative(reduce_prim(lambda x: fold.reduce(lambda a, b: a * b, x, identity=1.0), x))
-    assert is_commutative(reduce_prim(lambda x: fold.reduce(fold.Monoid(lambda a, b: a * b + a * b, 0.0, commutative=True), x), x))
+    assert is_commutative(reduce_prim(lambda x: fold.reduce(fold.Monoid(lambda a, b: a + b + a * b, 0.0, commutative=True), x), x))
     assert not is_commutative(reduce_prim(lambda x: fold.reduce(flip, x), x))
     assert not is_commutative(reduce_prim(lambda x: fold.reduce(lambda a, b: (a * b + 1.0) - 1.0, x, identity=1.0), x))
     assert not is_commutative(reduce_prim(lambda *m: fold.reduce(matmul2, m, identity=(1.0, 0.0, 0.0, 1.0)), *rng.normal(size=(4, 8))))
@@ -1293,7 +1293,7 @@ def test_zero_width_rows_run_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for f in (lambda X: fold.map(lambda r: fold.reduce(fold.monoids.max, r * 2.0), X),
-                  lambda X: fold.map(lambda r: fold.scan(lambda a, b: a * b + b, r, identity=0.0), X),
+                  lambda X: fold.map(lambda r: fold.scan(lambda a, b: a + b + a * b, r, identity=0.0), X),
                   lambda X: fold.map(lambda r: (r * 2.0, fold.sum(r) + 1.0), X)):
             assert_same(*both(f, X))
     P, C = np.zeros((5, 0)), np.zeros((3, 0))  # the inner dimension 0 in a map body's product
