@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fold.api import captured_consts, signature_of, trace_signature
+from fold.api import captured_consts, keywords_as_positional, signature_of, trace_signature
 from fold.dtypes import ShapedArray, is_static_int
 from fold.errors import FoldTypeError, ShapeError, StructureError
 from fold.inline import inline_program
@@ -111,13 +111,15 @@ def value_and_grad(f: Callable[..., Any], argnums: int | Sequence[int] = 0, *, r
     positional ones), as in JAX.
     """
     single, nums = _argnums(argnums)
-    with_keywords: dict[tuple[str, ...], Callable] = {}  # one traceable function per set of keyword names
+    with_keywords: dict[tuple[int, tuple[str, ...]], Callable] = {}  # per count of positional arguments and names
 
     def value_and_grad_f(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         _check_argnums(args, nums)
         positions = [i % len(args) for i in nums]
         names = tuple(sorted(kwargs))
-        target = f if not names else with_keywords.setdefault(names, _positional(f, len(args), names))
+        if names and (len(args), names) not in with_keywords:
+            with_keywords[(len(args), names)] = keywords_as_positional(f, len(args), names)
+        target = with_keywords[(len(args), names)] if names else f
         every = args + tuple(kwargs[k] for k in names)
         flat_args, program, nc = _trace(target, every, "fold.grad")
         _check_scalar(program)
@@ -163,15 +165,6 @@ def _argnums(argnums: Any) -> tuple[bool, tuple[int, ...]]:
     if isinstance(argnums, (tuple, list)) and argnums and all(is_static_int(i) for i in argnums):
         return False, tuple(int(i) for i in argnums)
     raise FoldTypeError(f"fold.grad: argnums must be an int or a non-empty tuple or list of ints, got {argnums!r}")
-
-
-def _positional(f: Callable, count: int, names: tuple[str, ...]) -> Callable:
-    """f taking its keyword arguments `names` as positional ones after the first `count`."""
-    def called(*flat: Any) -> Any:
-        return f(*flat[:count], **dict(zip(names, flat[count:], strict=True)))
-
-    called.__name__ = getattr(f, "__name__", "f")
-    return called
 
 
 def _wrt_mask(args: tuple, positions: Sequence[int], num_captured: int) -> list[bool]:

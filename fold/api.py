@@ -21,6 +21,16 @@ def signature_of(args: tuple, where: str) -> tuple[list, Signature]:
     return leaves, (treedef, tuple(avals))
 
 
+def keywords_as_positional(f: Callable[..., Any], count: int, names: tuple[str, ...]) -> Callable[..., Any]:
+    """`f` taking its keyword arguments `names` as positional ones after the first `count` (so that a
+    call's keyword arguments can be traced like the others); one such function per (count, names)."""
+    def called(*flat: Any) -> Any:
+        return f(*flat[:count], **dict(zip(names, flat[count:], strict=True)))
+
+    called.__name__ = getattr(f, "__name__", "f")
+    return called
+
+
 def trace(f: Callable[..., Any], *args: Any) -> Program:
     """Trace `f` on arguments shaped like `args` (arrays or pytrees of them) into a Program.
 

@@ -484,18 +484,18 @@ _COMPOSITE_UFUNCS: dict[Any, Callable[[ArrayLike], ArrayLike]] = {
     np.sinh: lambda x: elementwise("mul", elementwise("sub", elementwise("expm1", x), elementwise("expm1", elementwise("neg", x))), 0.5),
     np.cosh: lambda x: elementwise("mul", elementwise("add", elementwise("exp", x), elementwise("exp", elementwise("neg", x))), 0.5),
     np.isnan: lambda x: elementwise("ne", x, x),
-    np.isinf: lambda x: _on_numbers(x, False) if _not_float(x) else elementwise("eq", elementwise("abs", x), math.inf),
-    np.isfinite: lambda x: _on_numbers(x, True) if _not_float(x) else elementwise("lt", elementwise("abs", x), math.inf),
+    np.isinf: lambda x: _never_infinite(x, "isinf", False) if _not_float(x, "isinf") else elementwise("eq", elementwise("abs", x), math.inf),
+    np.isfinite: lambda x: _never_infinite(x, "isfinite", True) if _not_float(x, "isfinite") else elementwise("lt", elementwise("abs", x), math.inf),
 }
 
 
-def _not_float(x: ArrayLike) -> bool:
-    return np.result_type(_dtype_key(as_value(x, "isinf"))).kind in "biu"
+def _not_float(x: ArrayLike, where: str) -> bool:
+    return np.result_type(_dtype_key(as_value(x, where))).kind in "biu"
 
 
-def _on_numbers(x: ArrayLike, value: bool) -> ArrayLike:
+def _never_infinite(x: ArrayLike, where: str, value: bool) -> ArrayLike:
     """isinf / isfinite of integers or booleans: never infinite (abs is not defined on booleans)."""
-    return broadcast_to(np.asarray(value), shape_of(as_value(x, "isinf")))
+    return broadcast_to(np.asarray(value), shape_of(as_value(x, where)))
 
 
 _TRACED_UFUNCS = (*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul)

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fold.api import captured_consts, signature_of, trace_signature
+from fold.api import captured_consts, keywords_as_positional, signature_of, trace_signature
 from fold.dtypes import is_static_int
 from fold.dce import dce
 from fold.errors import FoldTypeError
@@ -91,7 +91,7 @@ class Jitted:
         positions = sorted({i % count for i in self.static_argnums})
         values = tuple(args[i] for i in positions)
         try:
-            key = (tuple(positions), _typed(values))
+            key = (count, tuple(positions), _typed(values))  # with_statics is made for `count` arguments
             bound = self._per_static.get(key)
         except TypeError:
             raise FoldTypeError(f"fold.jit({self.__name__}): static arguments must be hashable (they key the "
@@ -134,13 +134,9 @@ class Jitted:
             per_names = self._per_static.get((len(args), names))
             if per_names is None:
                 count = len(args)
-
-                def with_keywords(*flat: Any) -> Any:
-                    return self.f(*flat[:count], **dict(zip(names, flat[count:], strict=True)))
-
-                with_keywords.__name__ = self.__name__
                 statics = tuple(i % count for i in self.static_argnums)  # all among the positional ones (_placed)
-                per_names = self._per_static[(len(args), names)] = Jitted(with_keywords, self.backend, statics)
+                per_names = self._per_static[(count, names)] = Jitted(keywords_as_positional(self.f, count, names),
+                                                                      self.backend, statics)
             return per_names(*args, *(kwargs[k] for k in names))
         if self.static_argnums:
             bound, dynamic = self._bound(args)

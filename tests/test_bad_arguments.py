@@ -193,6 +193,10 @@ def test_grad_takes_keyword_arguments_and_does_not_differentiate_them() -> None:
     np.testing.assert_allclose(value, 4 * np.sum(X * X))
     np.testing.assert_allclose(gx, 8 * X)
     np.testing.assert_allclose(gw, 2 * np.sum(X * X))
+    g = fold.grad(f)  # one grad, calls with one and with two positional arguments beside a keyword
+    np.testing.assert_allclose(g(X, scale=3.0), 6 * X)
+    np.testing.assert_allclose(g(X, 2.0, scale=3.0), 12 * X)
+    np.testing.assert_allclose(g(X, scale=3.0), 6 * X)
 
 
 def test_a_python_int_beyond_int64_is_named() -> None:

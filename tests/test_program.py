@@ -286,6 +286,16 @@ def test_static_argnums_name_parameters_however_they_are_passed() -> None:
     keyword_only = fold.jit(lambda x, n, *, scale: fold.iota(n) * scale + x[0], static_argnums=-1)
     assert_close(keyword_only(np.ones(2), 3, scale=2.0), want)
 
+    def with_scale(x, n, scale=1.0):
+        return fold.loop(lambda i, s: s * scale + 1.0, x, n)
+
+    for order in ((), (1,), (0, 1), (1, 0)):  # one Jitted, calls of 2 and 3 arguments in either order
+        h, x = fold.jit(with_scale, static_argnums=1), np.arange(3.0)
+        calls = [lambda: h(x, 2), lambda: h(x, 2, scale=2.0), lambda: h(x, 2, 2.0)]
+        wants = [x + 2.0, 4.0 * x + 3.0, 4.0 * x + 3.0]
+        for k in order + (0, 1, 2):
+            assert_close(calls[k](), wants[k])
+
     def defaults(x, m=1, n=2):
         return x * n
 

@@ -27,8 +27,7 @@ from fold.printing_rules import print_rules
 
 from ..interpreter import eval_program, numpy_impls
 from ..memory import body_extra_rules, program_peak
-from ..numpy_impl.gemm import (add_parts, block_grid, empty_totals, finished_sums, fold_row_block, new_sums, per_row,
-                               role_slice)
+from ..numpy_impl.gemm import BlockSums, block_grid, empty_totals, fold_row_block, per_row, role_slice
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
     m, n = rows[0].shape[0], cols[0].shape[0]
     totals = empty_totals(identity, m)
     bwd_args = consts + rows + cols + totals + cts  # the totals are written before any backward block reads them
-    sums = new_sums(bwd, m, n)
+    sums = BlockSums(bwd, m, n)
     k = fwd.num_leaves
     for i0, i1, col_blocks in block_grid(m, n, fwd.block):
         row_slice = slice(i0, i1)
@@ -106,8 +105,8 @@ def _run(prim: GemmWithBackward, args: list, depth: int) -> list:
             shape = (i1 - i0, j1 - j0)
             parts = (eval_program(lookup_block(prim.recompute_blocks, shape), inputs) if products is None
                      else eval_program(lookup_block(prim.backward_blocks, shape), inputs + list(products)))
-            add_parts(bwd, sums, parts, row_slice, col_slice, only_block=shape == (m, n))
-    return totals + finished_sums(bwd, sums)
+            sums.add(parts, row_slice, col_slice, only_block=shape == (m, n))
+    return totals + sums.finished()
 
 
 @body_extra_rules.register(GemmWithBackward)

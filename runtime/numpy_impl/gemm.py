@@ -100,51 +100,59 @@ def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: Block
     if depth:
         return per_row(prim, args, depth, lambda p, row: _gemm_block_sum(p, row, 0, run_block))
     m, n = role_extents(prim, args)
-    sums = new_sums(prim, m, n)
+    sums = BlockSums(prim, m, n)
     for i0, i1, col_blocks in block_grid(m, n, prim.block):
         rows = slice(i0, i1)
         for j0, j1 in col_blocks:
             cols = slice(j0, j1)
             inputs = [role_slice(a, r, rows, cols) for a, r in zip(args, prim.in_roles, strict=True)]
-            add_parts(prim, sums, run_block(prim.block_program((i1 - i0, j1 - j0)), inputs), rows, cols,
-                      only_block=(i1 - i0, j1 - j0) == (m, n))
-    return finished_sums(prim, sums)
+            sums.add(run_block(prim.block_program((i1 - i0, j1 - j0)), inputs), rows, cols,
+                     only_block=(i1 - i0, j1 - j0) == (m, n))
+    return sums.finished()
 
 
-def new_sums(prim: GemmBlockSum, m: int, n: int) -> list[np.ndarray]:
-    """The block sum's outputs before any block is added, of their full shapes: uninitialised where the
-    grid has blocks (add_parts writes each entry first, then adds), zeros where it has none (m or n is 0)."""
-    extent = {"row": m, "col": n}
-    new = np.empty if m and n else np.zeros
-    return [new(a.shape if r == "whole" else (extent[r],) + a.shape[1:], _summed_in(a.dtype, r))
-            for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
+class BlockSums:
+    """The outputs of a block sum, filled block by block (`add`) in row-block order, column blocks in order
+    within each, then returned in their dtypes (`finished`).
+
+    The first block to reach an entry (the first column block for a row's part, the first row block for a
+    column's, the first block for a whole part) writes it instead of adding, so the sums need no zeros nor a
+    pass adding to them; the grid's only block's parts become the sums themselves, with no copy. float32
+    parts of a row, one per column block (thousands over a large vocabulary), are added in a float64 buffer
+    of the row block, rounded once into the row's sum after its last column block; float32 parts of the
+    whole grid are summed in float64: a float32 running sum drifts with the count of its terms. A column's
+    parts, one per row block (tens), are added in place: their sums are a gradient's largest (N x D)."""
+
+    def __init__(self, prim: GemmBlockSum, m: int, n: int):
+        self.prim, self.n = prim, n
+        self.dtypes = [a.dtype for a in prim.blocks[0][1].out_avals]
+        extent = {"row": m, "col": n}
+        new = np.empty if m and n else np.zeros  # where the grid has blocks, add() writes each entry first
+        self.sums = [new(a.shape if r == "whole" else (extent[r],) + a.shape[1:], _wide(a.dtype) if r == "whole" else a.dtype)
+                     for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
+        self._row_buffers: dict[int, np.ndarray] = {}
+
+    def add(self, parts: list, rows: slice, cols: slice, only_block: bool = False) -> None:
+        first = {"row": cols.start == 0, "col": rows.start == 0, "whole": rows.start == 0 and cols.start == 0}
+        for j, (total, part, role) in enumerate(zip(self.sums, parts, self.prim.out_roles, strict=True)):
+            target = role_slice(total, role, rows, cols)
+            if only_block:
+                self.sums[j] = part
+            elif role == "row" and total.dtype == np.float32 and not (first[role] and cols.stop == self.n):
+                if first[role]:
+                    self._row_buffers[j] = np.asarray(part, np.float64).copy()
+                else:
+                    self._row_buffers[j] += part
+                if cols.stop == self.n:
+                    target[...] = self._row_buffers.pop(j)
+            elif first[role]:
+                target[...] = part
+            else:
+                target[...] += part
+
+    def finished(self) -> list[np.ndarray]:
+        return [s.astype(d, copy=False) for s, d in zip(self.sums, self.dtypes, strict=True)]
 
 
-def _summed_in(dtype: np.dtype, role: str) -> np.dtype:
-    """float32 parts of a row (one per column block: thousands over a large vocabulary) or of the whole grid
-    are summed in float64, since a float32 running sum drifts with the count of its terms (rounded once, by
-    `finished_sums`). A column's parts, one per row block (tens), stay float32: their sums are the largest
-    (N x D over the columns), and in float64 would double a gradient's largest array."""
-    return np.dtype(np.float64) if dtype == np.float32 and role != "col" else dtype
-
-
-def finished_sums(prim: GemmBlockSum, sums: list[np.ndarray]) -> list[np.ndarray]:
-    """The sums in the block sum's own dtypes."""
-    return [s.astype(a.dtype, copy=False) for s, a in zip(sums, prim.blocks[0][1].out_avals, strict=True)]
-
-
-def add_parts(prim: GemmBlockSum, sums: list[np.ndarray], parts: list, rows: slice, cols: slice,
-              only_block: bool = False) -> None:
-    """Add one block's outputs into the sums, each where its role puts it; the first block to reach an
-    entry (the first column block for a row's part, the first row block for a column's, the first block
-    for a whole part) writes it instead, so the sums need no zeros nor a pass adding to them. The parts of
-    the grid's `only_block` become the sums themselves, with no copy (no other block adds to them)."""
-    first = {"row": cols.start == 0, "col": rows.start == 0, "whole": rows.start == 0 and cols.start == 0}
-    for j, (total, part, role) in enumerate(zip(sums, parts, prim.out_roles, strict=True)):
-        target = role_slice(total, role, rows, cols)
-        if only_block:
-            sums[j] = part
-        elif first[role]:
-            target[...] = part
-        else:
-            target[...] += part
+def _wide(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dtype == np.float32 else dtype
