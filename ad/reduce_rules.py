@@ -184,9 +184,6 @@ def check_no_captured_floats(prim, args) -> None:
         raise FoldError(
             f"{prim.name}: cannot differentiate through values its operator captures "
             f"({', '.join(str(c.aval) for c in traced)}); make them part of the elements instead"
-            + (" (a scan you did not write is the generic reduce rule's, met when a reduce's gradient is itself "
-               "differentiated in reverse mode with respect to such a value: fold.jvp over the gradient works)"
-               if isinstance(prim, Scan) else "")
         )
 
 

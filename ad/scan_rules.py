@@ -19,9 +19,8 @@ from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
 from .fn_vjp import vjp_of_function
-from .reduce_rules import check_no_captured_floats
-from .vjp import current_reduce_rule, vjp_rules
-from .zeros import Zero, aval_of, instantiate
+from .vjp import arg_activity, current_reduce_rule, vjp_rules
+from .zeros import Zero, aval_of, differentiable, instantiate
 
 
 def _shift_left(x, fill):
@@ -47,7 +46,7 @@ def _add_scan_vjp(prim, consts, identity, xs, ys, cts):
     return bind(flipped, *consts, *identity, *cts)
 
 
-def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts):
+def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts, wanted: tuple = ()):
     """Inclusive forward scan y_i = y_{i-1} . a_i. The cotangent c_i reaching y_i solves the linear recurrence
 
         c_{n-1} = ybar_{n-1},   c_i = ybar_i + d_{i+1},   d_i = J_i^T c_i,   J_i = d(y . a_i)/dy at y_{i-1},
@@ -56,7 +55,9 @@ def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts):
     at i alone. The exclusive reverse scan of those maps, composed associatively, gives d_{i+1} at i, so no
     array is shifted; `prevs` are the exclusive primal values y_{i-1}, which the last step needs too: abar_i
     is the vjp of (a -> y_{i-1} . a) at a_i on c_i. The Jacobians come from the operator's own vjp on basis
-    vectors.
+    vectors. The operator is applied once per element (y_i = y_{i-1} . a_i), so the cotangent of a value t
+    it captures (the consts at positions `wanted`) is the sum over i of the vjp of (t' -> y_{i-1} .' a_i) on
+    c_i. Returns (abar, [tbar for each wanted const]).
     """
     k = len(xs)
     elem_avals = [aval_of(x).update(shape=aval_of(x).shape[1:]) for x in xs]
@@ -101,45 +102,64 @@ def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts):
 
     def element_ct(*leaves):
         prev, a, ct, d = list(leaves[:k]), list(leaves[k: 2 * k]), list(leaves[2 * k: 3 * k]), leaves[3 * k]
-        a_cts = vjp_of_function(lambda *a_: op(prev, list(a_)), a, unflatten(flatten(ct) + d))
-        return [instantiate(c, av) for c, av in zip(a_cts, elem_avals, strict=True)]
+        if not wanted:
+            a_cts = vjp_of_function(lambda *a_: op(prev, list(a_)), a, unflatten(flatten(ct) + d))
+            return [instantiate(c, av) for c, av in zip(a_cts, elem_avals, strict=True)]
 
-    return list(fold_map(element_ct, *prevs, *xs, *cts, ds))
+        def applied(*z):
+            cs = list(consts)
+            for i, c in zip(wanted, z[k:], strict=True):
+                cs[i] = c
+            return inline_program(body, cs + list(prev) + list(z[:k]))
+
+        primals = a + [consts[i] for i in wanted]
+        z_cts = vjp_of_function(applied, primals, unflatten(flatten(ct) + d))
+        return [instantiate(c, aval_of(p)) for c, p in zip(z_cts, primals, strict=True)]
+
+    out = list(fold_map(element_ct, *prevs, *xs, *cts, ds))
+    if not wanted:
+        return out, []
+    return out[:k], [ops.sum(t, axis=0) for t in out[k:]]
 
 
-def _generic_scan_vjp(prim, consts, identity, xs, ys, cts):
+def _generic_scan_vjp(prim, consts, identity, xs, ys, cts, wanted: tuple = ()):
+    """(the cotangents of xs, those of the consts at positions `wanted`)."""
     nc = prim.num_consts
     if prim.reverse:
         body = _flipped_body(prim)
         forward = Scan(body, nc, None, prim.exclusive, False)
         flipped_ys = [_flip(y) for y in ys]
-        xs_cts = _forward_generic(forward, consts, identity, [_flip(x) for x in xs], flipped_ys, [_flip(c) for c in cts])
-        return [_flip(c) for c in xs_cts]
-    return _forward_generic(prim, consts, identity, xs, ys, cts)
+        xs_cts, consts_cts = _forward_generic(forward, consts, identity, [_flip(x) for x in xs], flipped_ys,
+                                              [_flip(c) for c in cts], wanted)
+        return [_flip(c) for c in xs_cts], consts_cts
+    return _forward_generic(prim, consts, identity, xs, ys, cts, wanted)
 
 
-def _forward_generic(prim, consts, identity, xs, ys, cts):
+def _forward_generic(prim, consts, identity, xs, ys, cts, wanted: tuple = ()):
     """The rule needs the exclusive values y_{i-1}: an exclusive scan's own results (its cotangents then
     shift to the inclusive positions), or, for an inclusive scan, the exclusive scan run again — not its
     results shifted: a gradient alone then never runs the inclusive scan (dead code), and a shifted copy
     costs as much as a scan pass on the numba backend."""
     if prim.exclusive:
         shifted_cts = [_shift_left(c, np.zeros((), aval_of(c).dtype)) for c in cts]
-        return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, ys, shifted_cts)
+        return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, ys, shifted_cts, wanted)
     prevs = bind(Scan(prim.body, prim.num_consts, None, True, False), *consts, *identity, *xs)
-    return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, prevs, cts)
+    return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, prevs, cts, wanted)
 
 
 @vjp_rules.register(Scan)
 def _scan_vjp(prim: Scan, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
-    check_no_captured_floats(prim, args)
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     if aval_of(xs[0]).shape[0] == 0:
         return [Zero(aval_of(a)) for a in args]
-    if current_reduce_rule() != "generic" and recognize_binary_op(prim.body, nc) == "add":
+    wanted = tuple(i for i, (a, c) in enumerate(zip(arg_activity(len(args)), consts)) if a and differentiable(aval_of(c)))
+    consts_cts: list = [Zero(aval_of(c)) for c in consts]
+    if not wanted and current_reduce_rule() != "generic" and recognize_binary_op(prim.body, nc) == "add":
         xs_cts = _add_scan_vjp(prim, consts, identity, xs, outs, dense)
-    else:
-        xs_cts = _generic_scan_vjp(prim, consts, identity, xs, outs, dense)
-    return [Zero(aval_of(a)) for a in consts + identity] + list(xs_cts)
+    else:  # the generic rule, also the one to give the cotangents of captured values
+        xs_cts, wanted_cts = _generic_scan_vjp(prim, consts, identity, xs, outs, dense, wanted)
+        for i, t in zip(wanted, wanted_cts, strict=True):
+            consts_cts[i] = t
+    return consts_cts + [Zero(aval_of(a)) for a in identity] + list(xs_cts)

@@ -1,9 +1,9 @@
-"""Reverse mode differentiates only what depends on the inputs asked for, and a reduce through the values its
-operator captures.
+"""Reverse mode differentiates only what depends on the inputs asked for, and a reduce or scan through the
+values its operator captures.
 
-A reduce, scan or reduce_by_index operator may capture a float (a parameter of the operator). The reduce's
-generic rule gives that value's cotangent; no scan or reduce_by_index rule does, so asking for it there is an
-error. A gradient with respect to the elements alone treats the captured value as a constant, and works
+A reduce, scan or reduce_by_index operator may capture a float (a parameter of the operator). The reduce's and
+the scan's generic rules give that value's cotangent; no reduce_by_index rule does, so asking for it there is
+an error. A gradient with respect to the elements alone treats the captured value as a constant, and works
 everywhere. The operator used here,
 a . b = a + b + t a b  (identity 0), is associative for every t: 1 + t (a . b) = (1 + t a)(1 + t b), so the
 reference values below are products, computed by NumPy apart from fold.
@@ -129,15 +129,15 @@ def test_reduce_gradient_through_the_captured_value(x, rule):
 
 
 def test_per_row_captured_values_in_a_map():
-    """Each row's reduce captures its own t (a row of the map's second input): both gradients, and forward over
-    reverse (reverse over reverse would differentiate the generic rule's scans through t: an error, above)."""
+    """Each row's reduce captures its own t (a row of the map's second input): both gradients, second order
+    (reverse over reverse differentiates the generic rule's scans through t), and forward over reverse."""
     rng = np.random.default_rng(5)
     X, T = rng.uniform(-0.5, 0.5, (3, 4)), rng.uniform(0.2, 1.0, 3)
 
     def f(X, T):
         return fold.map(lambda row, t: fold.reduce(combine(t), row, identity=0.0), X, T)
 
-    check_grads(f, (X, T))
+    check_grads(f, (X, T), order=2)
     total = lambda X, T: fold.reduce(fold.monoids.sum, f(X, T))  # noqa: E731
     gT = fold.grad(total, argnums=1)(X, T)
     want = [central_difference(lambda t: fold_reference(X[r], t), np.array(T[r])) for r in range(3)]
@@ -148,10 +148,46 @@ def test_per_row_captured_values_in_a_map():
     np.testing.assert_allclose(hvp, (grad_at(T + 1e-5 * dT) - grad_at(T - 1e-5 * dT)) / 2e-5, rtol=1e-6, atol=1e-9)
 
 
-def test_asking_for_a_scan_or_histogram_captured_value_is_an_error_naming_it(x):
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("form", [{}, {"reverse": True}, {"exclusive": True}, {"reverse": True, "exclusive": True}],
+                         ids=["inclusive", "reverse", "exclusive", "reverse exclusive"])
+def test_scan_gradient_through_the_captured_value(x, rule, form):
+    t, w = 0.7, np.linspace(0.5, 1.5, x.size)
+
+    def f(x, t):
+        return fold.reduce(fold.monoids.sum, fold.scan(combine(t), x, identity=0.0, **form) * w)
+
+    def reference(x, t):
+        ordered = x[::-1] if form.get("reverse") else x
+        prefixes = [fold_reference(ordered[:k], t) if k else 0.0 for k in range(x.size + 1)]
+        scanned = np.array(prefixes[:-1] if form.get("exclusive") else prefixes[1:])
+        return float(np.sum((scanned[::-1] if form.get("reverse") else scanned) * w))
+
+    gx, gt = fold.grad(f, argnums=(0, 1), reduce_rule=rule)(x, t)
+    np.testing.assert_allclose(gx, central_difference(lambda v: reference(v, t), x), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(gt, central_difference(lambda s: reference(x, s), np.array(t)), rtol=1e-7, atol=1e-9)
+    check_grads(lambda x, t: fold.scan(combine(t), x, identity=0.0, **form), (x, t))
+
+
+def test_reverse_over_reverse_through_a_captured_value(x):
+    """The gradient of a reduce holds the generic rule's scans of the same operator: they too give t a cotangent."""
+    t = 0.7
+
+    def f(x, t):
+        return fold.reduce(combine(t), x, identity=0.0)
+
+    second = fold.grad(lambda x, t: fold.reduce(fold.monoids.sum, fold.grad(f)(x, t)), argnums=1)(x, t)
+
+    def gradient_total(s):  # sum_i prod_{j != i} (1 + s x_j), the closed form of sum(grad f)
+        return float(np.sum([np.prod(1 + s * np.delete(x, i)) for i in range(x.size)]))
+
+    np.testing.assert_allclose(second, central_difference(gradient_total, np.array(t)), rtol=1e-7)
+    check_grads(f, (x, t), order=2)
+
+
+def test_asking_for_a_histogram_captured_value_is_an_error_naming_it(x):
     bins = np.array([0, 1, 0, 1, 0, 1])
-    programs = {"scan": lambda x, t: fold.scan(combine(t), x, identity=0.0),
-                "reduce_by_index": lambda x, t: fold.reduce_by_index(combine(t), 2, bins, x, identity=0.0)}
+    programs = {"reduce_by_index": lambda x, t: fold.reduce_by_index(combine(t), 2, bins, x, identity=0.0)}
     for name, f in programs.items():
         for ask in (lambda: fold.grad(lambda x, t: fold.reduce(fold.monoids.sum, f(x, t)), argnums=1)(x, 0.7),
                     lambda: fold.vjp(f, (x, 0.7), np.ones_like(fold.run(f, x, 0.7)))):
