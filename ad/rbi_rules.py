@@ -8,6 +8,7 @@ from __future__ import annotations
 
 
 from fold import monoids, ops
+from fold.errors import FoldError
 from fold.combinators import map as fold_map
 from fold.combinators import reduce as fold_reduce
 from fold.combinators import reduce_by_index as fold_rbi
@@ -19,9 +20,9 @@ from fold.tracing import bind
 
 from .fn_vjp import vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
-from .reduce_rules import check_no_captured_floats, choose_rule
-from .vjp import current_reduce_rule, vjp_rules
-from .zeros import Zero, aval_of, instantiate
+from .reduce_rules import choose_rule
+from .vjp import arg_activity, current_reduce_rule, vjp_rules
+from .zeros import Zero, aval_of, differentiable, instantiate
 
 
 def _valid_and_safe(idx, n: int):
@@ -80,30 +81,46 @@ def _monoid_vjp(prim, consts, identity, idx, values, outs, cts):
     return [ops.where(_expand(valid, aval_of(v)), leaf, 0.0).astype(aval_of(v).dtype) for v, leaf in zip(values, leaves, strict=True)]
 
 
-# generic: bin b is reduce over all values of (idx_i == b ? v_i : e), differentiated with the generic reduce rule.
+# generic: bin b is reduce over all values of (idx_i == b ? v_i : e), differentiated with the generic reduce rule
+# (which also gives the cotangents of the captured values at positions `wanted`).
 # O(n * m) work: the price of an operator with no shortcut (no sort primitive in the language yet).
-def _generic_vjp(prim, consts, identity, idx, values, outs, cts):
+def _generic_vjp(prim, consts, identity, idx, values, outs, cts, wanted: tuple = ()):
     k = prim.num_leaves
 
-    def masked_histogram(*vals):
+    def masked_histogram(*flat):
+        vals, cs = flat[:k], list(consts)
+        for i, c in zip(wanted, flat[k:], strict=True):
+            cs[i] = c
+
         def bin_total(b):
             hits = idx == b
             masked = [ops.where(_expand(hits, aval_of(v)), v, e) for v, e in zip(vals, identity, strict=True)]
-            return fold_reduce(lambda a, c: inline_program(prim.body, list(consts) + list(a) + list(c)), masked, identity=list(identity))
+            return fold_reduce(lambda a, c: inline_program(prim.body, cs + list(a) + list(c)), masked, identity=list(identity))
 
         return fold_map(bin_total, ops.iota(prim.n))
 
-    return [instantiate(c, aval_of(v)) for c, v in zip(vjp_of_function(masked_histogram, values, cts), values, strict=True)][:k]
+    primals = list(values) + [consts[i] for i in wanted]
+    got = [instantiate(c, aval_of(p)) for c, p in zip(vjp_of_function(masked_histogram, primals, cts), primals, strict=True)]
+    return got if wanted else got[:k]
 
 
 @vjp_rules.register(ReduceByIndex)
 def _rbi_vjp(prim: ReduceByIndex, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
     consts, identity, idx, values = args[:nc], args[nc: nc + k], args[nc + k], args[nc + k + 1:]
-    check_no_captured_floats(prim, args)
     if prim.n == 0:  # no bins: every index is out of range, and its value gets no cotangent
         return [Zero(aval_of(a)) for a in args]
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
+    wanted = tuple(i for i, (a, c) in enumerate(zip(arg_activity(len(args)), consts)) if a and differentiable(aval_of(c)))
+    if wanted:  # only the generic rule differentiates through the operator's captured values
+        if current_reduce_rule() == "monoid":
+            raise FoldError(f"reduce_rule='monoid' cannot differentiate the {prim.name} with respect to values its "
+                            f"operator captures: D(c, a) knows only the elements; use reduce_rule='generic' or 'auto'")
+        got = _generic_vjp(prim, consts, identity, idx, values, outs, dense, wanted)
+        consts_cts = [Zero(aval_of(c)) for c in consts]
+        for i, t in zip(wanted, got[k:], strict=True):
+            consts_cts[i] = t
+        return consts_cts + [Zero(aval_of(a)) for a in list(identity) + [idx]] + got[:k]
     setting = current_reduce_rule()
     op = recognize_binary_op(prim.body, nc)
     qualifies = prim.monoid is not None and prim.monoid.d is not None and prim.monoid.commutative

@@ -174,19 +174,6 @@ def _operator_name(prim) -> str:
     return prim.body.meta.get("label", "operator").rpartition(" operator ")[2]
 
 
-def check_no_captured_floats(prim, args) -> None:
-    """Refuse a cotangent for a float the operator captures (no rule computes one); a captured value that
-    depends on no input being differentiated (a parameter held fixed) is a constant, and fine."""
-    consts = args[: prim.num_consts]
-    activity = arg_activity(len(args))
-    traced = [c for c, active in zip(consts, activity) if active and hasattr(c, "aval") and differentiable(c.aval)]
-    if traced:
-        raise FoldError(
-            f"{prim.name}: cannot differentiate through values its operator captures "
-            f"({', '.join(str(c.aval) for c in traced)}); make them part of the elements instead"
-        )
-
-
 @vjp_rules.register(Reduce)
 def _reduce_vjp(prim: Reduce, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
