@@ -44,16 +44,21 @@ def current_gemm_rule() -> str:
 
 
 @contextlib.contextmanager
-def _setting(name: str, choices: tuple[str, ...], value: str) -> Iterator[None]:
-    """`name` set to `value` (one of `choices`) in this thread for the duration, then restored."""
-    if value not in choices:
-        raise FoldTypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    previous = getattr(_config, name, choices[0])
+def _temporarily(name: str, value: Any, default: Any = None) -> Iterator[None]:
+    """`name` set to `value` in this thread for the duration, then restored."""
+    previous = getattr(_config, name, default)
     setattr(_config, name, value)
     try:
         yield
     finally:
         setattr(_config, name, previous)
+
+
+def _setting(name: str, choices: tuple[str, ...], value: str) -> contextlib.AbstractContextManager[None]:
+    """`name` set to `value` (one of `choices`) in this thread for the duration, then restored."""
+    if value not in choices:
+        raise FoldTypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return _temporarily(name, value, choices[0])
 
 
 def reduce_rule_scope(rule: str) -> contextlib.AbstractContextManager[None]:
@@ -68,20 +73,12 @@ def gemm_rule_scope(rule: str) -> contextlib.AbstractContextManager[None]:
 
 def arg_activity(n: int) -> list[bool]:
     """For the rule now differentiating a statement with `n` arguments: which of them are active, that is
-    depend on an input whose cotangent was asked for. A rule needs this only where it would otherwise
-    refuse, or do work, for a cotangent nobody wants (a reduce operator's captured values, a map body)."""
+    depend on an input whose cotangent was asked for. A rule needs this only where it would otherwise do
+    work for a cotangent nobody wants (a fold operator's captured values, a map or loop body). It is set by
+    vjp_inline around each rule call (read it before tracing anything nested); outside one, or for another
+    argument count, every argument counts as active, which costs work but never changes a result."""
     mask = getattr(_config, "activity", None)
     return list(mask) if mask is not None and len(mask) == n else [True] * n
-
-
-@contextlib.contextmanager
-def _activity_scope(mask: list[bool]) -> Iterator[None]:
-    previous = getattr(_config, "activity", None)
-    _config.activity = mask
-    try:
-        yield
-    finally:
-        _config.activity = previous
 
 
 def _active_vars(program: Program, wrt: Sequence[bool] | None) -> set:
@@ -143,7 +140,7 @@ def vjp_inline(program: Program, primals: Sequence[Any], cts_out: Sequence[Any] 
         cts = [Zero(v.aval) if is_zero(c) else c for v, c in zip(stmt.outs, cts, strict=True)]
         args = [read(a) for a in stmt.args]
         outs = [env[v] for v in stmt.outs]
-        with _activity_scope(activity):
+        with _temporarily("activity", activity):
             arg_cts = vjp_rules.lookup(stmt.prim)(stmt.prim, args, outs, residual, cts)
         for atom, ct in zip(stmt.args, arg_cts, strict=True):
             accumulate(atom, ct)
