@@ -8,7 +8,6 @@ from __future__ import annotations
 
 
 from fold import monoids, ops
-from fold.errors import FoldError
 from fold.combinators import map as fold_map
 from fold.combinators import reduce as fold_reduce
 from fold.combinators import reduce_by_index as fold_rbi
@@ -18,11 +17,11 @@ from fold.pytree import tree_flatten
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
-from .fn_vjp import vjp_of_function
+from .fn_vjp import active_captures, vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
-from .reduce_rules import choose_rule
+from .reduce_rules import choose_rule, monoid_qualifies, refuse_monoid_rule_for_captures
 from .vjp import arg_activity, current_reduce_rule, vjp_rules
-from .zeros import Zero, aval_of, differentiable, instantiate
+from .zeros import Zero, aval_of, instantiate
 
 
 def _valid_and_safe(idx, n: int):
@@ -111,11 +110,10 @@ def _rbi_vjp(prim: ReduceByIndex, args, outs, residual, cts):
     if prim.n == 0:  # no bins: every index is out of range, and its value gets no cotangent
         return [Zero(aval_of(a)) for a in args]
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
-    wanted = tuple(i for i, (a, c) in enumerate(zip(arg_activity(len(args)), consts)) if a and differentiable(aval_of(c)))
-    if wanted:  # only the generic rule differentiates through the operator's captured values
+    wanted = active_captures(consts, arg_activity(len(args)))
+    if wanted:  # only the generic rule (per bin, the reduce's) differentiates through the captured values
         if current_reduce_rule() == "monoid":
-            raise FoldError(f"reduce_rule='monoid' cannot differentiate the {prim.name} with respect to values its "
-                            f"operator captures: D(c, a) knows only the elements; use reduce_rule='generic' or 'auto'")
+            refuse_monoid_rule_for_captures(prim, [consts[i] for i in wanted])
         got = _generic_vjp(prim, consts, identity, idx, values, outs, dense, wanted)
         consts_cts = [Zero(aval_of(c)) for c in consts]
         for i, t in zip(wanted, got[k:], strict=True):
@@ -123,7 +121,7 @@ def _rbi_vjp(prim: ReduceByIndex, args, outs, residual, cts):
         return consts_cts + [Zero(aval_of(a)) for a in list(identity) + [idx]] + got[:k]
     setting = current_reduce_rule()
     op = recognize_binary_op(prim.body, nc)
-    qualifies = prim.monoid is not None and prim.monoid.d is not None and prim.monoid.commutative
+    qualifies = monoid_qualifies(prim)
     if setting == "monoid" and not qualifies:
         choose_rule(prim, setting)  # raises, naming the operator and why, as for reduce
     if setting == "generic":

@@ -19,10 +19,10 @@ from fold.primitives import Reduce, Scan
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
-from .fn_vjp import vjp_of_function
+from .fn_vjp import active_captures, is_identity, vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
 from .vjp import arg_activity, current_reduce_rule, vjp_rules
-from .zeros import Zero, aval_of, differentiable
+from .zeros import Zero, aval_of
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,11 @@ def _extremum_vjp(prim, consts, identity, xs, ys, cts):
     return [ops.where(positions == first, ct, 0.0).astype(x.dtype)]
 
 
-def _monoid_qualifies(prim) -> bool:
+def monoid_qualifies(prim) -> bool:
+    """A commutative monoid with d, whose operator captures no traced value: d is called in the gradient's
+    own trace, where a value its closure holds from the function's trace would have escaped."""
     m = prim.monoid
-    return m is not None and m.d is not None and m.commutative
+    return m is not None and m.d is not None and m.commutative and prim.num_consts == 0
 
 
 # Theorem 2.1: abar_i = D(y, a_i, ybar) for a commutative monoid with d: one map, no scans
@@ -112,11 +114,11 @@ def _generic_vjp(prim, consts, identity, xs, ys, cts):
 # the same with the captured values' cotangents: the left fold applies the operator once per element,
 #   y = (...((e . a_0) . a_1) ...) . a_{n-1}, so tbar = sum_i vjp of (t' -> (l_i .' a_i) . r_i) at t on ybar,
 #   where .' is the operator with t' in place of t (its other applications keep t)
-def _generic_vjp_through_consts(prim, consts, active, identity, xs, ys, cts):
+#   (an application with an identity operand contributes nothing, and is skipped: see is_identity)
+def _generic_vjp_through_consts(prim, consts, wanted, identity, xs, cts):
     nc, k = prim.num_consts, prim.num_leaves
     ls = bind(Scan(prim.body, nc, prim.monoid, True, False), *consts, *identity, *xs)
     rs = bind(Scan(prim.body, nc, prim.monoid, True, True), *consts, *identity, *xs)
-    wanted = [i for i in range(nc) if active[i]]
 
     def op(cs, a, b):
         return inline_program(prim.body, list(cs) + list(a) + list(b))
@@ -131,7 +133,9 @@ def _generic_vjp_through_consts(prim, consts, active, identity, xs, ys, cts):
             return op(consts, op(cs, l_, list(z[:k])), r_)
 
         primals = a_ + [consts[i] for i in wanted]
-        return [_dense(c, aval_of(p)) for c, p in zip(vjp_of_function(applied_once, primals, cts), primals, strict=True)]
+        got = [_dense(c, aval_of(p)) for c, p in zip(vjp_of_function(applied_once, primals, cts), primals, strict=True)]
+        idle = is_identity(l_, identity) | is_identity(a_, identity)
+        return got[:k] + [ops.where(idle, 0.0, t).astype(aval_of(t).dtype) for t in got[k:]]
 
     out = fold_map(per_element, *ls, *xs, *rs)
     consts_cts = [Zero(aval_of(c)) for c in consts]
@@ -148,7 +152,7 @@ REDUCE_VJP_RULES: list[ReduceRule] = [
     ReduceRule("add", _recognised("add"), _sum_vjp),
     ReduceRule("mul", _recognised("mul"), _prod_vjp),
     ReduceRule("min/max", _recognised("maximum", "minimum"), _extremum_vjp),
-    ReduceRule("monoid", _monoid_qualifies, _monoid_vjp),
+    ReduceRule("monoid", monoid_qualifies, _monoid_vjp),
     ReduceRule("generic", lambda prim: True, _generic_vjp),
 ]
 _BY_NAME = {rule.name: rule for rule in REDUCE_VJP_RULES}
@@ -161,12 +165,19 @@ def applicable_rules(prim: Reduce) -> list[str]:
 def choose_rule(prim, setting: str) -> ReduceRule:
     if setting == "auto":
         return next(rule for rule in REDUCE_VJP_RULES if rule.applies(prim))
-    if setting == "monoid" and not _monoid_qualifies(prim):
+    if setting == "monoid" and not monoid_qualifies(prim):
         what = prim.monoid.name if prim.monoid is not None else _operator_name(prim)
         why = ("it is a plain operator, not a fold.Monoid" if prim.monoid is None
-               else "it has no d" if prim.monoid.d is None else "it is not commutative")
+               else "it has no d" if prim.monoid.d is None else "it is not commutative" if not prim.monoid.commutative
+               else "its operator captures traced values, which its d cannot be given")
         raise FoldError(f"reduce_rule='monoid' cannot differentiate the {prim.name} with operator {what}: {why}")
     return _BY_NAME[setting]
+
+
+def refuse_monoid_rule_for_captures(prim, captured: list) -> None:
+    raise FoldError(f"reduce_rule='monoid' cannot differentiate the {prim.name} with respect to values its "
+                    f"operator captures ({', '.join(str(aval_of(c)) for c in captured)}): D(c, a) knows only the "
+                    f"elements; use reduce_rule='generic' or 'auto'")
 
 
 def _operator_name(prim) -> str:
@@ -179,13 +190,11 @@ def _reduce_vjp(prim: Reduce, args, outs, residual, cts):
     nc, k = prim.num_consts, prim.num_leaves
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
     dense_cts = [_dense(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
-    active = [a and differentiable(aval_of(c)) for a, c in zip(arg_activity(len(args)), consts)]
-    if any(active):  # only the generic rule differentiates through the operator's captured values
+    wanted = active_captures(consts, arg_activity(len(args)))
+    if wanted:  # only the generic rule differentiates through the operator's captured values
         if current_reduce_rule() == "monoid":
-            raise FoldError(f"reduce_rule='monoid' cannot differentiate the {prim.name} with respect to values its "
-                            f"operator captures ({', '.join(str(aval_of(c)) for c, a in zip(consts, active) if a)}): "
-                            f"D(c, a) knows only the elements; use reduce_rule='generic' or 'auto'")
-        consts_cts, xs_cts = _generic_vjp_through_consts(prim, consts, active, identity, xs, outs, dense_cts)
+            refuse_monoid_rule_for_captures(prim, [consts[i] for i in wanted])
+        consts_cts, xs_cts = _generic_vjp_through_consts(prim, consts, wanted, identity, xs, dense_cts)
         return consts_cts + [Zero(aval_of(a)) for a in identity] + xs_cts
     rule = choose_rule(prim, current_reduce_rule())
     xs_cts = rule.vjp(prim, consts, identity, xs, outs, dense_cts)

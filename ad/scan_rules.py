@@ -18,9 +18,9 @@ from fold.primitives import Scan
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
-from .fn_vjp import vjp_of_function
+from .fn_vjp import active_captures, is_identity, vjp_of_function
 from .vjp import arg_activity, current_reduce_rule, vjp_rules
-from .zeros import Zero, aval_of, differentiable, instantiate
+from .zeros import Zero, aval_of, instantiate
 
 
 def _shift_left(x, fill):
@@ -46,7 +46,7 @@ def _add_scan_vjp(prim, consts, identity, xs, ys, cts):
     return bind(flipped, *consts, *identity, *cts)
 
 
-def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts, wanted: tuple = ()):
+def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts, wanted: tuple = (), identity: tuple = ()):
     """Inclusive forward scan y_i = y_{i-1} . a_i. The cotangent c_i reaching y_i solves the linear recurrence
 
         c_{n-1} = ybar_{n-1},   c_i = ybar_i + d_{i+1},   d_i = J_i^T c_i,   J_i = d(y . a_i)/dy at y_{i-1},
@@ -113,8 +113,10 @@ def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts, wanted: tuple 
             return inline_program(body, cs + list(prev) + list(z[:k]))
 
         primals = a + [consts[i] for i in wanted]
-        z_cts = vjp_of_function(applied, primals, unflatten(flatten(ct) + d))
-        return [instantiate(c, aval_of(p)) for c, p in zip(z_cts, primals, strict=True)]
+        z_cts = [instantiate(c, aval_of(p)) for c, p in zip(vjp_of_function(applied, primals, unflatten(flatten(ct) + d)),
+                                                              primals, strict=True)]
+        idle = is_identity(prev, identity) | is_identity(a, identity)  # op(e, a) = a for every t: no term
+        return z_cts[:k] + [ops.where(idle, 0.0, t).astype(aval_of(t).dtype) for t in z_cts[k:]]
 
     out = list(fold_map(element_ct, *prevs, *xs, *cts, ds))
     if not wanted:
@@ -142,9 +144,9 @@ def _forward_generic(prim, consts, identity, xs, ys, cts, wanted: tuple = ()):
     costs as much as a scan pass on the numba backend."""
     if prim.exclusive:
         shifted_cts = [_shift_left(c, np.zeros((), aval_of(c).dtype)) for c in cts]
-        return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, ys, shifted_cts, wanted)
+        return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, ys, shifted_cts, wanted, tuple(identity))
     prevs = bind(Scan(prim.body, prim.num_consts, None, True, False), *consts, *identity, *xs)
-    return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, prevs, cts, wanted)
+    return _inclusive_generic_vjp(prim.body, prim.num_consts, consts, xs, prevs, cts, wanted, tuple(identity))
 
 
 @vjp_rules.register(Scan)
@@ -154,7 +156,7 @@ def _scan_vjp(prim: Scan, args, outs, residual, cts):
     dense = [instantiate(c, aval_of(o)) for c, o in zip(cts, outs, strict=True)]
     if aval_of(xs[0]).shape[0] == 0:
         return [Zero(aval_of(a)) for a in args]
-    wanted = tuple(i for i, (a, c) in enumerate(zip(arg_activity(len(args)), consts)) if a and differentiable(aval_of(c)))
+    wanted = active_captures(consts, arg_activity(len(args)))  # no monoid rule for scans: reduce_rule aside
     consts_cts: list = [Zero(aval_of(c)) for c in consts]
     if not wanted and current_reduce_rule() != "generic" and recognize_binary_op(prim.body, nc) == "add":
         xs_cts = _add_scan_vjp(prim, consts, identity, xs, outs, dense)

@@ -224,3 +224,45 @@ def test_hessian_vector_product_through_a_captured_parameter(x):
     grad_reference = lambda u: central_difference(lambda w: fold_reference(w, t), u, eps=1e-5)  # noqa: E731
     want = (grad_reference(x + 1e-4 * v) - grad_reference(x - 1e-4 * v)) / 2e-4
     np.testing.assert_allclose(hvp, want, rtol=1e-5, atol=1e-7)
+
+
+def _tempered_logaddexp(t):
+    return lambda a, b: t * fold.logaddexp(a / t, b / t)
+
+
+@pytest.mark.parametrize("kind", ["reduce", "scan", "reduce_by_index"])
+def test_an_infinite_identity_gives_no_nan_through_the_captured_value(kind):
+    """t * logaddexp(a / t, b / t) from identity -inf (a temperature): the operator applied to the identity
+    would give 0 * inf in t's derivative; those applications add nothing, and are skipped."""
+    x, t, bins = np.array([0.3, -1.2, 0.8, 2.0]), 0.7, np.array([0, 0, 1, 1])
+    programs = {
+        "reduce": (lambda x, t: fold.reduce(_tempered_logaddexp(t), x, identity=-np.inf),
+                   lambda x, t: t * np.log(np.sum(np.exp(x / t)))),
+        "scan": (lambda x, t: fold.reduce(fold.monoids.sum, fold.scan(_tempered_logaddexp(t), x, identity=-np.inf)),
+                 lambda x, t: sum(t * np.log(np.sum(np.exp(x[: k + 1] / t))) for k in range(x.size))),
+        "reduce_by_index": (lambda x, t: fold.reduce(fold.monoids.sum, fold.reduce_by_index(
+            _tempered_logaddexp(t), 2, bins, x, identity=-np.inf)),
+            lambda x, t: sum(t * np.log(np.sum(np.exp(x[bins == b] / t))) for b in range(2))),
+    }
+    f, reference = programs[kind]
+    gx, gt = fold.grad(f, argnums=(0, 1))(x, t)
+    np.testing.assert_allclose(gt, central_difference(lambda s: reference(x, s), np.array(t)), rtol=1e-7)
+    np.testing.assert_allclose(gx, central_difference(lambda v: reference(v, t), x), rtol=1e-7, atol=1e-9)
+    if kind == "reduce":
+        assert fold.grad(f, argnums=1)(x[:1], t) == 0.0  # one element: x_0 whatever t is
+
+
+def test_a_monoid_whose_d_captures_a_traced_value_takes_the_generic_rule(x):
+    """d is called in the gradient's own trace, where the t its closure holds from f's trace would escape:
+    such a monoid takes the generic rule (reduce_rule='monoid' says why), whether t is differentiated or not."""
+    def f(x, t):
+        tsum = fold.Monoid(combine(t), 0.0, commutative=True, d=lambda c, a, g: g * (1 + t * c) / (1 + t * a),
+                           name="tsum")
+        return fold.reduce(tsum, x)
+
+    want = central_difference(lambda v: fold_reference(v, 0.7), x)
+    np.testing.assert_allclose(fold.grad(f)(x, 0.7), want, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(fold.grad(f, argnums=(0, 1))(x, 0.7)[0], want, rtol=1e-7, atol=1e-9)
+    with pytest.raises(fold.FoldError, match=r"reduce_rule='monoid' cannot differentiate the reduce with operator "
+                                             r"tsum: its operator captures traced values, which its d cannot be given"):
+        fold.grad(f, reduce_rule="monoid")(x, 0.7)
