@@ -1,13 +1,17 @@
-"""vjp of a Python function of tracers, inside the current trace (used by rules that differentiate an operator)."""
+"""vjp of a Python function of tracers, inside the current trace (used by rules that differentiate an operator),
+and of one application of a fold's operator through the values it captures."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from fold import ops
+from fold.inline import inline_program
+from fold.ir import Program
 from fold.tracing import trace_body
 
 from .vjp import vjp_inline
-from .zeros import aval_of, differentiable
+from .zeros import aval_of, differentiable, instantiate
 
 
 def active_captures(consts: Sequence[Any], activity: Sequence[bool]) -> tuple[int, ...]:
@@ -16,18 +20,37 @@ def active_captures(consts: Sequence[Any], activity: Sequence[bool]) -> tuple[in
     return tuple(i for i, (c, active) in enumerate(zip(consts, activity)) if active and differentiable(aval_of(c)))
 
 
-def is_identity(leaves: Sequence[Any], identity: Sequence[Any]) -> Any:
-    """Inside a map over elements: whether an element (its leaves) equals the fold's identity. The operator
-    applied to the identity gives the other operand whatever the captured values are, so that application
-    adds nothing to their cotangents; skipping it also avoids 0 * inf there (t * logaddexp(a / t, b / t)
-    at a = -inf: d(a / t)/dt is inf, its weight 0)."""
-    from fold import ops
+def substituted(consts: Sequence[Any], wanted: Sequence[int], values: Sequence[Any]) -> list:
+    """`consts` with the ones at positions `wanted` replaced by `values`."""
+    out = list(consts)
+    for i, v in zip(wanted, values, strict=True):
+        out[i] = v
+    return out
 
+
+def vjp_of_application(body: Program, consts: Sequence[Any], wanted: Sequence[int], left: Sequence[Any],
+                       right: Sequence[Any], cts: Sequence[Any], identity: Sequence[Any],
+                       then: Callable[[list], list] = lambda y: y) -> tuple[list, list]:
+    """Inside a map over elements: the cotangents of `right` and of the captured values at positions `wanted`
+    for then(left . right), where . is the operator `body` with those values as variables (`then` may apply it
+    again with them held fixed). An application with an identity operand gives them none: op(e, a) = a
+    whatever they are; it is skipped, which also avoids 0 * inf there (t * logaddexp(a / t, b / t) at
+    a = -inf: d(a / t)/dt is inf, its weight 0)."""
+    k = len(right)
+
+    def applied(*z):
+        return then(inline_program(body, substituted(consts, wanted, z[k:]) + list(left) + list(z[:k])))
+
+    primals = list(right) + [consts[i] for i in wanted]
+    got = [instantiate(c, aval_of(p)) for c, p in zip(vjp_of_function(applied, primals, cts), primals, strict=True)]
+    idle = _is_identity(left, identity) | _is_identity(right, identity)
+    return got[:k], [ops.where(idle, 0.0, t).astype(aval_of(t).dtype) for t in got[k:]]
+
+
+def _is_identity(leaves: Sequence[Any], identity: Sequence[Any]) -> Any:
+    """Whether an element (its leaves) equals the fold's identity."""
     differs = [ops.sum(ops.convert(ops.not_equal(x, e), "int64")) for x, e in zip(leaves, identity, strict=True)]
-    total = differs[0]
-    for d in differs[1:]:
-        total = total + d
-    return total == 0
+    return sum(differs[1:], differs[0]) == 0
 
 
 def vjp_of_function(fn: Callable[..., list], primals: Sequence[Any], cts: Sequence[Any],

@@ -17,7 +17,7 @@ from fold.pytree import tree_flatten
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
-from .fn_vjp import active_captures, vjp_of_function
+from .fn_vjp import active_captures, substituted, vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
 from .reduce_rules import choose_rule, monoid_qualifies, refuse_monoid_rule_for_captures
 from .vjp import arg_activity, current_reduce_rule, vjp_rules
@@ -87,9 +87,7 @@ def _generic_vjp(prim, consts, identity, idx, values, outs, cts, wanted: tuple =
     k = prim.num_leaves
 
     def masked_histogram(*flat):
-        vals, cs = flat[:k], list(consts)
-        for i, c in zip(wanted, flat[k:], strict=True):
-            cs[i] = c
+        vals, cs = flat[:k], substituted(consts, wanted, flat[k:])
 
         def bin_total(b):
             hits = idx == b

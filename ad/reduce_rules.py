@@ -19,7 +19,7 @@ from fold.primitives import Reduce, Scan
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
-from .fn_vjp import active_captures, is_identity, vjp_of_function
+from .fn_vjp import active_captures, vjp_of_application, vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
 from .vjp import arg_activity, current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of
@@ -114,28 +114,16 @@ def _generic_vjp(prim, consts, identity, xs, ys, cts):
 # the same with the captured values' cotangents: the left fold applies the operator once per element,
 #   y = (...((e . a_0) . a_1) ...) . a_{n-1}, so tbar = sum_i vjp of (t' -> (l_i .' a_i) . r_i) at t on ybar,
 #   where .' is the operator with t' in place of t (its other applications keep t)
-#   (an application with an identity operand contributes nothing, and is skipped: see is_identity)
 def _generic_vjp_through_consts(prim, consts, wanted, identity, xs, cts):
     nc, k = prim.num_consts, prim.num_leaves
     ls = bind(Scan(prim.body, nc, prim.monoid, True, False), *consts, *identity, *xs)
     rs = bind(Scan(prim.body, nc, prim.monoid, True, True), *consts, *identity, *xs)
 
-    def op(cs, a, b):
-        return inline_program(prim.body, list(cs) + list(a) + list(b))
-
     def per_element(*leaves):
         l_, a_, r_ = list(leaves[:k]), list(leaves[k: 2 * k]), list(leaves[2 * k:])
-
-        def applied_once(*z):
-            cs = list(consts)
-            for i, c in zip(wanted, z[k:], strict=True):
-                cs[i] = c
-            return op(consts, op(cs, l_, list(z[:k])), r_)
-
-        primals = a_ + [consts[i] for i in wanted]
-        got = [_dense(c, aval_of(p)) for c, p in zip(vjp_of_function(applied_once, primals, cts), primals, strict=True)]
-        idle = is_identity(l_, identity) | is_identity(a_, identity)
-        return got[:k] + [ops.where(idle, 0.0, t).astype(aval_of(t).dtype) for t in got[k:]]
+        a_cts, t_cts = vjp_of_application(prim.body, consts, wanted, l_, a_, cts, identity,
+                                          then=lambda y: inline_program(prim.body, list(consts) + list(y) + r_))
+        return a_cts + t_cts
 
     out = fold_map(per_element, *ls, *xs, *rs)
     consts_cts = [Zero(aval_of(c)) for c in consts]

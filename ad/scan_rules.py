@@ -18,7 +18,7 @@ from fold.primitives import Scan
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind
 
-from .fn_vjp import active_captures, is_identity, vjp_of_function
+from .fn_vjp import active_captures, vjp_of_application, vjp_of_function
 from .vjp import arg_activity, current_reduce_rule, vjp_rules
 from .zeros import Zero, aval_of, instantiate
 
@@ -105,18 +105,8 @@ def _inclusive_generic_vjp(body, nc: int, consts, xs, prevs, cts, wanted: tuple 
         if not wanted:
             a_cts = vjp_of_function(lambda *a_: op(prev, list(a_)), a, unflatten(flatten(ct) + d))
             return [instantiate(c, av) for c, av in zip(a_cts, elem_avals, strict=True)]
-
-        def applied(*z):
-            cs = list(consts)
-            for i, c in zip(wanted, z[k:], strict=True):
-                cs[i] = c
-            return inline_program(body, cs + list(prev) + list(z[:k]))
-
-        primals = a + [consts[i] for i in wanted]
-        z_cts = [instantiate(c, aval_of(p)) for c, p in zip(vjp_of_function(applied, primals, unflatten(flatten(ct) + d)),
-                                                              primals, strict=True)]
-        idle = is_identity(prev, identity) | is_identity(a, identity)  # op(e, a) = a for every t: no term
-        return z_cts[:k] + [ops.where(idle, 0.0, t).astype(aval_of(t).dtype) for t in z_cts[k:]]
+        a_cts, t_cts = vjp_of_application(body, consts, wanted, prev, a, unflatten(flatten(ct) + d), identity)
+        return a_cts + t_cts
 
     out = list(fold_map(element_ct, *prevs, *xs, *cts, ds))
     if not wanted:

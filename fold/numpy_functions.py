@@ -218,9 +218,8 @@ _INSTEAD = {
 def array_function(self: Tracer, func: Callable, types: Sequence[type], args: tuple, kwargs: dict) -> Any:
     """Tracer.__array_function__: the fold operation NumPy's `func` means on these arguments."""
     handler = _HANDLERS.get(func)
-    module = getattr(func, "__module__", "numpy") or "numpy"
-    submodule = module.split(".")[1] if module.startswith("numpy.") and not module.split(".")[1].startswith("_") else ""
-    name = (f"{submodule}." if submodule else "") + getattr(func, "__name__", repr(func))
+    public = [p for p in (getattr(func, "__module__", None) or "numpy").split(".")[1:] if not p.startswith("_")]
+    name = ".".join([*public, getattr(func, "__name__", repr(func))])  # np.linalg.norm, np.sum
     if handler is None:
         hint = _INSTEAD.get(func)
         supported = ", ".join(sorted(f"np.{f.__name__}" for f in _HANDLERS))

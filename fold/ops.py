@@ -484,18 +484,23 @@ _COMPOSITE_UFUNCS: dict[Any, Callable[[ArrayLike], ArrayLike]] = {
     np.sinh: lambda x: elementwise("mul", elementwise("sub", elementwise("expm1", x), elementwise("expm1", elementwise("neg", x))), 0.5),
     np.cosh: lambda x: elementwise("mul", elementwise("add", elementwise("exp", x), elementwise("exp", elementwise("neg", x))), 0.5),
     np.isnan: lambda x: elementwise("ne", x, x),
-    np.isinf: lambda x: _never_infinite(x, "isinf", False) if _not_float(x, "isinf") else elementwise("eq", elementwise("abs", x), math.inf),
-    np.isfinite: lambda x: _never_infinite(x, "isfinite", True) if _not_float(x, "isfinite") else elementwise("lt", elementwise("abs", x), math.inf),
 }
 
 
-def _not_float(x: ArrayLike, where: str) -> bool:
-    return np.result_type(_dtype_key(as_value(x, where))).kind in "biu"
+def _infinity_test(name: str, of_numbers: bool, compare: str) -> Callable[[ArrayLike], ArrayLike]:
+    """isinf / isfinite: `compare`(|x|, inf) on floats; integers and booleans are never infinite, so
+    `of_numbers` everywhere (abs is not defined on booleans)."""
+    def test(x: ArrayLike) -> ArrayLike:
+        x = as_value(x, name)
+        if np.result_type(_dtype_key(x)).kind in "biu":
+            return broadcast_to(np.asarray(of_numbers), shape_of(x))
+        return elementwise(compare, elementwise("abs", x), math.inf)
+
+    return test
 
 
-def _never_infinite(x: ArrayLike, where: str, value: bool) -> ArrayLike:
-    """isinf / isfinite of integers or booleans: never infinite (abs is not defined on booleans)."""
-    return broadcast_to(np.asarray(value), shape_of(as_value(x, where)))
+_COMPOSITE_UFUNCS[np.isinf] = _infinity_test("isinf", False, "eq")
+_COMPOSITE_UFUNCS[np.isfinite] = _infinity_test("isfinite", True, "lt")
 
 
 _TRACED_UFUNCS = (*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul)

@@ -63,6 +63,7 @@ class Jitted:
         self._by_arrays: dict = {}  # (backend, (shape, dtype) per argument) -> a _compiled entry: warm calls on arrays
         self._trace_seconds = 0.0
         self._trace_count = 0
+        self._f_signature: inspect.Signature | None = None
         self.__name__ = getattr(f, "__name__", "jitted")
         self.__doc__ = getattr(f, "__doc__", None)
 
@@ -110,7 +111,7 @@ class Jitted:
         """The call with every argument that can be positional made positional (as `f`'s signature binds it), so
         that static_argnums names the same parameters however they were passed."""
         try:
-            bound = inspect.signature(self.f).bind(*args, **kwargs)
+            bound = self._signature().bind(*args, **kwargs)
         except (TypeError, ValueError):  # a call f itself would refuse, or no signature: f raises its own error
             return args, kwargs
         args, kwargs = bound.args, bound.kwargs
@@ -120,6 +121,12 @@ class Jitted:
                                 f"passes {', '.join(sorted(kwargs))} by keyword after an omitted argument; pass the "
                                 f"arguments up to it positionally")
         return args, kwargs
+
+    def _signature(self) -> inspect.Signature:
+        """f's signature, found once (tens of microseconds each time, on every call with keywords)."""
+        if self._f_signature is None:
+            self._f_signature = inspect.signature(self.f)
+        return self._f_signature
 
     @property
     def trace_count(self) -> int:

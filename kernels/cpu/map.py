@@ -168,7 +168,8 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     dtypes: new ones, or `out` filled (which may be an input read at the same element, not a gathered table).
     `parallel` overrides the automatic choice (parallel from 2 * MIN_CHUNK elements with two threads).
     `rows` (2-D maps): per input, None or a 1-D integer array g (in [-rows, rows), negatives counted from the
-    end); then inputs[j] is a table whose row g[i] is the input's row i (inputs[j][g] is never made: a gradient's nearest centroid per point is read in place).
+    end); then inputs[j] is a table whose row g[i] is the input's row i (inputs[j][g] is never made: a
+    gradient's nearest centroid per point is read in place).
     """
     host.check_function(mapper, "mapper")
     m, k = host.check_count(m, "m"), host.check_count(k, "k")

@@ -119,7 +119,8 @@ class BlockSums:
     column's, the first block for a whole part) writes it instead of adding, so the sums need no zeros nor a
     pass adding to them; the grid's only block's parts become the sums themselves, with no copy. float32
     parts of a row, one per column block (thousands over a large vocabulary), are added in a float64 buffer
-    of the row block, rounded once into the row's sum after its last column block; float32 parts of the
+    of the row block where it has more than one (row block x width: never the whole M x width), rounded once
+    into the row's sum after its last column block; float32 parts of the
     whole grid are summed in float64: a float32 running sum drifts with the count of its terms. A column's
     parts, one per row block (tens), are added in place: their sums are a gradient's largest (N x D)."""
 
@@ -134,21 +135,28 @@ class BlockSums:
 
     def add(self, parts: list, rows: slice, cols: slice, only_block: bool = False) -> None:
         first = {"row": cols.start == 0, "col": rows.start == 0, "whole": rows.start == 0 and cols.start == 0}
+        one_column_block = cols.start == 0 and cols.stop == self.n
         for j, (total, part, role) in enumerate(zip(self.sums, parts, self.prim.out_roles, strict=True)):
             target = role_slice(total, role, rows, cols)
             if only_block:
                 self.sums[j] = part
-            elif role == "row" and total.dtype == np.float32 and not (first[role] and cols.stop == self.n):
-                if first[role]:
-                    self._row_buffers[j] = np.asarray(part, np.float64).copy()
-                else:
-                    self._row_buffers[j] += part
-                if cols.stop == self.n:
-                    target[...] = self._row_buffers.pop(j)
+            elif role == "row" and total.dtype == np.float32 and not one_column_block:
+                self._add_row_part(j, part, target, last=cols.stop == self.n)
             elif first[role]:
                 target[...] = part
             else:
                 target[...] += part
+
+    def _add_row_part(self, j: int, part: np.ndarray, target: np.ndarray, last: bool) -> None:
+        """Output j's float32 part for this row block, added in the row block's float64 buffer (made by its
+        first column block, rounded into the sum after its last)."""
+        buffer = self._row_buffers.get(j)
+        if buffer is None:
+            self._row_buffers[j] = np.array(part, dtype=np.float64)
+        else:
+            buffer += part
+        if last:
+            target[...] = self._row_buffers.pop(j)
 
     def finished(self) -> list[np.ndarray]:
         return [s.astype(d, copy=False) for s, d in zip(self.sums, self.dtypes, strict=True)]
