@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # CI draws the same examples every run (derandomize), so a red CI is never a roll of the dice; "dev" explores
@@ -13,3 +14,28 @@ def pytest_report_header(config):
     from runtime.backends import get_backend
 
     return f"fold backend: {get_backend().name} (FOLD_BACKEND={os.environ.get('FOLD_BACKEND')!r})"
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the kernels.cpu drivers the backend calls, so a test can tell a kernel ran (not a silent decline)."""
+    import kernels.cpu
+
+    calls: dict[str, int] = {}
+    for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "scan_pair_map", "map_scan", "logsumexp",
+                 "column_sums", "product_fold", "product_first_extreme", "map_with_row_sums", "map_histogram"):
+        original = getattr(kernels.cpu, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(kernels.cpu, name, counted)
+    run_prepared = kernels.cpu.MapReduce.__call__  # map_reduce runs one; fusion.py keeps one per statement
+
+    def counted_prepared(self, *args, **kwargs):
+        calls["map_reduce"] = calls.get("map_reduce", 0) + 1
+        return run_prepared(self, *args, **kwargs)
+
+    monkeypatch.setattr(kernels.cpu.MapReduce, "__call__", counted_prepared)
+    return calls

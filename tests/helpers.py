@@ -91,3 +91,17 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def both(f: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+    """f jitted on the numpy backend (the reference) and on the numba backend, each applied to args."""
+    return fold.jit(f, backend="numpy")(*args), fold.jit(f, backend="numba")(*args)
+
+
+def assert_same(expected: Any, got: Any, rtol: float = 1e-12, scaled: bool = False) -> None:
+    """Leaf by leaf; `scaled`: absolute errors relative to the leaf's largest value (a reassociated sum of
+    large terms that cancels to a small one is exact only to the large terms' rounding)."""
+    for x, y in zip(tree_flatten(expected)[0], tree_flatten(got)[0], strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        atol = 1e-12 * max(1.0, float(np.nanmax(np.abs(x), initial=0.0))) if scaled and x.size else 1e-12
+        np.testing.assert_allclose(y, x, rtol=rtol, atol=atol)

@@ -29,19 +29,14 @@ from runtime.numba_backend.first_extremes import FirstExtreme, mark_first_extrem
 from runtime.numba_backend.passes import prepare
 from runtime.numba_backend.product_fold_fusion import ProductFold
 from runtime.numba_backend.shared_views import share_views
+from helpers import assert_same as assert_same_leaves, both
 from test_one_hots import kmeans_gradient
 
 rng = np.random.default_rng(11)
 
 
-def both(f, *args):
-    return fold.jit(f, backend="numpy")(*args), fold.jit(f, backend="numba")(*args)
-
-
 def assert_same(a, b, rtol=1e-12):
-    for x, y in zip(fold.tree_flatten(a)[0], fold.tree_flatten(b)[0], strict=True):
-        x, y = np.asarray(x), np.asarray(y)
-        np.testing.assert_allclose(y, x, rtol=rtol, atol=1e-12 * max(1.0, float(np.nanmax(np.abs(x), initial=0.0))))
+    assert_same_leaves(a, b, rtol, scaled=True)
 
 
 def prepared_body(f, *args) -> Program:

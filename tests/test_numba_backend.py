@@ -14,6 +14,7 @@ import pytest
 import fold
 from runtime.numba_backend.fusion import FusedMapReduce, fuse
 from runtime.numba_backend.lowering import COMPILE_FROM
+from helpers import assert_same, both
 
 rng = np.random.default_rng(7)
 
@@ -25,19 +26,6 @@ def compose(f, g):
 
 def matmul2(a, b):
     return (a[0] * b[0] + a[1] * b[2], a[0] * b[1] + a[1] * b[3], a[2] * b[0] + a[3] * b[2], a[2] * b[1] + a[3] * b[3])
-
-
-def both(f, *args):
-    return fold.jit(f, backend="numpy")(*args), fold.jit(f, backend="numba")(*args)
-
-
-def assert_same(a, b, rtol=1e-12, scaled: bool = False):
-    """Leaf by leaf; `scaled`: absolute errors relative to the leaf's largest value (a reassociated sum of
-    large terms that cancels to a small one is exact only to the large terms' rounding)."""
-    for x, y in zip(fold.tree_flatten(a)[0], fold.tree_flatten(b)[0], strict=True):
-        x, y = np.asarray(x), np.asarray(y)
-        atol = 1e-12 * max(1.0, float(np.max(np.abs(x), initial=0.0))) if scaled else 1e-12
-        np.testing.assert_allclose(y, x, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 20_000, 70_001])
@@ -106,31 +94,6 @@ def test_gradient_programs_run_unchanged():
     assert_same(*both(g, a, b), rtol=1e-9)
     sq = fold.grad(lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda v: v * v, x)))
     assert_same(*both(sq, a))
-
-
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Counts the kernels.cpu drivers the backend calls, so a test can tell a kernel ran (not a silent decline)."""
-    import kernels.cpu
-
-    calls: dict[str, int] = {}
-    for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "scan_pair_map", "map_scan", "logsumexp",
-                 "column_sums", "product_fold", "product_first_extreme", "map_with_row_sums", "map_histogram"):
-        original = getattr(kernels.cpu, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(kernels.cpu, name, counted)
-    run_prepared = kernels.cpu.MapReduce.__call__  # map_reduce runs one; fusion.py keeps one per statement
-
-    def counted_prepared(self, *args, **kwargs):
-        calls["map_reduce"] = calls.get("map_reduce", 0) + 1
-        return run_prepared(self, *args, **kwargs)
-
-    monkeypatch.setattr(kernels.cpu.MapReduce, "__call__", counted_prepared)
-    return calls
 
 
 def matrix_product(a, b):

@@ -19,18 +19,10 @@ import pytest
 
 import fold
 from fold.primitives import Map, MatMul, ReduceByIndex
+from helpers import assert_same, both
 from runtime.numba_backend.one_hots import sparse_one_hots
 
 rng = np.random.default_rng(7)
-
-
-def both(f, *args):
-    return fold.jit(f, backend="numpy")(*args), fold.jit(f, backend="numba")(*args)
-
-
-def assert_same(a, b, rtol=1e-12):
-    for x, y in zip(fold.tree_flatten(a)[0], fold.tree_flatten(b)[0], strict=True):
-        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=rtol, atol=1e-12)
 
 
 def kmeans(points, centroids):

@@ -8,6 +8,7 @@ that captures values, a typing failure), the rule declines with one warning nami
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -25,6 +26,7 @@ from fold.rules import RuleTable
 from runtime.interpreter import numpy_impls
 from runtime.numpy_impl.control import _map as batched_map
 
+from .captured_operands import capture_problem, carrying, carrying_args, same_for_every_fold
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .compile_clock import compile_seconds_so_far
 from .wide_folds import carried_operator, wide_add, widen, widens
@@ -62,7 +64,7 @@ def _scalar_operator(prim):
 
 def _make_scalar_operator(prim):
     if prim.num_consts:
-        return None, None, "its operator captures values"
+        return None, None, capture_problem(prim) or "its operator captures values"
     problem = compile_problem(prim.body)
     if problem is not None:
         return None, None, f"its operator cannot be compiled: {problem}"
@@ -72,6 +74,25 @@ def _make_scalar_operator(prim):
         return compile_scalar_program(body), carry, None
     except Exception as err:  # noqa: BLE001 - any compile failure means: use the reference implementation
         return None, None, f"its operator does not compile: {type(err).__name__}"
+
+
+def with_captures_as_operands(deepest: int) -> Callable[[Callable], Callable]:
+    """A fold's rule (which runs kernels for statements up to `deepest` maps deep) that also runs folds whose
+    operator captures a few values, as folds whose elements carry them (captured_operands.py); their
+    carried results are dropped."""
+    def wrap(rule: Callable) -> Callable:
+        @functools.wraps(rule)
+        def lowered(prim, args: list, depth: int):
+            if not prim.num_consts or depth > deepest or capture_problem(prim) is not None:
+                return rule(prim, args, depth)
+            if not same_for_every_fold(prim, args):
+                return decline(prim, "its operator captures a value that differs from row to row")
+            outs = rule(carrying(prim), carrying_args(prim, args, depth), depth)
+            return None if outs is None else outs[: prim.num_leaves]
+
+        return lowered
+
+    return wrap
 
 
 def _element_shapes(prim) -> list[tuple[int, ...]]:
@@ -206,6 +227,7 @@ def _make_fold_options(prim: Reduce) -> dict:
 
 
 @numba_impls.register(Reduce)
+@with_captures_as_operands(deepest=1)
 def _reduce(prim: Reduce, args: list, depth: int):
     op = recognize_binary_op(prim.body, prim.num_consts)
     if depth > 1 or (op is not None and not _parallel_beats_numpy(op, args, depth)):
@@ -261,6 +283,7 @@ _SUM_REDUCES: dict[np.dtype, Program] = {}
 
 
 @numba_impls.register(Scan)
+@with_captures_as_operands(deepest=0)
 def _scan(prim: Scan, args: list, depth: int):
     """The scan kernel, at the top level. A recognised + (a cumulative sum) below COMPILE_FROM elements stays
     with NumPy's cumsum; above, the kernel runs on every thread (10^7 float64: 11 ms against cumsum's 33-41,
@@ -280,6 +303,7 @@ def _scan(prim: Scan, args: list, depth: int):
 
 
 @numba_impls.register(ReduceByIndex)
+@with_captures_as_operands(deepest=0)
 def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
     setup = None if depth else _operator_and_identity(prim, args)
     if setup is None:
