@@ -1,0 +1,90 @@
+"""Scan in three phases: each block's total (fold.block_totals), an exclusive scan of the totals (this same
+scan, recursively, until one block holds them), and a pass in which every block scans its span starting
+from its prefix.
+
+Within a block each thread folds its `items` consecutive elements, the threads' partials are scanned in
+shared memory (Hillis and Steele: partial t - offset on the left of partial t, for offsets 1, 2, 4, ...),
+and each thread then walks its elements again from the block's prefix and the partials before its own. A
+reverse scan walks the elements last to first with the operands swapped: y_i = x_i . (x_{i+1} . ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numba import cuda
+
+from . import host
+from .codegen import combined, compile_kernel, lines, names, shared_arrays
+from .fold import block_totals
+
+
+def scan(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], exclusive: bool = False,
+         reverse: bool = False, *, threads: int | None = None, items: int | None = None) -> tuple:
+    """Every prefix (suffix if `reverse`) of the n elements folded with `combine`, including the element at
+    i or (`exclusive`) not: k arrays of n, NumPy arrays for NumPy leaves and device arrays for device ones."""
+    k = host.check_count(k, "k")
+    leaves, on_host = host.check_vectors(leaves, k, "leaves")
+    dtypes = [np.dtype(a.dtype) for a in leaves]
+    ident = host.cast_identity(identity, dtypes)
+    shape = host.launch(threads, items)
+    n = leaves[0].shape[0]
+    if n == 0:
+        return tuple(np.empty(0, d) for d in dtypes) if on_host else tuple(host.empty(0, dtypes))
+    outs = host.empty(n, dtypes)
+    _scan_into(combine, ident, host.to_device(leaves), n, outs, shape, exclusive=bool(exclusive),
+               reverse=bool(reverse), flip=bool(reverse))
+    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
+
+
+def _scan_into(combine: Callable, ident: tuple, leaves: list, n: int, outs: list, shape: host.Launch, *,
+               exclusive: bool, reverse: bool, flip: bool) -> None:
+    blocks = shape.blocks(n)
+    if blocks == 1:
+        prefixes = [cuda.to_device(np.array([v])) for v in ident]
+    else:
+        totals = block_totals(combine, ident, leaves, n, shape, reverse=reverse, flip=flip)
+        prefixes = host.empty(blocks, [t.dtype for t in totals])
+        _scan_into(combine, ident, totals, blocks, prefixes, shape, exclusive=True, reverse=False, flip=flip)
+    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
+    key = ("block_scan", combine, dtypes, shape, exclusive, reverse, flip)
+    kernel = compile_kernel(key, lambda: _block_scan_source(dtypes, shape, exclusive, reverse, flip),
+                            {"combine": combine})
+    kernel[blocks, shape.threads](*leaves, *ident, n, *prefixes, *outs)
+
+
+def _block_scan_source(dtypes: tuple, shape: host.Launch, exclusive: bool, reverse: bool, flip: bool) -> str:
+    k = len(dtypes)
+    acc, x = names("acc", k), ", ".join(f"x{j}[{'n - 1 - i' if reverse else 'i'}]" for j in range(k))
+    store = lines("out{j}[" + ("n - 1 - i" if reverse else "i") + "] = acc{j}", k, 12)
+    step = f"            {combined(acc, acc, x, flip)}"
+    walk = f"{store}\n{step}" if exclusive else f"{step}\n{store}"
+    return f"""def kernel({names("x", k)}, {names("id", k)}, n, {names("pre", k)}, {names("out", k)}):
+    t = cuda.threadIdx.x
+    start = cuda.blockIdx.x * {shape.span} + t * {shape.items}
+{shared_arrays("s", dtypes, shape.threads, 4)}
+{lines("acc{j} = pre{j}[cuda.blockIdx.x]", k, 4)}
+{lines("own{j} = id{j}", k, 4)}
+    for q in range({shape.items}):
+        i = start + q
+        if i < n:
+            {combined(names("own", k), names("own", k), x, flip)}
+{lines("s{j}[t] = own{j}", k, 4)}
+    cuda.syncthreads()
+    offset = 1
+    while offset < {shape.threads}:
+{lines("v{j} = s{j}[t]", k, 8)}
+        if t >= offset:
+            {combined(names("v", k), ", ".join(f"s{j}[t - offset]" for j in range(k)), names("v", k), flip)}
+        cuda.syncthreads()
+{lines("s{j}[t] = v{j}", k, 8)}
+        cuda.syncthreads()
+        offset *= 2
+    if t > 0:
+        {combined(acc, acc, ", ".join(f"s{j}[t - 1]" for j in range(k)), flip)}
+    for q in range({shape.items}):
+        i = start + q
+        if i < n:
+{walk}
+"""

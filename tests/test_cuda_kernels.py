@@ -1,0 +1,166 @@
+"""kernels.cuda against plain Python folds: operands kept in order (non-commutative operators, ties), sizes
+either side of a block's span and of each level of block totals, 0 included, mixed leaf dtypes, device
+arrays in and out, and the drivers' errors. Runs on Numba's CUDA simulator where there is no GPU (`make
+test` sets NUMBA_ENABLE_CUDASIM=1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cuda = pytest.importorskip("numba.cuda")
+if not cuda.is_available():
+    pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set", allow_module_level=True)
+
+import kernels.cuda as kc  # noqa: E402
+
+
+@cuda.jit(device=True)
+def affine(a0, a1, b0, b1):
+    """x -> a0 x + a1, then x -> b0 x + b1: the composition, associative and not commutative."""
+    return a0 * b0, b0 * a1 + b1
+
+
+@cuda.jit(device=True)
+def first_max(v, i, w, j):
+    """(value, index) of the larger, the earlier on ties: the answer depends on the operands' order."""
+    return (w, j) if w > v else (v, i)
+
+
+@cuda.jit(device=True)
+def first_nonzero(a, b):
+    return a if a != 0 else b
+
+
+@cuda.jit(device=True)
+def scaled_pair(c, x, y):
+    return c * x + y, x > y
+
+
+def python_scan(op, identity, leaves, exclusive=False, reverse=False):
+    """Every prefix (suffix) of the elements, one at a time, as the definition says."""
+    n = len(leaves[0])
+    out = [np.empty(n, a.dtype) for a in leaves]
+    acc = tuple(identity)
+    for i in (range(n - 1, -1, -1) if reverse else range(n)):
+        x = tuple(a[i] for a in leaves)
+        if exclusive:
+            for o, v in zip(out, acc):
+                o[i] = v
+        acc = op(*x, *acc) if reverse else op(*acc, *x)
+        acc = acc if isinstance(acc, tuple) else (acc,)
+        if not exclusive:
+            for o, v in zip(out, acc):
+                o[i] = v
+    return out, acc
+
+
+def py(fn):
+    return getattr(fn, "py_func", fn)
+
+
+# threads=4, items=2: a block spans 8 elements, and more than 64 need a second level of block totals
+SIZES = [0, 1, 7, 8, 9, 63, 64, 65, 200]
+rng = np.random.default_rng(3)
+
+
+def affine_leaves(n):
+    return [rng.uniform(0.8, 1.2, n), rng.uniform(-1.0, 1.0, n)]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce_keeps_a_non_commutative_operator_in_order(n):
+    leaves = affine_leaves(n)
+    got = kc.reduce(affine, 2, (1.0, 0.0), leaves, threads=4, items=2)
+    _, expected = python_scan(py(affine), (1.0, 0.0), leaves)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce_of_mixed_dtypes_gives_the_first_maximum(n):
+    values = rng.integers(0, 4, n).astype(np.float64)  # many ties
+    index = np.arange(n, dtype=np.int64)
+    got = kc.reduce(first_max, 2, (-np.inf, -1), [values, index], threads=4, items=2)
+    expected = (values.max(), int(np.argmax(values))) if n else (-np.inf, -1)
+    assert got == expected and got[1].dtype == np.int64
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 129])
+def test_reduce_with_the_default_launch(n):
+    x = np.where(rng.uniform(size=n) < 0.9, 0, rng.integers(1, 100, n)).astype(np.int32)
+    got = kc.reduce(first_nonzero, 1, (0,), [x])
+    nonzero = x[x != 0]
+    assert got == ((nonzero[0] if nonzero.size else 0),) and got[0].dtype == np.int32
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("n", SIZES)
+def test_scan_gives_every_prefix_in_order(n, exclusive, reverse):
+    leaves = affine_leaves(n)
+    got = kc.scan(affine, 2, (1.0, 0.0), leaves, exclusive, reverse, threads=4, items=2)
+    expected, _ = python_scan(py(affine), (1.0, 0.0), leaves, exclusive, reverse)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("n", [1, 9, 65, 200])
+def test_scan_of_float32_and_int64_leaves_keeps_ties_first(n, reverse):
+    values = rng.integers(0, 5, n).astype(np.float32)
+    leaves = [values, np.arange(n, dtype=np.int64)]
+    got = kc.scan(first_max, 2, (-np.inf, -1), leaves, reverse=reverse, threads=8, items=3)
+    expected, _ = python_scan(py(first_max), (-np.inf, -1), leaves, reverse=reverse)
+    assert [g.dtype for g in got] == [np.float32, np.int64]
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("n", [16, 17, 100])
+def test_deep_levels_of_block_totals(n):
+    """Blocks of 2 threads x 2 items: 17 elements are 5 blocks, whose totals are 2 blocks, then 1."""
+    leaves = affine_leaves(n)
+    expected, total = python_scan(py(affine), (1.0, 0.0), leaves, exclusive=True, reverse=True)
+    np.testing.assert_allclose(kc.reduce(affine, 2, (1.0, 0.0), leaves, threads=2, items=2), total, rtol=1e-12)
+    for g, e in zip(kc.scan(affine, 2, (1.0, 0.0), leaves, True, True, threads=2, items=2), expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_device_arrays_stay_on_the_device():
+    leaves = affine_leaves(100)
+    on_device = [cuda.to_device(a) for a in leaves]
+    scanned = kc.scan(affine, 2, (1.0, 0.0), on_device, threads=4, items=2)
+    assert not any(isinstance(s, np.ndarray) for s in scanned)
+    expected, total = python_scan(py(affine), (1.0, 0.0), leaves)
+    for s, e in zip(scanned, expected, strict=True):
+        np.testing.assert_allclose(s.copy_to_host(), e, rtol=1e-12)
+    np.testing.assert_allclose(kc.reduce(affine, 2, (1.0, 0.0), on_device, threads=4, items=2), total,
+                               rtol=1e-12)
+    (mapped, greater) = kc.map(scaled_pair, on_device, [np.float64, np.bool_], consts=(2.0,))
+    np.testing.assert_allclose(mapped.copy_to_host(), 2.0 * leaves[0] + leaves[1])
+    np.testing.assert_array_equal(greater.copy_to_host(), leaves[0] > leaves[1])
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 100])
+def test_map_calls_the_mapper_with_the_constants_first(n):
+    x, y = rng.normal(size=n), rng.normal(size=n)
+    mapped, greater = kc.map(scaled_pair, [x, y], [np.float64, np.bool_], consts=(-3.0,))
+    np.testing.assert_array_equal(mapped, -3.0 * x + y)
+    np.testing.assert_array_equal(greater, x > y)
+    assert greater.dtype == np.bool_
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kc.reduce(affine, 2, (1.0, 0.0), affine_leaves(9), threads=6), "power of two"),
+    (lambda: kc.reduce(affine, 2, (1.0, 0.0), affine_leaves(9), items=0), "items must be an integer >= 1"),
+    (lambda: kc.reduce(affine, 2, (1.0, 0.0), affine_leaves(9)[:1]), "expected a sequence of 2 arrays, got 1 arrays"),
+    (lambda: kc.scan(affine, 2, (1.0, 0.0), [np.ones(3), np.ones(4)]), "one length, got [3, 4]"),
+    (lambda: kc.scan(affine, 2, (1.0, 0.0), [np.ones(3), cuda.to_device(np.ones(3))]), "mix NumPy and device"),
+    (lambda: kc.reduce(first_nonzero, 1, (0.5,), [np.ones(3, np.int32)]), "0.5 is not representable"),
+    (lambda: kc.reduce(first_nonzero, 1, (0,), [np.ones((3, 2))]), "must be 1-D, got shape (3, 2)"),
+    (lambda: kc.map(scaled_pair, [], [np.float64]), "at least one input"),
+])
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises((ValueError, TypeError)) as err:
+        call()
+    assert message in str(err.value)
