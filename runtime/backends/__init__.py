@@ -30,6 +30,7 @@ class Backend(Protocol):
 _REGISTRY: dict[str, str] = {
     "numpy": "runtime.backends.numpy_backend:NumpyBackend",
     "numba": "runtime.numba_backend.backend:NumbaBackend",
+    "cuda": "runtime.cuda_backend.backend:CudaBackend",
 }
 _instances: dict[str, Backend] = {}
 _local = threading.local()

@@ -32,14 +32,15 @@ from .compile_clock import compile_seconds_so_far
 from .wide_folds import carried_operator, wide_add, widen, widens
 
 numba_impls = RuleTable("numba backend")
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple[str, str, str]] = set()
 
 
-def decline(prim, reason: str) -> None:
-    key = (prim.name, reason)
+def decline(prim, reason: str, backend: str = "numba") -> None:
+    """None, after warning once per (backend, primitive, reason) that the statement runs on the numpy backend."""
+    key = (backend, prim.name, reason)
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(f"numba backend: {prim.name} runs on the numpy backend ({reason})", stacklevel=2)
+        warnings.warn(f"{backend} backend: {prim.name} runs on the numpy backend ({reason})", stacklevel=2)
     return None
 
 

@@ -1,0 +1,96 @@
+"""Which statements the cuda backend runs as CUDA kernels (kernels.cuda does the work).
+
+A rule returns the statement's outputs, or None after declining with one warning naming the primitive and
+why; the numpy implementation then runs. Lowered here, at the top level of a program (not inside a map):
+reduce and scan with any associative operator whose elements are scalars or small arrays, and maps whose
+body is written as a scalar function. Every other statement runs on the numpy implementation, on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from fold.primitives import Map, Reduce, Scan
+from fold.rules import RuleTable
+from runtime.numba_backend.lowering import _element_shapes, _identity, _join, _split, decline
+
+from .device_functions import device_function
+
+cuda_impls = RuleTable("cuda backend")
+
+
+def _decline(prim, reason: str) -> None:
+    return decline(prim, reason, backend="cuda")
+
+
+def _run(prim, kernel: str, *args, **kwargs) -> Any:
+    """kernels.cuda.<kernel>(*args, **kwargs), or None after declining if Numba cannot compile it."""
+    import kernels.cuda
+
+    try:
+        return getattr(kernels.cuda, kernel)(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - a kernel that does not compile: the reference implementation runs
+        return _decline(prim, f"its kernel does not compile: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+
+
+def _fold_setup(prim, args: list, depth: int) -> tuple[Callable, tuple] | None:
+    """(the operator as a device function, the identity's scalars), or None after declining."""
+    if depth:
+        return _decline(prim, "a fold inside a map is not lowered to CUDA yet")
+    if prim.num_consts:
+        return _decline(prim, "its operator captures values")
+    combine, problem = device_function(prim.body)
+    if combine is None:
+        return _decline(prim, f"its operator cannot be compiled: {problem}")
+    ident = _identity(args[prim.num_consts: prim.num_consts + prim.num_leaves], _element_shapes(prim))
+    if not ident:
+        return _decline(prim, "its elements have no scalars")
+    return combine, ident
+
+
+def _elements(prim, args: list) -> list[np.ndarray]:
+    return _split(args[prim.num_consts + prim.num_leaves:], _element_shapes(prim), 1)
+
+
+@cuda_impls.register(Reduce)
+def _reduce(prim: Reduce, args: list, depth: int):
+    setup = _fold_setup(prim, args, depth)
+    if setup is None:
+        return None
+    combine, ident = setup
+    total = _run(prim, "reduce", combine, len(ident), ident, _elements(prim, args))
+    return None if total is None else _join(list(total), _element_shapes(prim))
+
+
+@cuda_impls.register(Scan)
+def _scan(prim: Scan, args: list, depth: int):
+    setup = _fold_setup(prim, args, depth)
+    if setup is None:
+        return None
+    combine, ident = setup
+    columns = _run(prim, "scan", combine, len(ident), ident, _elements(prim, args), exclusive=prim.exclusive,
+                   reverse=prim.reverse)
+    return None if columns is None else _join(list(columns), _element_shapes(prim))
+
+
+@cuda_impls.register(Map)
+def _map(prim: Map, args: list, depth: int):
+    """A map at the top level whose body is written as a scalar function: one thread per row, captured
+    values passed to every thread as scalars."""
+    consts, xs = args[: prim.num_consts], args[prim.num_consts:]
+    if depth or not xs or not prim.body.stmts:
+        return None  # a map inside a map runs batched, as a whole; a body without statements only passes values on
+    mapper, problem = device_function(prim.body)
+    if mapper is None:
+        return _decline(prim, f"its body cannot be compiled: {problem}")
+    shapes = [v.aval.shape for v in prim.body.inputs[prim.num_consts:]]
+    inputs = _split(xs, shapes, 1)
+    out_avals = list(prim.body.out_avals)
+    out_dtypes = [a.dtype for a in out_avals for _ in range(a.size)]
+    if not inputs or not out_dtypes:
+        return None  # rows or results of no scalars: nothing to compute
+    scalars = [v for c in consts for v in np.asarray(c).reshape(-1)]
+    columns = _run(prim, "map", mapper, inputs, out_dtypes, consts=scalars)
+    return None if columns is None else _join(list(columns), [a.shape for a in out_avals])

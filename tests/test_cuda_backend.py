@@ -1,0 +1,174 @@
+"""The cuda backend against the numpy backend: user-operator reduces and scans (elements of scalars, tuples
+and 2 x 2 matrices), maps, and the gradient programs whose scans and maps it lowers; what it does not lower
+runs on numpy after one warning saying why. Runs on Numba's CUDA simulator where there is no GPU (`make
+test` sets NUMBA_ENABLE_CUDASIM=1), at sizes that need several blocks and two levels of block totals."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+cuda = pytest.importorskip("numba.cuda")
+if not cuda.is_available():
+    pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set", allow_module_level=True)
+
+import fold  # noqa: E402
+import kernels.cuda  # noqa: E402
+from helpers import assert_same  # noqa: E402
+from runtime.numba_backend import lowering as numba_lowering  # noqa: E402
+
+rng = np.random.default_rng(5)
+# the simulator's default block spans 64 elements: 300 needs 5 blocks and a scan of their totals (deeper
+# levels of block totals are tested in test_cuda_kernels.py, with smaller blocks: the simulator is slow)
+SIZES = [0, 1, 300]
+
+
+@pytest.fixture
+def cuda_calls(monkeypatch):
+    """Counts the kernels.cuda drivers the backend calls, so a test can tell a kernel ran."""
+    calls: dict[str, int] = {}
+    for name in ("reduce", "scan", "map"):
+        original = getattr(kernels.cuda, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(kernels.cuda, name, counted)
+    return calls
+
+
+class Declines:
+    """The 'runs on the numpy backend' warnings given so far, read when asked (iterated, or tested for any)."""
+
+    def __init__(self, caught: list):
+        self.caught = caught
+
+    def __iter__(self):
+        return iter([str(w.message) for w in self.caught if "runs on the numpy backend" in str(w.message)])
+
+    def __bool__(self) -> bool:
+        return any(True for _ in self)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+@pytest.fixture
+def declines():
+    """The warnings of the test's calls that a statement ran on numpy (each is given once per process: reset)."""
+    numba_lowering._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield Declines(caught)
+
+
+def on_both(f, *args):
+    """f jitted on the numpy backend (the reference) and on the cuda backend, each applied to args."""
+    return fold.jit(f, backend="numpy")(*args), fold.jit(f, backend="cuda")(*args)
+
+
+def affine(a, b):
+    (a0, a1), (b0, b1) = a, b
+    return a0 * b0, b0 * a1 + b1
+
+
+def matmul(a, b):
+    return a @ b
+
+
+FOLDS = {
+    "a + b + a b": lambda x: fold.reduce(lambda a, b: a + b + a * b, x, identity=0.0),
+    "affine maps": lambda x: fold.reduce(affine, (1.0 + 0.1 * x, x), identity=(1.0, 0.0)),
+    "2 x 2 matrices": lambda x: fold.reduce(matmul, np.eye(2) + 0.05 * fold.map(lambda v: v * np.ones((2, 2)), x),
+                                            identity=np.eye(2)),
+    "logaddexp": lambda x: fold.reduce(fold.monoids.logaddexp, x),
+    "scan": lambda x: fold.scan(lambda a, b: a + b + a * b, 0.01 * x, identity=0.0),
+    "reverse exclusive scan of affine maps": lambda x: fold.scan(affine, (1.0 + 0.1 * x, x), identity=(1.0, 0.0),
+                                                                 reverse=True, exclusive=True),
+    "scan of 2 x 2 matrices": lambda x: fold.scan(matmul, np.eye(2) + 0.05 * fold.map(lambda v: v * np.ones((2, 2)), x),
+                                                  identity=np.eye(2), reverse=True),
+}
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", list(FOLDS))
+def test_folds_run_as_cuda_kernels_and_agree_with_numpy(name, n, cuda_calls, declines):
+    x = rng.uniform(-0.01, 0.01, n)
+    expected, got = on_both(FOLDS[name], x)
+    assert_same(expected, got, rtol=1e-11, scaled=True)
+    kernel = "scan" if "scan" in name else "reduce"
+    assert cuda_calls.get(kernel), cuda_calls
+    assert not declines
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_other_dtypes_keep_their_dtype(dtype, cuda_calls):
+    x = rng.integers(-3, 4, 500).astype(dtype)
+    f = lambda x: (fold.reduce(lambda a, b: a + b, x * x, identity=0), fold.scan(fold.monoids.max, x))  # noqa: E731
+    expected, got = on_both(f, x)
+    for e, g in zip(expected, got, strict=True):
+        assert g.dtype == e.dtype == dtype
+        np.testing.assert_allclose(g, e, rtol=1e-6)
+    assert cuda_calls.get("reduce") and cuda_calls.get("scan")
+
+
+def test_a_map_with_a_captured_value_and_vector_rows(cuda_calls, declines):
+    rows, w = rng.normal(size=(300, 3)), rng.normal(size=3)
+
+    def f(rows, w, c):
+        return fold.map(lambda r: (fold.reduce(fold.monoids.sum, r * w) * c, r[0] > r[1]), rows)
+
+    expected, got = on_both(f, rows, w, 1.5)
+    assert_same(expected, got)
+    assert got[1].dtype == np.bool_
+    assert cuda_calls.get("map") and not declines
+
+
+def test_gradients_of_the_generic_rules_run_their_scans_as_cuda_kernels(cuda_calls, declines):
+    """The generic reduce rule is two exclusive scans and a map; the generic scan rule's adjoint is a reverse
+    scan. The product's gradient is prod(x) / x, and the scan's is checked against the numpy backend."""
+    x = rng.uniform(0.5, 1.5, 100)
+    prod = lambda x: fold.reduce(lambda a, b: a * b, x, identity=1.0)  # noqa: E731
+    (grad,) = fold.jit(lambda x: fold.vjp(prod, (x,), 1.0, reduce_rule="generic"), backend="cuda")(x)
+    np.testing.assert_allclose(grad, np.prod(x) / x, rtol=1e-12)
+    assert cuda_calls.get("scan", 0) >= 2
+
+    def scanned(x):
+        return fold.reduce(fold.monoids.sum, fold.scan(lambda a, b: a + b + a * b, 0.1 * x, identity=0.0))
+
+    expected, got = on_both(lambda x: fold.vjp(scanned, (x,), 1.0, reduce_rule="generic"), x)
+    assert_same(expected, got, rtol=1e-10)
+    assert not declines
+
+
+def test_what_is_not_lowered_runs_on_numpy_after_one_warning(cuda_calls, declines):
+    x, t = rng.normal(size=(40, 20)), 0.3  # rows of 20: more than a map body unrolls, so the map runs batched
+
+    def f(x, t):
+        per_row = fold.map(lambda r: fold.reduce(lambda a, b: a + b + a * b, 0.01 * r, identity=0.0), x)
+        captured = fold.reduce(lambda a, b: a + b + t * a * b, 0.01 * x[0], identity=0.0)
+        return per_row, captured
+
+    expected, got = on_both(f, x, t)
+    assert_same(expected, got)
+    assert any("cuda backend: reduce runs on the numpy backend (a fold inside a map" in d for d in declines), declines
+    assert any("its operator captures values" in d for d in declines), declines
+
+
+def test_an_operator_using_remainder_is_declined_by_name(declines):
+    x = rng.integers(1, 50, 300)
+    expected, got = on_both(lambda x: fold.reduce(lambda a, b: (a + b) % 7, x, identity=0), x)
+    np.testing.assert_array_equal(got, expected)
+    assert any("uses %" in d for d in declines), declines
+
+
+def test_the_backend_is_registered_and_says_what_it_needs_without_a_gpu(monkeypatch):
+    from runtime.cuda_backend.backend import CudaBackend
+
+    assert "cuda" in fold.available_backends()
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    with pytest.raises(fold.FoldError, match="NUMBA_ENABLE_CUDASIM=1"):
+        CudaBackend()
