@@ -19,17 +19,12 @@ from .codegen import combined, compile_kernel, lines, names, shared_arrays
 def reduce(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], *,
            threads: int | None = None, items: int | None = None) -> tuple:
     """The fold of the n elements (k leaves each) with `combine` from `identity`: k NumPy scalars."""
-    k = host.check_count(k, "k")
-    leaves, _ = host.check_vectors(leaves, k, "leaves")
-    dtypes = [np.dtype(a.dtype) for a in leaves]
-    ident = host.cast_identity(identity, dtypes)
-    shape = host.launch(threads, items)
-    n = leaves[0].shape[0]
-    if n == 0:
-        return ident
-    totals = host.to_device(leaves)
+    a = host.fold_arguments(k, identity, leaves, threads, items)
+    if a.n == 0:
+        return a.ident
+    totals, n = host.to_device(a.leaves), a.n
     while True:
-        totals = block_totals(combine, ident, totals, n, shape, reverse=False, flip=False)
+        totals = block_totals(combine, a.ident, totals, n, a.shape, reverse=False, flip=False)
         n = totals[0].shape[0]
         if n == 1:
             return tuple(t.copy_to_host()[0] for t in totals)

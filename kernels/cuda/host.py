@@ -71,6 +71,25 @@ def check_vectors(arrays: Sequence[Any], count: int | None, what: str) -> tuple[
     return list(arrays), places != {False}
 
 
+@dataclass(frozen=True)
+class FoldArguments:
+    """A fold's checked arguments: the leaves, whether they are on the host, the identity in their dtypes,
+    the launch shape and the number of elements."""
+
+    leaves: list
+    on_host: bool
+    ident: tuple
+    shape: Launch
+    n: int
+
+
+def fold_arguments(k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None,
+                   items: int | None) -> FoldArguments:
+    leaves, on_host = check_vectors(leaves, check_count(k, "k"), "leaves")
+    ident = cast_identity(identity, [np.dtype(a.dtype) for a in leaves])
+    return FoldArguments(leaves, on_host, ident, launch(threads, items), leaves[0].shape[0])
+
+
 def to_device(arrays: Sequence[Any]) -> list[Any]:
     return [cuda.to_device(np.ascontiguousarray(a)) if is_host(a) else a for a in arrays]
 

@@ -24,19 +24,14 @@ def scan(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[An
          reverse: bool = False, *, threads: int | None = None, items: int | None = None) -> tuple:
     """Every prefix (suffix if `reverse`) of the n elements folded with `combine`, including the element at
     i or (`exclusive`) not: k arrays of n, NumPy arrays for NumPy leaves and device arrays for device ones."""
-    k = host.check_count(k, "k")
-    leaves, on_host = host.check_vectors(leaves, k, "leaves")
-    dtypes = [np.dtype(a.dtype) for a in leaves]
-    ident = host.cast_identity(identity, dtypes)
-    shape = host.launch(threads, items)
-    n = leaves[0].shape[0]
-    if n == 0:
-        return tuple(np.empty(0, d) for d in dtypes) if on_host else tuple(host.empty(0, dtypes))
-    outs = host.empty(n, dtypes)
-    _scan_into(combine, ident, host.to_device(leaves), n, outs, shape, exclusive=bool(exclusive),
+    a = host.fold_arguments(k, identity, leaves, threads, items)
+    dtypes = [np.dtype(x.dtype) for x in a.leaves]
+    if a.n == 0:
+        return tuple(np.empty(0, d) for d in dtypes) if a.on_host else tuple(host.empty(0, dtypes))
+    outs = host.empty(a.n, dtypes)
+    _scan_into(combine, a.ident, host.to_device(a.leaves), a.n, outs, a.shape, exclusive=bool(exclusive),
                reverse=bool(reverse), flip=bool(reverse))
-    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
-
+    return tuple(o.copy_to_host() for o in outs) if a.on_host else tuple(outs)
 
 def _scan_into(combine: Callable, ident: tuple, leaves: list, n: int, outs: list, shape: host.Launch, *,
                exclusive: bool, reverse: bool, flip: bool) -> None:

@@ -54,25 +54,24 @@ def _elements(prim, args: list) -> list[np.ndarray]:
     return _split(args[prim.num_consts + prim.num_leaves:], _element_shapes(prim), 1)
 
 
-@cuda_impls.register(Reduce)
-def _reduce(prim: Reduce, args: list, depth: int):
+def _fold(prim, args: list, depth: int, kernel: str, **options):
+    """A reduce or scan as kernels.cuda.<kernel>, its results joined back into the elements' shapes."""
     setup = _fold_setup(prim, args, depth)
     if setup is None:
         return None
     combine, ident = setup
-    total = _run(prim, "reduce", combine, len(ident), ident, _elements(prim, args))
-    return None if total is None else _join(list(total), _element_shapes(prim))
+    parts = _run(prim, kernel, combine, len(ident), ident, _elements(prim, args), **options)
+    return None if parts is None else _join(list(parts), _element_shapes(prim))
+
+
+@cuda_impls.register(Reduce)
+def _reduce(prim: Reduce, args: list, depth: int):
+    return _fold(prim, args, depth, "reduce")
 
 
 @cuda_impls.register(Scan)
 def _scan(prim: Scan, args: list, depth: int):
-    setup = _fold_setup(prim, args, depth)
-    if setup is None:
-        return None
-    combine, ident = setup
-    columns = _run(prim, "scan", combine, len(ident), ident, _elements(prim, args), exclusive=prim.exclusive,
-                   reverse=prim.reverse)
-    return None if columns is None else _join(list(columns), _element_shapes(prim))
+    return _fold(prim, args, depth, "scan", exclusive=prim.exclusive, reverse=prim.reverse)
 
 
 @cuda_impls.register(Map)
