@@ -29,7 +29,7 @@ SIZES = [0, 1, 300]
 def cuda_calls(monkeypatch):
     """Counts the kernels.cuda drivers the backend calls, so a test can tell a kernel ran."""
     calls: dict[str, int] = {}
-    for name in ("reduce", "scan", "map"):
+    for name in ("reduce", "scan", "map", "segmented_reduce", "segmented_scan"):
         original = getattr(kernels.cuda, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -144,17 +144,43 @@ def test_gradients_of_the_generic_rules_run_their_scans_as_cuda_kernels(cuda_cal
     assert not declines
 
 
+@pytest.mark.parametrize("rows, length", [(0, 20), (3, 0), (40, 20), (7, 150)])
+def test_folds_per_row_run_as_the_segmented_kernels(rows, length, cuda_calls, declines):
+    """Rows longer than a map body unrolls (16), so the map runs batched and its folds once per row; the
+    2 x 2 matrices' product and the reverse scan keep each row's order."""
+    x = rng.uniform(-0.05, 0.05, (rows, length))
+
+    def f(x):
+        per_row = fold.map(lambda r: fold.reduce(lambda a, b: a + b + a * b, r, identity=0.0), x)
+        mats = fold.map(lambda r: fold.reduce(matmul, np.eye(2) + fold.map(lambda v: v * np.ones((2, 2)), r),
+                                              identity=np.eye(2)), x)
+        suffixes = fold.map(lambda r: fold.scan(affine, (1.0 + r, r), identity=(1.0, 0.0), reverse=True), x)
+        return per_row, mats, suffixes
+
+    expected, got = on_both(f, x)
+    assert_same(expected, got, rtol=1e-11, scaled=True)
+    assert cuda_calls.get("segmented_reduce") == 2 and cuda_calls.get("segmented_scan") == 1 and not declines
+
+
+def test_a_per_row_gradient_runs_on_cuda_kernels(cuda_calls, declines):
+    x = rng.uniform(0.5, 1.5, (30, 20))
+    f = lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda r: fold.reduce(lambda a, b: a * b, r, identity=1.0), x))  # noqa: E731
+    (grad,) = fold.jit(lambda x: fold.vjp(f, (x,), 1.0, reduce_rule="generic"), backend="cuda")(x)
+    np.testing.assert_allclose(grad, np.prod(x, axis=1, keepdims=True) / x, rtol=1e-12)
+    assert cuda_calls and not declines
+
+
 def test_what_is_not_lowered_runs_on_numpy_after_one_warning(cuda_calls, declines):
-    x, t = rng.normal(size=(40, 20)), 0.3  # rows of 20: more than a map body unrolls, so the map runs batched
+    x, t = rng.normal(size=(6, 20, 20)), 0.3
 
     def f(x, t):
-        per_row = fold.map(lambda r: fold.reduce(lambda a, b: a + b + a * b, 0.01 * r, identity=0.0), x)
-        captured = fold.reduce(lambda a, b: a + b + t * a * b, 0.01 * x[0], identity=0.0)
-        return per_row, captured
+        two_deep = fold.map(lambda m: fold.map(lambda r: fold.scan(lambda a, b: a + b + a * b, 0.01 * r, identity=0.0), m), x)
+        captured = fold.reduce(lambda a, b: a + b + t * a * b, 0.01 * x[0, 0], identity=0.0)
+        return two_deep, captured
 
     expected, got = on_both(f, x, t)
     assert_same(expected, got)
-    assert any("cuda backend: reduce runs on the numpy backend (a fold inside a map" in d for d in declines), declines
+    assert any("cuda backend: scan runs on the numpy backend (this fold inside a map" in d for d in declines), declines
     assert any("its operator captures values" in d for d in declines), declines
 
 

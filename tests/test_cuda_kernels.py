@@ -37,6 +37,16 @@ def scaled_pair(c, x, y):
     return c * x + y, x > y
 
 
+def _wide_sum_source(k: int) -> str:
+    a, b = [f"a{j}" for j in range(k)], [f"b{j}" for j in range(k)]
+    return f"def wide_sum({', '.join(a + b)}):\n    return ({', '.join(f'{x} + {y}' for x, y in zip(a, b))},)\n"
+
+
+_namespace: dict = {}
+exec(_wide_sum_source(64), _namespace)
+wide_sum = cuda.jit(device=True)(_namespace["wide_sum"])  # elements of 64 float64 leaves: 512 bytes
+
+
 def python_scan(op, identity, leaves, exclusive=False, reverse=False):
     """Every prefix (suffix) of the elements, one at a time, as the definition says."""
     n = len(leaves[0])
@@ -145,7 +155,7 @@ def test_device_arrays_stay_on_the_device():
 def test_map_calls_the_mapper_with_the_constants_first(n):
     x, y = rng.normal(size=n), rng.normal(size=n)
     mapped, greater = kc.map(scaled_pair, [x, y], [np.float64, np.bool_], consts=(-3.0,))
-    np.testing.assert_array_equal(mapped, -3.0 * x + y)
+    np.testing.assert_allclose(mapped, -3.0 * x + y, rtol=1e-15, atol=1e-15)  # a GPU fuses it into one fma
     np.testing.assert_array_equal(greater, x > y)
     assert greater.dtype == np.bool_
 
@@ -159,8 +169,57 @@ def test_map_calls_the_mapper_with_the_constants_first(n):
     (lambda: kc.reduce(first_nonzero, 1, (0.5,), [np.ones(3, np.int32)]), "0.5 is not representable"),
     (lambda: kc.reduce(first_nonzero, 1, (0,), [np.ones((3, 2))]), "must be 1-D, got shape (3, 2)"),
     (lambda: kc.map(scaled_pair, [], [np.float64]), "at least one input"),
+    (lambda: kc.reduce(affine, 2, (1.0, 0.0), affine_leaves(9), threads=4096), "power of two from 1 to 1024"),
+    (lambda: kc.reduce(wide_sum, 64, (0.0,) * 64, [np.ones(3)] * 64, threads=128),
+     "threads=128 blocks of 512-byte elements need 65536 bytes of shared memory, more than 49152"),
+    (lambda: kc.segmented_reduce(affine, 2, (1.0, 0.0), [np.ones((2, 3)), np.ones((3, 2))]), "one shape, got [(2, 3), (3, 2)]"),
 ])
 def test_bad_arguments_are_named(call, message):
     with pytest.raises((ValueError, TypeError)) as err:
         call()
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("rows, length", [(0, 5), (3, 0), (1, 1), (4, 7), (5, 8), (3, 9), (2, 33)])
+def test_segmented_reduce_folds_each_row_in_order(rows, length):
+    a, b = rng.uniform(0.8, 1.2, (rows, length)), rng.uniform(-1.0, 1.0, (rows, length))
+    got = kc.segmented_reduce(affine, 2, (1.0, 0.0), [a, b], threads=8)
+    for r in range(rows):
+        _, expected = python_scan(py(affine), (1.0, 0.0), [a[r], b[r]])
+        np.testing.assert_allclose([got[0][r], got[1][r]], expected, rtol=1e-12, atol=1e-12)
+    assert got[0].shape == (rows,)
+
+
+def test_segmented_reduce_of_device_rows_gives_device_results():
+    values = rng.integers(0, 3, (6, 40)).astype(np.float64)
+    index = np.broadcast_to(np.arange(40, dtype=np.int64), (6, 40)).copy()
+    got = kc.segmented_reduce(first_max, 2, (-np.inf, -1), [cuda.to_device(values), cuda.to_device(index)])
+    np.testing.assert_array_equal(got[0].copy_to_host(), values.max(axis=1))
+    np.testing.assert_array_equal(got[1].copy_to_host(), values.argmax(axis=1))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("rows, length", [(0, 5), (3, 0), (1, 1), (4, 7), (3, 9), (2, 33)])
+def test_segmented_scan_gives_each_rows_prefixes(rows, length, exclusive, reverse):
+    a, b = rng.uniform(0.8, 1.2, (rows, length)), rng.uniform(-1.0, 1.0, (rows, length))
+    got = kc.segmented_scan(affine, 2, (1.0, 0.0), [a, b], exclusive, reverse, threads=8)
+    assert got[0].shape == (rows, length)
+    for r in range(rows):
+        expected, _ = python_scan(py(affine), (1.0, 0.0), [a[r], b[r]], exclusive, reverse)
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_allclose(g[r], e, rtol=1e-12, atol=1e-12)
+
+
+def test_wide_elements_get_blocks_whose_partials_fit_in_shared_memory(monkeypatch):
+    """64 float64 leaves: 512 bytes an element, so a GPU's default block of 256 threads becomes 64."""
+    from kernels.cuda import host
+
+    dtypes = [np.dtype(np.float64)] * 64
+    monkeypatch.setattr(host, "DEFAULT_THREADS", 256)
+    assert host.launch(None, None, dtypes).threads == 64
+    assert host.launch(None, None, dtypes[:2]).threads == 256
+    monkeypatch.undo()
+    leaves = [rng.normal(size=70) for _ in range(64)]
+    got = kc.reduce(wide_sum, 64, (0.0,) * 64, leaves)
+    np.testing.assert_allclose(got, [x.sum() for x in leaves], rtol=1e-12)

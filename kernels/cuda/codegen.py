@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import textwrap
 import threading
 from typing import Any, Callable, Hashable, Sequence
 
@@ -44,6 +45,47 @@ def combined(targets: str, left: str, right: str, flip: bool) -> str:
     reverse scan walks its elements last to first, and each new one goes on the left)."""
     a, b = (right, left) if flip else (left, right)
     return f"{targets} = combine({a}, {b})"
+
+
+def tree_fold(k: int, threads: int, flip: bool, indent: int) -> str:
+    """The text that combines a block's partials, thread t's in `acc0, ...` and in `s0[t], ...`, pairwise in
+    order (t with t + stride for strides 1, 2, 4, ...), leaving the block's total in `s0[0], ...`. Every
+    thread runs every step, so each cuda.syncthreads() is reached by the whole block."""
+    acc = names("acc", k)
+    return textwrap.indent(f"""cuda.syncthreads()
+stride = 1
+while stride < {threads}:
+    if t % (2 * stride) == 0:
+        {combined(acc, acc, ", ".join(f"s{j}[t + stride]" for j in range(k)), flip)}
+{lines("s{j}[t] = acc{j}", k, 8)}
+    cuda.syncthreads()
+    stride *= 2""", " " * indent)
+
+
+def tree_scan(k: int, threads: int, flip: bool, indent: int) -> str:
+    """The text that scans a block's partials in `s0[t], ...` in place (Hillis and Steele: partial t - offset
+    combined on the left of partial t, for offsets 1, 2, 4, ...), leaving in s[t] the fold of partials 0 to
+    t. Every thread runs every step, reading before a barrier and writing after it."""
+    v = names("v", k)
+    return textwrap.indent(f"""cuda.syncthreads()
+offset = 1
+while offset < {threads}:
+{lines("v{j} = s{j}[t]", k, 4)}
+    if t >= offset:
+        {combined(v, ", ".join(f"s{j}[t - offset]" for j in range(k)), v, flip)}
+    cuda.syncthreads()
+{lines("s{j}[t] = v{j}", k, 4)}
+    cuda.syncthreads()
+    offset *= 2""", " " * indent)
+
+
+def walk(k: int, x: str, out: str, exclusive: bool, flip: bool, indent: int) -> str:
+    """The text that folds element `x` (its leaves' text, one {j} each) into `acc0, ...` and stores the
+    running value in `out` (likewise), before the element for an exclusive scan and after it otherwise."""
+    acc = names("acc", k)
+    step = " " * indent + combined(acc, acc, ", ".join(x.format(j=j) for j in range(k)), flip)
+    store = lines(out + " = acc{j}", k, indent)
+    return f"{store}\n{step}" if exclusive else f"{step}\n{store}"
 
 
 def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any]) -> Any:

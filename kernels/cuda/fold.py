@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import host
-from .codegen import combined, compile_kernel, lines, names, shared_arrays
+from .codegen import combined, compile_kernel, lines, names, shared_arrays, tree_fold
 
 
 def reduce(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], *,
@@ -55,14 +55,7 @@ def _block_totals_source(dtypes: tuple, shape: host.Launch, reverse: bool, flip:
         if i < n:
             {combined(names("acc", k), names("acc", k), ", ".join(f"x{j}[{at}]" for j in range(k)), flip)}
 {lines("s{j}[t] = acc{j}", k, 4)}
-    cuda.syncthreads()
-    stride = 1
-    while stride < {threads}:
-        if t % (2 * stride) == 0:
-            {combined(names("acc", k), names("acc", k), ", ".join(f"s{j}[t + stride]" for j in range(k)), flip)}
-{lines("s{j}[t] = acc{j}", k, 12)}
-        cuda.syncthreads()
-        stride *= 2
+{tree_fold(k, threads, flip, 4)}
     if t == 0:
 {lines("out{j}[cuda.blockIdx.x] = s{j}[0]", k, 8)}
 """

@@ -14,6 +14,8 @@ SIMULATED = bool(config.ENABLE_CUDASIM)
 DEFAULT_THREADS = 32 if SIMULATED else 256
 DEFAULT_ITEMS = 2 if SIMULATED else 8
 MAX_THREADS = 1024
+# Static shared memory a block may hold: a block's partials take threads x (the leaves' bytes per element).
+SHARED_BYTES = 48 * 1024
 
 
 @dataclass(frozen=True)
@@ -31,13 +33,22 @@ class Launch:
         return max(1, -(-n // self.span))
 
 
-def launch(threads: int | None, items: int | None) -> Launch:
-    threads = DEFAULT_THREADS if threads is None else threads
+def launch(threads: int | None, items: int | None, dtypes: Sequence[np.dtype] = ()) -> Launch:
+    """The launch shape asked for (or the default); a default block of wide elements (a 5 x 5 float64
+    matrix: 200 bytes) gets fewer threads, so that its partials fit in SHARED_BYTES."""
+    element = sum(np.dtype(d).itemsize for d in dtypes)
+    if threads is None:
+        threads = DEFAULT_THREADS
+        while threads > 1 and threads * element > SHARED_BYTES:
+            threads //= 2
     items = DEFAULT_ITEMS if items is None else items
     if not isinstance(threads, (int, np.integer)) or threads < 1 or threads > MAX_THREADS or threads & (threads - 1):
         raise ValueError(f"threads must be a power of two from 1 to {MAX_THREADS}, got {threads!r}")
     if not isinstance(items, (int, np.integer)) or items < 1:
         raise ValueError(f"items must be an integer >= 1, got {items!r}")
+    if threads * element > SHARED_BYTES:
+        raise ValueError(f"threads={threads} blocks of {element}-byte elements need {threads * element} bytes of "
+                         f"shared memory, more than {SHARED_BYTES}: pass fewer threads")
     return Launch(int(threads), int(items))
 
 
@@ -51,20 +62,21 @@ def check_count(count: Any, what: str) -> int:
     return int(count)
 
 
-def check_vectors(arrays: Sequence[Any], count: int | None, what: str) -> tuple[list[Any], bool]:
-    """(the arrays, whether they are on the host): `count` (if given) 1-D arrays of one length, all NumPy
-    arrays or all device arrays."""
+def check_vectors(arrays: Sequence[Any], count: int | None, what: str, ndim: int = 1) -> tuple[list[Any], bool]:
+    """(the arrays, whether they are on the host): `count` (if given) arrays of `ndim` dimensions and one
+    shape, all NumPy arrays or all device arrays."""
     if isinstance(arrays, np.ndarray) or (count is not None and len(arrays) != count):
         got = "one array" if isinstance(arrays, np.ndarray) else f"{len(arrays)} arrays"
         raise ValueError(f"{what}: expected a sequence of {count} arrays, got {got}")
     for j, a in enumerate(arrays):
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             raise TypeError(f"{what}[{j}] must be a NumPy or device array, got {type(a).__name__}")
-        if len(a.shape) != 1:
-            raise ValueError(f"{what}[{j}] must be 1-D, got shape {tuple(a.shape)}")
-    lengths = [a.shape[0] for a in arrays]
-    if any(n != lengths[0] for n in lengths):
-        raise ValueError(f"{what}: all arrays must have one length, got {lengths}")
+        if len(a.shape) != ndim:
+            raise ValueError(f"{what}[{j}] must be {ndim}-D, got shape {tuple(a.shape)}")
+    shapes = [tuple(a.shape) for a in arrays]
+    if any(shape != shapes[0] for shape in shapes):
+        got = [shape[0] for shape in shapes] if ndim == 1 else shapes
+        raise ValueError(f"{what}: all arrays must have one {'length' if ndim == 1 else 'shape'}, got {got}")
     places = {is_host(a) for a in arrays}
     if len(places) > 1:
         raise ValueError(f"{what}: mix NumPy and device arrays; pass all of one kind")
@@ -86,8 +98,9 @@ class FoldArguments:
 def fold_arguments(k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None,
                    items: int | None) -> FoldArguments:
     leaves, on_host = check_vectors(leaves, check_count(k, "k"), "leaves")
-    ident = cast_identity(identity, [np.dtype(a.dtype) for a in leaves])
-    return FoldArguments(leaves, on_host, ident, launch(threads, items), leaves[0].shape[0])
+    dtypes = [np.dtype(a.dtype) for a in leaves]
+    return FoldArguments(leaves, on_host, cast_identity(identity, dtypes), launch(threads, items, dtypes),
+                         leaves[0].shape[0])
 
 
 def to_device(arrays: Sequence[Any]) -> list[Any]:

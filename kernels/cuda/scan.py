@@ -16,7 +16,7 @@ import numpy as np
 from numba import cuda
 
 from . import host
-from .codegen import combined, compile_kernel, lines, names, shared_arrays
+from .codegen import combined, compile_kernel, lines, names, shared_arrays, tree_scan, walk
 from .fold import block_totals
 
 
@@ -51,10 +51,8 @@ def _scan_into(combine: Callable, ident: tuple, leaves: list, n: int, outs: list
 
 def _block_scan_source(dtypes: tuple, shape: host.Launch, exclusive: bool, reverse: bool, flip: bool) -> str:
     k = len(dtypes)
-    acc, x = names("acc", k), ", ".join(f"x{j}[{'n - 1 - i' if reverse else 'i'}]" for j in range(k))
-    store = lines("out{j}[" + ("n - 1 - i" if reverse else "i") + "] = acc{j}", k, 12)
-    step = f"            {combined(acc, acc, x, flip)}"
-    walk = f"{store}\n{step}" if exclusive else f"{step}\n{store}"
+    at = "n - 1 - i" if reverse else "i"
+    x = ", ".join(f"x{j}[{at}]" for j in range(k))
     return f"""def kernel({names("x", k)}, {names("id", k)}, n, {names("pre", k)}, {names("out", k)}):
     t = cuda.threadIdx.x
     start = cuda.blockIdx.x * {shape.span} + t * {shape.items}
@@ -66,20 +64,11 @@ def _block_scan_source(dtypes: tuple, shape: host.Launch, exclusive: bool, rever
         if i < n:
             {combined(names("own", k), names("own", k), x, flip)}
 {lines("s{j}[t] = own{j}", k, 4)}
-    cuda.syncthreads()
-    offset = 1
-    while offset < {shape.threads}:
-{lines("v{j} = s{j}[t]", k, 8)}
-        if t >= offset:
-            {combined(names("v", k), ", ".join(f"s{j}[t - offset]" for j in range(k)), names("v", k), flip)}
-        cuda.syncthreads()
-{lines("s{j}[t] = v{j}", k, 8)}
-        cuda.syncthreads()
-        offset *= 2
+{tree_scan(k, shape.threads, flip, 4)}
     if t > 0:
-        {combined(acc, acc, ", ".join(f"s{j}[t - 1]" for j in range(k)), flip)}
+        {combined(names("acc", k), names("acc", k), ", ".join(f"s{j}[t - 1]" for j in range(k)), flip)}
     for q in range({shape.items}):
         i = start + q
         if i < n:
-{walk}
+{walk(k, "x{j}[" + at + "]", "out{j}[" + at + "]", exclusive, flip, 12)}
 """

@@ -1,9 +1,10 @@
 """Which statements the cuda backend runs as CUDA kernels (kernels.cuda does the work).
 
 A rule returns the statement's outputs, or None after declining with one warning naming the primitive and
-why; the numpy implementation then runs. Lowered here, at the top level of a program (not inside a map):
-reduce and scan with any associative operator whose elements are scalars or small arrays, and maps whose
-body is written as a scalar function. Every other statement runs on the numpy implementation, on the host.
+why; the numpy implementation then runs. Lowered here: reduce and scan at the top level of a program and
+one map deep (a fold per row: the segmented kernels), with any associative operator whose elements are
+scalars or small arrays; and top-level maps whose body is written as a scalar function. Every other
+statement runs on the numpy implementation, on the host.
 """
 
 from __future__ import annotations
@@ -35,33 +36,37 @@ def _run(prim, kernel: str, *args, **kwargs) -> Any:
         return _decline(prim, f"its kernel does not compile: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
 
 
-def _fold_setup(prim, args: list, depth: int) -> tuple[Callable, tuple] | None:
-    """(the operator as a device function, the identity's scalars), or None after declining."""
-    if depth:
-        return _decline(prim, "a fold inside a map is not lowered to CUDA yet")
+def _fold_setup(prim, args: list, depth: int, deepest: int = 0) -> tuple[Callable, tuple] | None:
+    """(the operator as a device function, the identity's scalars), or None after declining; `deepest`: how
+    many maps deep the fold may be."""
+    if depth > deepest:
+        return _decline(prim, "this fold inside a map is not lowered to CUDA yet")
     if prim.num_consts:
         return _decline(prim, "its operator captures values")
     combine, problem = device_function(prim.body)
     if combine is None:
         return _decline(prim, f"its operator cannot be compiled: {problem}")
     ident = _identity(args[prim.num_consts: prim.num_consts + prim.num_leaves], _element_shapes(prim))
+    if ident is None:
+        return _decline(prim, "its identity differs from row to row")
     if not ident:
         return _decline(prim, "its elements have no scalars")
     return combine, ident
 
 
-def _elements(prim, args: list) -> list[np.ndarray]:
-    return _split(args[prim.num_consts + prim.num_leaves:], _element_shapes(prim), 1)
-
-
 def _fold(prim, args: list, depth: int, kernel: str, **options):
-    """A reduce or scan as kernels.cuda.<kernel>, its results joined back into the elements' shapes."""
-    setup = _fold_setup(prim, args, depth)
+    """A reduce or scan as kernels.cuda.<kernel> at the top level, or one map deep (a fold per row) as
+    segmented_<kernel>; the results joined back into the elements' shapes."""
+    setup = _fold_setup(prim, args, depth, deepest=1)
     if setup is None:
         return None
     combine, ident = setup
-    parts = _run(prim, kernel, combine, len(ident), ident, _elements(prim, args), **options)
-    return None if parts is None else _join(list(parts), _element_shapes(prim))
+    shapes, xs = _element_shapes(prim), args[prim.num_consts + prim.num_leaves:]
+    if depth:
+        rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]
+        xs, kernel = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs], f"segmented_{kernel}"
+    parts = _run(prim, kernel, combine, len(ident), ident, _split(xs, shapes, depth + 1), **options)
+    return None if parts is None else _join(list(parts), shapes)
 
 
 @cuda_impls.register(Reduce)
@@ -77,13 +82,13 @@ def _scan(prim: Scan, args: list, depth: int):
 @cuda_impls.register(Map)
 def _map(prim: Map, args: list, depth: int):
     """A map at the top level whose body is written as a scalar function: one thread per row, captured
-    values passed to every thread as scalars."""
+    values passed to every thread as scalars. Another body runs batched (silently, as elementwise code does)."""
     consts, xs = args[: prim.num_consts], args[prim.num_consts:]
     if depth or not xs or not prim.body.stmts:
         return None  # a map inside a map runs batched, as a whole; a body without statements only passes values on
-    mapper, problem = device_function(prim.body)
+    mapper, _ = device_function(prim.body)
     if mapper is None:
-        return _decline(prim, f"its body cannot be compiled: {problem}")
+        return None  # the body runs batched, as on numpy, with the folds inside it lowered where they can be
     shapes = [v.aval.shape for v in prim.body.inputs[prim.num_consts:]]
     inputs = _split(xs, shapes, 1)
     out_avals = list(prim.body.out_avals)

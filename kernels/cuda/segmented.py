@@ -1,0 +1,97 @@
+"""Segmented reduce and scan: each row of (rows, length) leaves folded (scanned) on its own, one block per
+row.
+
+A row's threads each fold a contiguous run of about length / threads elements; the block then combines
+their partials pairwise in order (codegen.tree_fold), or scans them (codegen.tree_scan) and each thread
+walks its run again from the partials before its own. Non-commutative operators stay correct.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import host
+from .codegen import combined, compile_kernel, lines, names, shared_arrays, tree_fold, tree_scan, walk
+
+
+def segmented_reduce(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], *,
+                     threads: int | None = None) -> tuple:
+    """out[r] = the fold of row r's elements (k leaves, each a (rows, length) array) from `identity`: k
+    arrays of `rows`, NumPy arrays for NumPy leaves and device arrays for device ones."""
+    leaves, on_host = host.check_vectors(leaves, host.check_count(k, "k"), "leaves", ndim=2)
+    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
+    ident = host.cast_identity(identity, dtypes)
+    shape = host.launch(threads, 1, dtypes)
+    rows, length = leaves[0].shape
+    outs = host.empty(rows, dtypes)
+    if rows:
+        key = ("segmented_reduce", combine, dtypes, shape.threads)
+        kernel = compile_kernel(key, lambda: _segmented_source(dtypes, shape.threads), {"combine": combine})
+        kernel[rows, shape.threads](*host.to_device(leaves), *ident, length, *outs)
+    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
+
+
+def _segmented_source(dtypes: tuple, threads: int) -> str:
+    k = len(dtypes)
+    x = ", ".join(f"x{j}[r, i]" for j in range(k))
+    return f"""def kernel({names("x", k)}, {names("id", k)}, length, {names("out", k)}):
+    t = cuda.threadIdx.x
+    r = cuda.blockIdx.x
+{shared_arrays("s", dtypes, threads, 4)}
+    run = (length + {threads - 1}) // {threads}
+    stop = t * run + run
+    if stop > length:  # not min(): the CUDA target types min through an overload that fails here
+        stop = length
+{lines("acc{j} = id{j}", k, 4)}
+    for i in range(t * run, stop):
+        {combined(names("acc", k), names("acc", k), x, False)}
+{lines("s{j}[t] = acc{j}", k, 4)}
+{tree_fold(k, threads, False, 4)}
+    if t == 0:
+{lines("out{j}[r] = s{j}[0]", k, 8)}
+"""
+
+
+def segmented_scan(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], exclusive: bool = False,
+                   reverse: bool = False, *, threads: int | None = None) -> tuple:
+    """Each row's prefixes (suffixes if `reverse`), including the element or (`exclusive`) not: k arrays
+    of (rows, length), NumPy arrays for NumPy leaves and device arrays for device ones."""
+    leaves, on_host = host.check_vectors(leaves, host.check_count(k, "k"), "leaves", ndim=2)
+    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
+    ident = host.cast_identity(identity, dtypes)
+    shape = host.launch(threads, 1, dtypes)
+    rows, length = leaves[0].shape
+    outs = [host.empty(rows * length, [d])[0].reshape(rows, length) for d in dtypes]
+    if rows and length:
+        flags = (bool(exclusive), bool(reverse))
+        key = ("segmented_scan", combine, dtypes, shape.threads, flags)
+        kernel = compile_kernel(key, lambda: _segmented_scan_source(dtypes, shape.threads, *flags), {"combine": combine})
+        kernel[rows, shape.threads](*host.to_device(leaves), *ident, length, *outs)
+    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
+
+
+def _segmented_scan_source(dtypes: tuple, threads: int, exclusive: bool, reverse: bool) -> str:
+    k = len(dtypes)
+    at = "length - 1 - i" if reverse else "i"
+    x = ", ".join(f"x{j}[r, {at}]" for j in range(k))
+    return f"""def kernel({names("x", k)}, {names("id", k)}, length, {names("out", k)}):
+    t = cuda.threadIdx.x
+    r = cuda.blockIdx.x
+{shared_arrays("s", dtypes, threads, 4)}
+    run = (length + {threads - 1}) // {threads}
+    stop = t * run + run
+    if stop > length:  # not min(): the CUDA target types min through an overload that fails here
+        stop = length
+{lines("acc{j} = id{j}", k, 4)}
+    for i in range(t * run, stop):
+        {combined(names("acc", k), names("acc", k), x, reverse)}
+{lines("s{j}[t] = acc{j}", k, 4)}
+{tree_scan(k, threads, reverse, 4)}
+{lines("acc{j} = id{j}", k, 4)}
+    if t > 0:
+{lines("acc{j} = s{j}[t - 1]", k, 8)}
+    for i in range(t * run, stop):
+{walk(k, "x{j}[r, " + at + "]", "out{j}[r, " + at + "]", exclusive, reverse, 8)}
+"""

@@ -1,0 +1,132 @@
+"""The CUDA kernels compile for a real GPU, not only on the simulator: every kernels.cuda template, with
+operators and map bodies that the cuda backend compiles from traced programs (records, 2 x 2 and 8 x 8
+matrices, float32, integer and boolean leaves, the NaN-aware helpers), compiled to PTX for compute
+capability 9.0 by NVVM and assembled by ptxas, which checks each kernel's shared memory and registers.
+Needs the CUDA toolkit (NVVM and ptxas), not a GPU; without the toolkit the test is skipped, saying so."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_TOOLKIT = 77
+
+SCRIPT = textwrap.dedent('''
+    import shutil, subprocess, sys, tempfile
+    import numba, numpy as np
+    from numba import cuda, types
+
+    try:
+        cuda.compile_ptx(lambda x: x + 1.0, (types.float64,), device=True, cc=(9, 0))
+    except Exception as err:
+        print(f"no CUDA toolkit: {type(err).__name__}: {err}")
+        sys.exit(77)
+
+    # A device function called by a kernel is compiled for the current device's compute capability, which
+    # needs a driver; with no GPU here, it is told the capability the kernels are compiled for.
+    import numba.cuda.dispatcher
+
+    class Hopper:
+        compute_capability = (9, 0)
+
+    numba.cuda.dispatcher.get_current_device = lambda: Hopper()
+
+    import fold
+    from fold.primitives import Map, Reduce
+    from kernels.cuda import host
+    from kernels.cuda.fold import _block_totals_source
+    from kernels.cuda.map import _map_source
+    from kernels.cuda.scan import _block_scan_source
+    from kernels.cuda.segmented import _segmented_scan_source, _segmented_source
+    from runtime.cuda_backend.device_functions import device_function
+
+    def body(f, *args, kind=Reduce):
+        program = fold.trace(f, *args)
+        stmt = next(s for s in program.stmts if isinstance(s.prim, kind))
+        fn, problem = device_function(stmt.prim.body)
+        assert fn is not None, problem
+        return fn, stmt.prim
+
+    def affine(a, b):
+        return a[0] * b[0], b[0] * a[1] + b[1]
+
+    def first_max(a, b):
+        return fold.where(b[0] > a[0], b[0], a[0]), fold.where(b[0] > a[0], b[1], a[1])
+
+    x, x32, i64 = np.ones(4), np.ones(4, np.float32), np.arange(4)
+    operators = {
+        "affine": (body(lambda x: fold.reduce(affine, (x, x), identity=(1.0, 0.0)), x), [np.float64] * 2),
+        "2x2": (body(lambda m: fold.reduce(lambda a, b: a @ b, m, identity=np.eye(2)), np.ones((4, 2, 2))), [np.float64] * 4),
+        "8x8": (body(lambda m: fold.reduce(lambda a, b: a @ b, m, identity=np.eye(8)), np.ones((4, 8, 8))), [np.float64] * 64),
+        "logaddexp": (body(lambda x: fold.reduce(fold.monoids.logaddexp, x), x), [np.float64]),
+        "float32 first max": (body(lambda v, i: fold.reduce(first_max, (v, i), identity=(-np.inf, -1)), x32, i64),
+                              [np.float32, np.int64]),
+        "int32 max": (body(lambda v: fold.reduce(fold.monoids.max, v), np.ones(4, np.int32)), [np.int32]),
+    }
+    mappers = {
+        "helpers": (body(lambda x, c: fold.map(lambda v: (fold.sigmoid(v) * c + np.tanh(v), np.sqrt(v) > np.log(v)), x),
+                         x, 2.0, kind=Map), [np.float64], 1, [np.float64, np.bool_]),
+    }
+
+    def array(dtype, ndim):
+        return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "C")
+
+    def scalar(dtype):
+        return numba.from_dtype(np.dtype(dtype))
+
+    kernels = []
+    for name, ((combine, _), dtypes) in operators.items():
+        shape = host.launch(None, None, dtypes)
+        leaves, idents = [array(d, 1) for d in dtypes], [scalar(d) for d in dtypes]
+        rows = [array(d, 2) for d in dtypes]
+        for reverse in (False, True):
+            kernels.append((f"{name} block totals reverse={reverse}", _block_totals_source(tuple(dtypes), shape, reverse, reverse),
+                            combine, (*leaves, *idents, types.int64, *leaves)))
+            kernels.append((f"{name} block scan exclusive={reverse} reverse={reverse}",
+                            _block_scan_source(tuple(dtypes), shape, reverse, reverse, reverse),
+                            combine, (*leaves, *idents, types.int64, *leaves, *leaves)))
+            kernels.append((f"{name} segmented scan reverse={reverse}",
+                            _segmented_scan_source(tuple(dtypes), shape.threads, reverse, reverse),
+                            combine, (*rows, *idents, types.int64, *rows)))
+        kernels.append((f"{name} segmented reduce", _segmented_source(tuple(dtypes), shape.threads),
+                        combine, (*rows, *idents, types.int64, *leaves)))
+    for name, ((mapper, _), inputs, consts, outs) in mappers.items():
+        kernels.append((f"{name} map", _map_source(len(inputs), consts, len(outs)), mapper,
+                        (*[array(d, 1) for d in inputs], *[types.float64] * consts, types.int64, *[array(d, 1) for d in outs])))
+
+    ptxas = shutil.which("ptxas") or shutil.which("ptxas", path="/usr/local/cuda/bin")
+    failed = []
+    for name, source, fn, signature in kernels:
+        namespace = {"cuda": cuda, "np": np, "combine": fn, "mapper": fn}
+        exec(source, namespace)
+        try:
+            ptx, _ = cuda.compile_ptx(namespace["kernel"], signature, cc=(9, 0))
+        except Exception as err:
+            failed.append(f"{name}: NVVM: {type(err).__name__}: {str(err)[:300]}")
+            continue
+        if ptxas:
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+                f.write(ptx)
+                f.flush()
+                done = subprocess.run([ptxas, "-arch=sm_90", f.name, "-o", "/dev/null"], capture_output=True, text=True)
+            if done.returncode:
+                failed.append(f"{name}: ptxas: {done.stderr.strip()[:300]}")
+    print(f"{len(kernels)} kernels compiled to PTX, {'assembled by ' + ptxas if ptxas else 'ptxas not found'}")
+    print("\\n".join(failed))
+    sys.exit(1 if failed else 0)
+''')
+
+
+def test_every_kernel_template_compiles_for_a_real_gpu():
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    if done.returncode == NO_TOOLKIT:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    print(done.stdout)
