@@ -29,7 +29,7 @@ SIZES = [0, 1, 300]
 def cuda_calls(monkeypatch):
     """Counts the kernels.cuda drivers the backend calls, so a test can tell a kernel ran."""
     calls: dict[str, int] = {}
-    for name in ("reduce", "scan", "map", "segmented_reduce", "segmented_scan"):
+    for name in ("reduce", "scan", "map", "segmented_reduce", "segmented_scan", "histogram"):
         original = getattr(kernels.cuda, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -168,6 +168,30 @@ def test_a_per_row_gradient_runs_on_cuda_kernels(cuda_calls, declines):
     (grad,) = fold.jit(lambda x: fold.vjp(f, (x,), 1.0, reduce_rule="generic"), backend="cuda")(x)
     np.testing.assert_allclose(grad, np.prod(x, axis=1, keepdims=True) / x, rtol=1e-12)
     assert cuda_calls and not declines
+
+
+@pytest.mark.parametrize("n", [0, 1, 300])
+def test_reduce_by_index_runs_as_the_histogram_kernel(n, cuda_calls, declines):
+    indices = rng.integers(-1, 9, n)  # -1 and 8 are out of range for 8 bins: ignored
+    x = rng.uniform(-0.1, 0.1, n)
+
+    def f(indices, x):
+        sums = fold.reduce_by_index(fold.monoids.sum, 8, indices, x)
+        maps = fold.reduce_by_index(affine, 8, indices, (1.0 + x, x), identity=(1.0, 0.0))
+        return sums, maps
+
+    expected, got = on_both(f, indices, x)
+    assert_same(expected, got, rtol=1e-12, scaled=True)
+    assert cuda_calls.get("histogram") == 2 and not declines
+
+
+def test_a_gather_gradient_adds_into_its_table_on_cuda(cuda_calls, declines):
+    """The vjp of x[i] (an index array traced) is a reduce_by_index of + into x's shape."""
+    x, i = rng.normal(size=50), rng.integers(0, 50, 400)
+    f = lambda x, i: fold.reduce(fold.monoids.sum, x[i] * x[i])  # noqa: E731
+    (grad, _) = fold.jit(lambda x, i: fold.vjp(f, (x, i), 1.0), backend="cuda")(x, i)
+    np.testing.assert_allclose(grad, 2 * x * np.bincount(i, minlength=50), rtol=1e-12)
+    assert cuda_calls.get("histogram") and not declines
 
 
 def test_what_is_not_lowered_runs_on_numpy_after_one_warning(cuda_calls, declines):

@@ -5,6 +5,8 @@ test` sets NUMBA_ENABLE_CUDASIM=1)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -223,3 +225,46 @@ def test_wide_elements_get_blocks_whose_partials_fit_in_shared_memory(monkeypatc
     leaves = [rng.normal(size=70) for _ in range(64)]
     got = kc.reduce(wide_sum, 64, (0.0,) * 64, leaves)
     np.testing.assert_allclose(got, [x.sum() for x in leaves], rtol=1e-12)
+
+
+def python_histogram(op, identity, n_bins, indices, leaves):
+    bins = [list(identity) for _ in range(n_bins)]
+    for i, s in enumerate(indices):
+        if 0 <= s < n_bins:
+            r = op(*bins[s], *(a[i] for a in leaves))
+            bins[s] = list(r) if isinstance(r, tuple) else [r]
+    return [np.array([b[j] for b in bins], dtype=a.dtype) for j, a in enumerate(leaves)]
+
+
+@pytest.mark.parametrize("workers", [None, 1, 3, 50])
+@pytest.mark.parametrize("n, n_bins", [(0, 4), (5, 0), (1, 1), (40, 5), (203, 7)])
+def test_histogram_folds_each_bin_in_order(n, n_bins, workers):
+    indices = rng.integers(-2, n_bins + 2, n)  # some out of range: ignored
+    leaves = affine_leaves(n)
+    got = kc.histogram(affine, 2, (1.0, 0.0), n_bins, indices, leaves, workers=workers, threads=8)
+    expected = python_histogram(py(affine), (1.0, 0.0), n_bins, indices, leaves)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == (n_bins,)
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int32])
+def test_histogram_of_a_sum_adds_atomically(dtype, monkeypatch):
+    module = sys.modules["kernels.cuda.histogram"]  # the package's `histogram` is the function
+    monkeypatch.setattr(module, "_private_histograms", None)  # the atomic path must not need them
+    indices = rng.integers(-1, 12, 300)
+    values = rng.integers(-5, 6, 300).astype(dtype)
+    (got,) = kc.histogram(None, 1, (0,), 11, indices, [values], operator="add")
+    valid = (indices >= 0) & (indices < 11)
+    expected = np.bincount(indices[valid], weights=values[valid].astype(np.float64), minlength=11)
+    np.testing.assert_array_equal(got, expected.astype(dtype))
+    assert got.dtype == dtype
+
+
+def test_histogram_with_ties_keeps_the_first_maximum_of_each_bin():
+    indices = rng.integers(0, 6, 150)
+    values, index = rng.integers(0, 3, 150).astype(np.float64), np.arange(150, dtype=np.int64)
+    got = kc.histogram(first_max, 2, (-np.inf, -1), 6, cuda.to_device(indices),
+                       [cuda.to_device(values), cuda.to_device(index)], workers=7)
+    expected = python_histogram(py(first_max), (-np.inf, -1), 6, indices, [values, index])
+    np.testing.assert_array_equal(got[1].copy_to_host(), expected[1])

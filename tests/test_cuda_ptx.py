@@ -41,6 +41,7 @@ SCRIPT = textwrap.dedent('''
     from fold.primitives import Map, Reduce
     from kernels.cuda import host
     from kernels.cuda.fold import _block_totals_source
+    from kernels.cuda.histogram import _ATOMIC_ADD_SOURCE, _FILL_SOURCE, _merge_source, _private_source
     from kernels.cuda.map import _map_source
     from kernels.cuda.scan import _block_scan_source
     from kernels.cuda.segmented import _segmented_scan_source, _segmented_source
@@ -96,6 +97,13 @@ SCRIPT = textwrap.dedent('''
                             combine, (*rows, *idents, types.int64, *rows)))
         kernels.append((f"{name} segmented reduce", _segmented_source(tuple(dtypes), shape.threads),
                         combine, (*rows, *idents, types.int64, *leaves)))
+        kernels.append((f"{name} private histograms", _private_source(len(dtypes)), combine,
+                        (array(np.int64, 1), *leaves, *idents, types.int64, types.int64, *rows)))
+        kernels.append((f"{name} merge of private histograms", _merge_source(len(dtypes)), combine, (*rows, *leaves)))
+    for dtype in (np.float64, np.float32, np.int64, np.int32):
+        kernels.append((f"{np.dtype(dtype)} atomic add", _ATOMIC_ADD_SOURCE, None,
+                        (array(np.int64, 1), array(dtype, 1), types.int64, array(dtype, 1))))
+        kernels.append((f"{np.dtype(dtype)} fill", _FILL_SOURCE, None, (array(dtype, 1), scalar(dtype))))
     for name, ((mapper, _), inputs, consts, outs) in mappers.items():
         kernels.append((f"{name} map", _map_source(len(inputs), consts, len(outs)), mapper,
                         (*[array(d, 1) for d in inputs], *[types.float64] * consts, types.int64, *[array(d, 1) for d in outs])))

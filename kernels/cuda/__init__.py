@@ -7,6 +7,8 @@ kernels.cpu, and the differences below.
     segmented_reduce(combine, k, identity, leaves, *, threads=None)             -> k arrays (rows,)
     segmented_scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, threads=None)
                                                                                  -> k arrays (rows, length)
+    histogram(combine, k, identity, n_bins, indices, leaves, *, operator=None, workers=None, threads=None)
+                                                                                 -> k arrays (n_bins,)
     map(mapper, inputs, out_dtypes, *, consts=(), threads=None)                  -> arrays (n,)
 
 Differences from kernels.cpu:
@@ -32,8 +34,9 @@ non-commutative operator is applied with its operands in order, a before b, ever
 """
 
 from .fold import reduce
+from .histogram import histogram
 from .map import map  # noqa: A004 (the combinator's name)
 from .scan import scan
 from .segmented import segmented_reduce, segmented_scan
 
-__all__ = ["map", "reduce", "scan", "segmented_reduce", "segmented_scan"]
+__all__ = ["histogram", "map", "reduce", "scan", "segmented_reduce", "segmented_scan"]

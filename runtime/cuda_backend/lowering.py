@@ -2,8 +2,8 @@
 
 A rule returns the statement's outputs, or None after declining with one warning naming the primitive and
 why; the numpy implementation then runs. Lowered here: reduce and scan at the top level of a program and
-one map deep (a fold per row: the segmented kernels), with any associative operator whose elements are
-scalars or small arrays; and top-level maps whose body is written as a scalar function. Every other
+one map deep (a fold per row: the segmented kernels), and reduce_by_index at the top level, with any
+associative operator whose elements are scalars or small arrays; and top-level maps whose body is written as a scalar function. Every other
 statement runs on the numpy implementation, on the host.
 """
 
@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fold.primitives import Map, Reduce, Scan
+from fold.primitives import Map, Reduce, ReduceByIndex, Scan
+from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 from runtime.numba_backend.lowering import _element_shapes, _identity, _join, _split, decline
 
@@ -77,6 +78,21 @@ def _reduce(prim: Reduce, args: list, depth: int):
 @cuda_impls.register(Scan)
 def _scan(prim: Scan, args: list, depth: int):
     return _fold(prim, args, depth, "scan", exclusive=prim.exclusive, reverse=prim.reverse)
+
+
+@cuda_impls.register(ReduceByIndex)
+def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
+    """The histogram kernel, at the top level: a recognised + of scalars adds atomically."""
+    setup = _fold_setup(prim, args, depth)
+    if setup is None:
+        return None
+    combine, ident = setup
+    shapes, k = _element_shapes(prim), prim.num_leaves
+    indices = np.ascontiguousarray(args[prim.num_consts + k], dtype=np.int64)
+    operator = recognize_binary_op(prim.body, prim.num_consts)
+    parts = _run(prim, "histogram", combine, len(ident), ident, prim.n, indices,
+                 _split(args[prim.num_consts + k + 1:], shapes, 1), operator=operator)
+    return None if parts is None else _join(list(parts), shapes)
 
 
 @cuda_impls.register(Map)
