@@ -20,10 +20,7 @@ def segmented_reduce(combine: Callable, k: int, identity: Sequence[Any], leaves:
                      threads: int | None = None) -> tuple:
     """out[r] = the fold of row r's elements (k leaves, each a (rows, length) array) from `identity`: k
     arrays of `rows`, NumPy arrays for NumPy leaves and device arrays for device ones."""
-    leaves, on_host = host.check_vectors(leaves, host.check_count(k, "k"), "leaves", ndim=2)
-    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
-    ident = host.cast_identity(identity, dtypes)
-    shape = host.launch(threads, 1, dtypes)
+    leaves, on_host, dtypes, ident, shape = _row_arguments(k, identity, leaves, threads)
     rows, length = leaves[0].shape
     outs = host.empty(rows, dtypes)
     if rows:
@@ -33,35 +30,11 @@ def segmented_reduce(combine: Callable, k: int, identity: Sequence[Any], leaves:
     return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
 
 
-def _segmented_source(dtypes: tuple, threads: int) -> str:
-    k = len(dtypes)
-    x = ", ".join(f"x{j}[r, i]" for j in range(k))
-    return f"""def kernel({names("x", k)}, {names("id", k)}, length, {names("out", k)}):
-    t = cuda.threadIdx.x
-    r = cuda.blockIdx.x
-{shared_arrays("s", dtypes, threads, 4)}
-    run = (length + {threads - 1}) // {threads}
-    stop = t * run + run
-    if stop > length:  # not min(): the CUDA target types min through an overload that fails here
-        stop = length
-{lines("acc{j} = id{j}", k, 4)}
-    for i in range(t * run, stop):
-        {combined(names("acc", k), names("acc", k), x, False)}
-{lines("s{j}[t] = acc{j}", k, 4)}
-{tree_fold(k, threads, False, 4)}
-    if t == 0:
-{lines("out{j}[r] = s{j}[0]", k, 8)}
-"""
-
-
 def segmented_scan(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], exclusive: bool = False,
                    reverse: bool = False, *, threads: int | None = None) -> tuple:
     """Each row's prefixes (suffixes if `reverse`), including the element or (`exclusive`) not: k arrays
     of (rows, length), NumPy arrays for NumPy leaves and device arrays for device ones."""
-    leaves, on_host = host.check_vectors(leaves, host.check_count(k, "k"), "leaves", ndim=2)
-    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
-    ident = host.cast_identity(identity, dtypes)
-    shape = host.launch(threads, 1, dtypes)
+    leaves, on_host, dtypes, ident, shape = _row_arguments(k, identity, leaves, threads)
     rows, length = leaves[0].shape
     outs = [host.empty(rows * length, [d])[0].reshape(rows, length) for d in dtypes]
     if rows and length:
@@ -72,9 +45,17 @@ def segmented_scan(combine: Callable, k: int, identity: Sequence[Any], leaves: S
     return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
 
 
-def _segmented_scan_source(dtypes: tuple, threads: int, exclusive: bool, reverse: bool) -> str:
+def _row_arguments(k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None) -> tuple:
+    """(leaves, whether on the host, their dtypes, the identity in them, the launch shape), checked."""
+    leaves, on_host = host.check_vectors(leaves, host.check_count(k, "k"), "leaves", ndim=2)
+    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
+    return leaves, on_host, dtypes, host.cast_identity(identity, dtypes), host.launch(threads, 1, dtypes)
+
+
+def _row_partials(dtypes: tuple, threads: int, at: str, flip: bool) -> str:
+    """A kernel's signature and the text that folds thread t's run of row r (cuda.blockIdx.x) into
+    `acc0, ...` and `s0[t], ...`; `at` indexes the row with the walk's position i."""
     k = len(dtypes)
-    at = "length - 1 - i" if reverse else "i"
     x = ", ".join(f"x{j}[r, {at}]" for j in range(k))
     return f"""def kernel({names("x", k)}, {names("id", k)}, length, {names("out", k)}):
     t = cuda.threadIdx.x
@@ -86,8 +67,23 @@ def _segmented_scan_source(dtypes: tuple, threads: int, exclusive: bool, reverse
         stop = length
 {lines("acc{j} = id{j}", k, 4)}
     for i in range(t * run, stop):
-        {combined(names("acc", k), names("acc", k), x, reverse)}
-{lines("s{j}[t] = acc{j}", k, 4)}
+        {combined(names("acc", k), names("acc", k), x, flip)}
+{lines("s{j}[t] = acc{j}", k, 4)}"""
+
+
+def _segmented_source(dtypes: tuple, threads: int) -> str:
+    k = len(dtypes)
+    return f"""{_row_partials(dtypes, threads, "i", False)}
+{tree_fold(k, threads, False, 4)}
+    if t == 0:
+{lines("out{j}[r] = s{j}[0]", k, 8)}
+"""
+
+
+def _segmented_scan_source(dtypes: tuple, threads: int, exclusive: bool, reverse: bool) -> str:
+    k = len(dtypes)
+    at = "length - 1 - i" if reverse else "i"
+    return f"""{_row_partials(dtypes, threads, at, reverse)}
 {tree_scan(k, threads, reverse, 4)}
 {lines("acc{j} = id{j}", k, 4)}
     if t > 0:
