@@ -115,6 +115,21 @@ def test_other_dtypes_keep_their_dtype(dtype, cuda_calls):
     assert cuda_calls.get("reduce") and cuda_calls.get("scan")
 
 
+def test_maps_of_every_scalar_helper_run_on_cuda(cuda_calls, declines):
+    """NumPy's semantics (NaN, log of 0 and of negatives, stable logaddexp and sigmoid, sign of 0) in the
+    device functions, compiled from the numba backend's helpers."""
+    x = np.array([-np.inf, -3.0, -1.0, -0.0, 0.0, 0.5, 2.0, np.inf, np.nan] * 4)
+
+    def f(x):
+        return fold.map(lambda v: (np.sign(v), np.log(v), np.log1p(v), np.sqrt(v), fold.sigmoid(v),
+                                   np.maximum(v, 0.5), np.minimum(v, 0.5), np.logaddexp(v, 1.0)), x)
+
+    expected, got = on_both(f, x)
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-15)
+    assert cuda_calls.get("map") == 1 and not declines
+
+
 def test_a_map_with_a_captured_value_and_vector_rows(cuda_calls, declines):
     rows, w = rng.normal(size=(300, 3)), rng.normal(size=3)
 
@@ -167,7 +182,7 @@ def test_a_per_row_gradient_runs_on_cuda_kernels(cuda_calls, declines):
     f = lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda r: fold.reduce(lambda a, b: a * b, r, identity=1.0), x))  # noqa: E731
     (grad,) = fold.jit(lambda x: fold.vjp(f, (x,), 1.0, reduce_rule="generic"), backend="cuda")(x)
     np.testing.assert_allclose(grad, np.prod(x, axis=1, keepdims=True) / x, rtol=1e-12)
-    assert cuda_calls and not declines
+    assert cuda_calls.get("segmented_reduce") and cuda_calls.get("segmented_scan") and not declines
 
 
 @pytest.mark.parametrize("n", [0, 1, 300])

@@ -2,7 +2,7 @@
 operators and map bodies that the cuda backend compiles from traced programs (records, 2 x 2 and 8 x 8
 matrices, float32, integer and boolean leaves, the NaN-aware helpers), compiled to PTX for compute
 capability 9.0 by NVVM and assembled by ptxas, which checks each kernel's shared memory and registers.
-Needs the CUDA toolkit (NVVM and ptxas), not a GPU; without the toolkit the test is skipped, saying so."""
+Needs the CUDA toolkit, not a GPU: without NVVM the test is skipped, saying so; without ptxas it fails."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ SCRIPT = textwrap.dedent('''
         "float32 first max": (body(lambda v, i: fold.reduce(first_max, (v, i), identity=(-np.inf, -1)), x32, i64),
                               [np.float32, np.int64]),
         "int32 max": (body(lambda v: fold.reduce(fold.monoids.max, v), np.ones(4, np.int32)), [np.int32]),
+        "bool or": (body(lambda b: fold.reduce(lambda p, q: p | q, b, identity=False), np.ones(4, bool)), [np.bool_]),
     }
     mappers = {
         "helpers": (body(lambda x, c: fold.map(lambda v: (fold.sigmoid(v) * c + np.tanh(v), np.sqrt(v) > np.log(v)), x),
@@ -109,7 +110,7 @@ SCRIPT = textwrap.dedent('''
                         (*[array(d, 1) for d in inputs], *[types.float64] * consts, types.int64, *[array(d, 1) for d in outs])))
 
     ptxas = shutil.which("ptxas") or shutil.which("ptxas", path="/usr/local/cuda/bin")
-    failed = []
+    failed = [] if ptxas else ["ptxas not found (on PATH or in /usr/local/cuda/bin): nothing was assembled"]
     for name, source, fn, signature in kernels:
         namespace = {"cuda": cuda, "np": np, "combine": fn, "mapper": fn}
         exec(source, namespace)

@@ -20,11 +20,12 @@ def reduce(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[
            threads: int | None = None, items: int | None = None) -> tuple:
     """The fold of the n elements (k leaves each) with `combine` from `identity`: k NumPy scalars."""
     a = host.fold_arguments(k, identity, leaves, threads, items)
+    host.check_arity(combine, 2 * len(a.dtypes), "combine")
     if a.n == 0:
         return a.ident
     totals, n = host.to_device(a.leaves), a.n
     while True:
-        totals = block_totals(combine, a.ident, totals, n, a.shape, reverse=False, flip=False)
+        totals = block_totals(combine, a.ident, totals, n, a.launch, reverse=False, flip=False)
         n = totals[0].shape[0]
         if n == 1:
             return tuple(t.copy_to_host()[0] for t in totals)

@@ -29,28 +29,26 @@ ATOMIC_DTYPES = (np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint6
 
 def histogram(combine: Callable, k: int, identity: Sequence[Any], n_bins: int, indices: Any, leaves: Sequence[Any],
               *, operator: str | None = None, workers: int | None = None, threads: int | None = None) -> tuple:
-    """k arrays of n_bins (NumPy arrays for NumPy leaves and device arrays for device ones). `workers`
-    overrides the number of private histograms."""
-    leaves, on_host = host.check_vectors(leaves, host.check_count(k, "k"), "leaves")
-    (indices,), _ = host.check_vectors([indices], 1, "indices")
-    if indices.shape[0] != leaves[0].shape[0]:
-        raise ValueError(f"indices: {indices.shape[0]} indices for {leaves[0].shape[0]} elements")
-    if np.dtype(indices.dtype).kind not in "iu":
-        raise ValueError(f"indices must be integers, got dtype {indices.dtype}")
-    if not isinstance(n_bins, (int, np.integer)) or n_bins < 0:
+    """k arrays of n_bins (NumPy arrays for NumPy leaves and device arrays for device ones). `operator`
+    names a recognised operation, as in kernels.cpu ("add" takes the atomic path; others change nothing);
+    `workers` overrides the number of private histograms."""
+    a = host.fold_arguments(k, identity, leaves, threads, 1, min_span=1)
+    if not hasattr(indices, "shape") or len(indices.shape) != 1 or np.dtype(indices.dtype).kind not in "iu":
+        got = f"shape {tuple(indices.shape)}, dtype {indices.dtype}" if hasattr(indices, "shape") else type(indices).__name__
+        raise ValueError(f"indices must be a 1-D integer array, got {got}")
+    if indices.shape[0] != a.n or host.is_host(indices) != a.on_host:
+        raise ValueError(f"indices: {indices.shape[0]} indices for {a.n} elements; both on the host or both on the device")
+    if not host.is_int(n_bins) or n_bins < 0:
         raise ValueError(f"n_bins must be an integer >= 0, got {n_bins!r}")
-    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
-    ident = host.cast_identity(identity, dtypes)
-    shape = host.launch(threads, 1)
-    n, n_bins = leaves[0].shape[0], int(n_bins)
-    outs = host.empty(n_bins, dtypes)
+    outs = host.empty(int(n_bins), a.dtypes)
     if n_bins:
-        on_device = host.to_device([indices, *leaves])
-        if operator == "add" and k == 1 and dtypes[0] in ATOMIC_DTYPES and ident[0] == 0:
-            _atomic_add(on_device[0], on_device[1], n, outs[0], shape)
+        on_device = host.to_device([indices, *a.leaves])
+        if operator == "add" and len(a.dtypes) == 1 and a.dtypes[0] in ATOMIC_DTYPES and a.ident[0] == 0:
+            _atomic_add(on_device[0], on_device[1], a.n, outs[0], a.launch)
         else:
-            _private_histograms(combine, ident, on_device[0], on_device[1:], n, outs, shape, workers)
-    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
+            host.check_arity(combine, 2 * len(a.dtypes), "combine")
+            _private_histograms(combine, a.ident, on_device[0], on_device[1:], a.n, outs, a.launch, workers)
+    return host.returned(outs, a.on_host)
 
 
 def _atomic_add(indices, values, n: int, out, shape: host.Launch) -> None:

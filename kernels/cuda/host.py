@@ -33,23 +33,31 @@ class Launch:
         return max(1, -(-n // self.span))
 
 
-def launch(threads: int | None, items: int | None, dtypes: Sequence[np.dtype] = ()) -> Launch:
+def launch(threads: int | None, items: int | None, dtypes: Sequence[np.dtype] = (), min_span: int = 1) -> Launch:
     """The launch shape asked for (or the default); a default block of wide elements (a 5 x 5 float64
-    matrix: 200 bytes) gets fewer threads, so that its partials fit in SHARED_BYTES."""
+    matrix: 200 bytes) gets fewer threads, so that its partials fit in SHARED_BYTES. A fold's block totals
+    must be fewer than its elements, so a reduce or scan asks for blocks of `min_span` = 2 elements or more."""
     element = sum(np.dtype(d).itemsize for d in dtypes)
     if threads is None:
         threads = DEFAULT_THREADS
         while threads > 1 and threads * element > SHARED_BYTES:
             threads //= 2
     items = DEFAULT_ITEMS if items is None else items
-    if not isinstance(threads, (int, np.integer)) or threads < 1 or threads > MAX_THREADS or threads & (threads - 1):
+    if not is_int(threads) or threads < 1 or threads > MAX_THREADS or threads & (threads - 1):
         raise ValueError(f"threads must be a power of two from 1 to {MAX_THREADS}, got {threads!r}")
-    if not isinstance(items, (int, np.integer)) or items < 1:
+    if not is_int(items) or items < 1:
         raise ValueError(f"items must be an integer >= 1, got {items!r}")
+    if threads * items < min_span:
+        raise ValueError(f"a block must span at least {min_span} elements, so that each level of block totals is "
+                         f"shorter than the last; got threads={threads}, items={items}")
     if threads * element > SHARED_BYTES:
         raise ValueError(f"threads={threads} blocks of {element}-byte elements need {threads * element} bytes of "
                          f"shared memory, more than {SHARED_BYTES}: pass fewer threads")
     return Launch(int(threads), int(items))
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def is_host(x: Any) -> bool:
@@ -57,7 +65,7 @@ def is_host(x: Any) -> bool:
 
 
 def check_count(count: Any, what: str) -> int:
-    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 1:
+    if not is_int(count) or count < 1:
         raise ValueError(f"{what} must be an integer >= 1, got {count!r}")
     return int(count)
 
@@ -67,7 +75,7 @@ def check_vectors(arrays: Sequence[Any], count: int | None, what: str, ndim: int
     shape, all NumPy arrays or all device arrays."""
     if isinstance(arrays, np.ndarray) or (count is not None and len(arrays) != count):
         got = "one array" if isinstance(arrays, np.ndarray) else f"{len(arrays)} arrays"
-        raise ValueError(f"{what}: expected a sequence of {count} arrays, got {got}")
+        raise ValueError(f"{what}: expected a sequence of {'' if count is None else f'{count} '}arrays, got {got}")
     for j, a in enumerate(arrays):
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             raise TypeError(f"{what}[{j}] must be a NumPy or device array, got {type(a).__name__}")
@@ -85,22 +93,36 @@ def check_vectors(arrays: Sequence[Any], count: int | None, what: str, ndim: int
 
 @dataclass(frozen=True)
 class FoldArguments:
-    """A fold's checked arguments: the leaves, whether they are on the host, the identity in their dtypes,
-    the launch shape and the number of elements."""
+    """A fold's checked arguments: the leaves, whether they are on the host, their dtypes, the identity in
+    those dtypes, the launch shape and the leaves' leading length."""
 
     leaves: list
     on_host: bool
+    dtypes: tuple
     ident: tuple
-    shape: Launch
+    launch: Launch
     n: int
 
 
-def fold_arguments(k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None,
-                   items: int | None) -> FoldArguments:
-    leaves, on_host = check_vectors(leaves, check_count(k, "k"), "leaves")
-    dtypes = [np.dtype(a.dtype) for a in leaves]
-    return FoldArguments(leaves, on_host, cast_identity(identity, dtypes), launch(threads, items, dtypes),
-                         leaves[0].shape[0])
+def fold_arguments(k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None, items: int | None,
+                   *, ndim: int = 1, min_span: int = 2) -> FoldArguments:
+    leaves, on_host = check_vectors(leaves, check_count(k, "k"), "leaves", ndim)
+    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
+    return FoldArguments(leaves, on_host, dtypes, cast_identity(identity, dtypes),
+                         launch(threads, items, dtypes, min_span), leaves[0].shape[0])
+
+
+def check_arity(fn: Any, count: int, what: str) -> None:
+    """A device function (Numba's, or the simulator's) must take `count` scalars."""
+    py_func = getattr(fn, "py_func", None) or getattr(fn, "fn", None)
+    code = getattr(py_func, "__code__", None)
+    if code is not None and not code.co_flags & 0x04 and code.co_argcount != count:  # 0x04: takes *args
+        raise ValueError(f"{what} must take {count} scalars, but {py_func.__name__} takes {code.co_argcount}")
+
+
+def returned(outs: Sequence[Any], on_host: bool) -> tuple:
+    """The results where the inputs were: copied to the host for host inputs, else the device arrays."""
+    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
 
 
 def to_device(arrays: Sequence[Any]) -> list[Any]:
@@ -113,7 +135,10 @@ def cast_identity(identity: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple:
         raise ValueError(f"identity: expected {len(dtypes)} scalars (one per leaf), got {len(identity)}")
     cast = []
     for j, (value, dtype) in enumerate(zip(identity, dtypes, strict=True)):
-        c = np.dtype(dtype).type(value)
+        try:
+            c = np.dtype(dtype).type(value)
+        except (OverflowError, ValueError, TypeError) as err:
+            raise ValueError(f"identity[{j}] = {value!r} does not convert to the leaf's dtype {np.dtype(dtype)}: {err}") from None
         if not (c == value or (c != c and value != value)):
             raise ValueError(f"identity[{j}] = {value!r} is not representable in the leaf's dtype {np.dtype(dtype)}")
         cast.append(c)

@@ -22,6 +22,7 @@ def map(mapper: Callable, inputs: Sequence[Any], out_dtypes: Sequence[np.dtype],
     if not dtypes:
         raise ValueError("out_dtypes: a map needs at least one result")
     shape = host.launch(threads, 1)
+    host.check_arity(mapper, len(consts) + len(inputs), "mapper")
     n = inputs[0].shape[0]
     outs = host.empty(n, dtypes)
     if n:
@@ -29,7 +30,7 @@ def map(mapper: Callable, inputs: Sequence[Any], out_dtypes: Sequence[np.dtype],
         key = ("map", mapper, m, c, dtypes)
         kernel = compile_kernel(key, lambda: _map_source(m, c, r), {"mapper": mapper})
         kernel[shape.blocks(n), shape.threads](*host.to_device(inputs), *consts, n, *outs)
-    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
+    return host.returned(outs, on_host)
 
 
 def _map_source(m: int, c: int, r: int) -> str:

@@ -20,36 +20,37 @@ def segmented_reduce(combine: Callable, k: int, identity: Sequence[Any], leaves:
                      threads: int | None = None) -> tuple:
     """out[r] = the fold of row r's elements (k leaves, each a (rows, length) array) from `identity`: k
     arrays of `rows`, NumPy arrays for NumPy leaves and device arrays for device ones."""
-    leaves, on_host, dtypes, ident, shape = _row_arguments(k, identity, leaves, threads)
-    rows, length = leaves[0].shape
-    outs = host.empty(rows, dtypes)
+    a = _row_arguments(combine, k, identity, leaves, threads)
+    (rows, length), threads = a.leaves[0].shape, a.launch.threads
+    outs = host.empty(rows, a.dtypes)
     if rows:
-        key = ("segmented_reduce", combine, dtypes, shape.threads)
-        kernel = compile_kernel(key, lambda: _segmented_source(dtypes, shape.threads), {"combine": combine})
-        kernel[rows, shape.threads](*host.to_device(leaves), *ident, length, *outs)
-    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
+        key = ("segmented_reduce", combine, a.dtypes, threads)
+        kernel = compile_kernel(key, lambda: _segmented_source(a.dtypes, threads), {"combine": combine})
+        kernel[rows, threads](*host.to_device(a.leaves), *a.ident, length, *outs)
+    return host.returned(outs, a.on_host)
 
 
 def segmented_scan(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], exclusive: bool = False,
                    reverse: bool = False, *, threads: int | None = None) -> tuple:
     """Each row's prefixes (suffixes if `reverse`), including the element or (`exclusive`) not: k arrays
     of (rows, length), NumPy arrays for NumPy leaves and device arrays for device ones."""
-    leaves, on_host, dtypes, ident, shape = _row_arguments(k, identity, leaves, threads)
-    rows, length = leaves[0].shape
-    outs = [host.empty(rows * length, [d])[0].reshape(rows, length) for d in dtypes]
+    a = _row_arguments(combine, k, identity, leaves, threads)
+    (rows, length), threads = a.leaves[0].shape, a.launch.threads
+    outs = [host.empty(rows * length, [d])[0].reshape(rows, length) for d in a.dtypes]
     if rows and length:
         flags = (bool(exclusive), bool(reverse))
-        key = ("segmented_scan", combine, dtypes, shape.threads, flags)
-        kernel = compile_kernel(key, lambda: _segmented_scan_source(dtypes, shape.threads, *flags), {"combine": combine})
-        kernel[rows, shape.threads](*host.to_device(leaves), *ident, length, *outs)
-    return tuple(o.copy_to_host() for o in outs) if on_host else tuple(outs)
+        key = ("segmented_scan", combine, a.dtypes, threads, flags)
+        kernel = compile_kernel(key, lambda: _segmented_scan_source(a.dtypes, threads, *flags), {"combine": combine})
+        kernel[rows, threads](*host.to_device(a.leaves), *a.ident, length, *outs)
+    return host.returned(outs, a.on_host)
 
 
-def _row_arguments(k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None) -> tuple:
-    """(leaves, whether on the host, their dtypes, the identity in them, the launch shape), checked."""
-    leaves, on_host = host.check_vectors(leaves, host.check_count(k, "k"), "leaves", ndim=2)
-    dtypes = tuple(np.dtype(a.dtype) for a in leaves)
-    return leaves, on_host, dtypes, host.cast_identity(identity, dtypes), host.launch(threads, 1, dtypes)
+def _row_arguments(combine: Callable, k: Any, identity: Sequence[Any], leaves: Sequence[Any],
+                   threads: int | None) -> host.FoldArguments:
+    """A segmented fold's checked arguments: (rows, length) leaves, blocks of one element per thread."""
+    a = host.fold_arguments(k, identity, leaves, threads, 1, ndim=2, min_span=1)
+    host.check_arity(combine, 2 * len(a.dtypes), "combine")
+    return a
 
 
 def _row_partials(dtypes: tuple, threads: int, at: str, flip: bool) -> str:

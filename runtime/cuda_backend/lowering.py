@@ -1,7 +1,8 @@
 """Which statements the cuda backend runs as CUDA kernels (kernels.cuda does the work).
 
-A rule returns the statement's outputs, or None after declining with one warning naming the primitive and
-why; the numpy implementation then runs. Lowered here: reduce and scan at the top level of a program and
+A rule returns the statement's outputs, or None, and the numpy implementation then runs: after one warning
+naming the primitive and why where a fold cannot be lowered, silently where a map's body is not a scalar
+function (it runs batched, as elementwise code does, its folds lowered where they can be). Lowered here: reduce and scan at the top level of a program and
 one map deep (a fold per row: the segmented kernels), and reduce_by_index at the top level, with any
 associative operator whose elements are scalars or small arrays; and top-level maps whose body is written as a scalar function. Every other
 statement runs on the numpy implementation, on the host.
@@ -9,6 +10,7 @@ statement runs on the numpy implementation, on the host.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -33,8 +35,14 @@ def _run(prim, kernel: str, *args, **kwargs) -> Any:
 
     try:
         return getattr(kernels.cuda, kernel)(*args, **kwargs)
-    except Exception as err:  # noqa: BLE001 - a kernel that does not compile: the reference implementation runs
-        return _decline(prim, f"its kernel does not compile: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    except Exception as err:  # noqa: BLE001 - a kernel that does not compile or run: the reference implementation runs
+        message = _SIMULATED_THREAD.sub("", str(err)).splitlines()[0][:200] if str(err) else ""
+        return _decline(prim, f"its kernel failed: {type(err).__name__}: {message}")
+
+
+# the simulator prefixes an error raised in a kernel with the thread's and block's indices, which would make
+# each thread's failure a warning of its own
+_SIMULATED_THREAD = re.compile(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ")
 
 
 def _fold_setup(prim, args: list, depth: int, deepest: int = 0) -> tuple[Callable, tuple] | None:

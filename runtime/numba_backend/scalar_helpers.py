@@ -62,7 +62,8 @@ def _sqrt(x):
 
 @numba.njit(inline="always")
 def _sign(x):
-    return (x > 0) - (x < 0) if x == x else x
+    # integers, not booleans, subtracted: NumPy refuses True - False, which the CUDA simulator runs as NumPy
+    return (1 if x > 0 else 0) - (1 if x < 0 else 0) if x == x else x
 
 
 def _mod(a, b):
