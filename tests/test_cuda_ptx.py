@@ -46,13 +46,15 @@ SCRIPT = textwrap.dedent('''
     from kernels.cuda.scan import _block_scan_source
     from kernels.cuda.segmented import _segmented_scan_source, _segmented_source
     from runtime.cuda_backend.device_functions import device_function
+    from runtime.numba_backend.captured_operands import carrying
 
     def body(f, *args, kind=Reduce):
         program = fold.trace(f, *args)
-        stmt = next(s for s in program.stmts if isinstance(s.prim, kind))
-        fn, problem = device_function(stmt.prim.body)
+        prim = next(s for s in program.stmts if isinstance(s.prim, kind)).prim
+        prim = carrying(prim) if kind is Reduce and prim.num_consts else prim  # captured values as element fields
+        fn, problem = device_function(prim.body)
         assert fn is not None, problem
-        return fn, stmt.prim
+        return fn, prim
 
     def affine(a, b):
         return a[0] * b[0], b[0] * a[1] + b[1]
@@ -69,6 +71,8 @@ SCRIPT = textwrap.dedent('''
         "float32 first max": (body(lambda v, i: fold.reduce(first_max, (v, i), identity=(-np.inf, -1)), x32, i64),
                               [np.float32, np.int64]),
         "int32 max": (body(lambda v: fold.reduce(fold.monoids.max, v), np.ones(4, np.int32)), [np.int32]),
+        "captured t": (body(lambda x, t: fold.reduce(lambda a, b: a + b + t * a * b, x, identity=0.0), x, 0.7),
+                       [np.float64] * 2),
         "bool or": (body(lambda b: fold.reduce(lambda p, q: p | q, b, identity=False), np.ones(4, bool)), [np.bool_]),
     }
     mappers = {

@@ -4,7 +4,8 @@ A rule returns the statement's outputs, or None, and the numpy implementation th
 naming the primitive and why where a fold cannot be lowered, silently where a map's body is not a scalar
 function (it runs batched, as elementwise code does, its folds lowered where they can be). Lowered here: reduce and scan at the top level of a program and
 one map deep (a fold per row: the segmented kernels), and reduce_by_index at the top level, with any
-associative operator whose elements are scalars or small arrays; and top-level maps whose body is written as a scalar function. Every other
+associative operator whose elements are scalars or small arrays (an operator capturing a few scalars, the
+same for every fold, carries them as element fields: runtime/numba_backend/captured_operands.py); and top-level maps whose body is written as a scalar function. Every other
 statement runs on the numpy implementation, on the host.
 """
 
@@ -18,7 +19,8 @@ import numpy as np
 from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
-from runtime.numba_backend.lowering import _element_shapes, _identity, _join, _split, decline
+from runtime.numba_backend.captured_operands import capture_problem
+from runtime.numba_backend.lowering import _element_shapes, _identity, _join, _split, decline, with_captures_as_operands
 
 from .device_functions import device_function
 
@@ -50,8 +52,8 @@ def _fold_setup(prim, args: list, depth: int, deepest: int = 0) -> tuple[Callabl
     many maps deep the fold may be."""
     if depth > deepest:
         return _decline(prim, "this fold inside a map is not lowered to CUDA yet")
-    if prim.num_consts:
-        return _decline(prim, "its operator captures values")
+    if prim.num_consts:  # more than with_captures_as_operands carries as element fields
+        return _decline(prim, capture_problem(prim) or "its operator captures values")
     combine, problem = device_function(prim.body)
     if combine is None:
         return _decline(prim, f"its operator cannot be compiled: {problem}")
@@ -79,16 +81,19 @@ def _fold(prim, args: list, depth: int, kernel: str, **options):
 
 
 @cuda_impls.register(Reduce)
+@with_captures_as_operands(deepest=1, backend="cuda")
 def _reduce(prim: Reduce, args: list, depth: int):
     return _fold(prim, args, depth, "reduce")
 
 
 @cuda_impls.register(Scan)
+@with_captures_as_operands(deepest=1, backend="cuda")
 def _scan(prim: Scan, args: list, depth: int):
     return _fold(prim, args, depth, "scan", exclusive=prim.exclusive, reverse=prim.reverse)
 
 
 @cuda_impls.register(ReduceByIndex)
+@with_captures_as_operands(deepest=0, backend="cuda")
 def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
     """The histogram kernel, at the top level: a recognised + of scalars adds atomically."""
     setup = _fold_setup(prim, args, depth)

@@ -77,17 +77,17 @@ def _make_scalar_operator(prim):
         return None, None, f"its operator does not compile: {type(err).__name__}"
 
 
-def with_captures_as_operands(deepest: int) -> Callable[[Callable], Callable]:
+def with_captures_as_operands(deepest: int, backend: str = "numba") -> Callable[[Callable], Callable]:
     """A fold's rule (which runs kernels for statements up to `deepest` maps deep) that also runs folds whose
     operator captures a few values, as folds whose elements carry them (captured_operands.py); their
-    carried results are dropped."""
+    carried results are dropped. `backend` names the backend in its warning."""
     def wrap(rule: Callable) -> Callable:
         @functools.wraps(rule)
         def lowered(prim, args: list, depth: int):
             if not prim.num_consts or depth > deepest or capture_problem(prim) is not None:
                 return rule(prim, args, depth)
             if not same_for_every_fold(prim, args):
-                return decline(prim, "its operator captures a value that differs from row to row")
+                return decline(prim, "its operator captures a value that differs from row to row", backend)
             outs = rule(carrying(prim), carrying_args(prim, args, depth), depth)
             return None if outs is None else outs[: prim.num_leaves]
 
