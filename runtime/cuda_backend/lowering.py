@@ -1,12 +1,13 @@
 """Which statements the cuda backend runs as CUDA kernels (kernels.cuda does the work).
 
-A rule returns the statement's outputs, or None, and the numpy implementation then runs: after one warning
-naming the primitive and why where a fold cannot be lowered, silently where a map's body is not a scalar
-function (it runs batched, as elementwise code does, its folds lowered where they can be). Lowered here: reduce and scan at the top level of a program and
-one map deep (a fold per row: the segmented kernels), and reduce_by_index at the top level, with any
-associative operator whose elements are scalars or small arrays (an operator capturing a few scalars, the
-same for every fold, carries them as element fields: runtime/numba_backend/captured_operands.py); and top-level maps whose body is written as a scalar function. Every other
-statement runs on the numpy implementation, on the host.
+Lowered here, with any associative operator whose elements are scalars or small arrays: reduce and scan at
+the top level of a program and one map deep (a fold per row: the segmented kernels), reduce_by_index at the
+top level, and top-level maps whose body is written as a scalar function. An operator capturing a few
+scalars, the same for every fold, carries them as element fields (runtime/numba_backend/captured_operands.py).
+
+A rule returns the statement's outputs, or None, and the numpy implementation then runs, on the host: after
+one warning naming the primitive and why where a fold cannot be lowered; silently where a map's body is not
+a scalar function (it runs batched, as elementwise code does, with its folds lowered where they can be).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _decline(prim, reason: str) -> None:
 
 
 def _run(prim, kernel: str, *args, **kwargs) -> Any:
-    """kernels.cuda.<kernel>(*args, **kwargs), or None after declining if Numba cannot compile it."""
+    """kernels.cuda.<kernel>(*args, **kwargs), or None after declining if it does not compile or run."""
     import kernels.cuda
 
     try:
