@@ -103,7 +103,3 @@ def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any])
             kernel = _KERNELS[key] = cuda.jit(namespace["kernel"])
         return kernel
 
-
-def clear_kernels() -> None:
-    with _LOCK:
-        _KERNELS.clear()

@@ -19,8 +19,7 @@ from .codegen import combined, compile_kernel, lines, names, shared_arrays, tree
 def reduce(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[Any], *,
            threads: int | None = None, items: int | None = None) -> tuple:
     """The fold of the n elements (k leaves each) with `combine` from `identity`: k NumPy scalars."""
-    a = host.fold_arguments(k, identity, leaves, threads, items)
-    host.check_arity(combine, 2 * len(a.dtypes), "combine")
+    a = host.fold_arguments(combine, k, identity, leaves, threads, items)
     if a.n == 0:
         return a.ident
     totals, n = host.to_device(a.leaves), a.n

@@ -32,7 +32,7 @@ def histogram(combine: Callable, k: int, identity: Sequence[Any], n_bins: int, i
     """k arrays of n_bins (NumPy arrays for NumPy leaves and device arrays for device ones). `operator`
     names a recognised operation, as in kernels.cpu ("add" takes the atomic path; others change nothing);
     `workers` overrides the number of private histograms."""
-    a = host.fold_arguments(k, identity, leaves, threads, 1, min_span=1)
+    a = host.fold_arguments(combine, k, identity, leaves, threads, 1, min_span=1)
     if not hasattr(indices, "shape") or len(indices.shape) != 1 or np.dtype(indices.dtype).kind not in "iu":
         got = f"shape {tuple(indices.shape)}, dtype {indices.dtype}" if hasattr(indices, "shape") else type(indices).__name__
         raise ValueError(f"indices must be a 1-D integer array, got {got}")
@@ -46,7 +46,6 @@ def histogram(combine: Callable, k: int, identity: Sequence[Any], n_bins: int, i
         if operator == "add" and len(a.dtypes) == 1 and a.dtypes[0] in ATOMIC_DTYPES and a.ident[0] == 0:
             _atomic_add(on_device[0], on_device[1], a.n, outs[0], a.launch)
         else:
-            host.check_arity(combine, 2 * len(a.dtypes), "combine")
             _private_histograms(combine, a.ident, on_device[0], on_device[1:], a.n, outs, a.launch, workers)
     return host.returned(outs, a.on_host)
 

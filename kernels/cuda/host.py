@@ -104,10 +104,14 @@ class FoldArguments:
     n: int
 
 
-def fold_arguments(k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None, items: int | None,
-                   *, ndim: int = 1, min_span: int = 2) -> FoldArguments:
+def fold_arguments(combine: Any, k: Any, identity: Sequence[Any], leaves: Sequence[Any], threads: int | None,
+                   items: int | None, *, ndim: int = 1, min_span: int = 2) -> FoldArguments:
+    """A fold's arguments checked (a combine of 2k scalars; None: the caller needs none), k leaves of `ndim`
+    dimensions, the identity, and the launch shape for them."""
     leaves, on_host = check_vectors(leaves, check_count(k, "k"), "leaves", ndim)
     dtypes = tuple(np.dtype(a.dtype) for a in leaves)
+    if combine is not None:
+        check_arity(combine, 2 * len(dtypes), "combine")
     return FoldArguments(leaves, on_host, dtypes, cast_identity(identity, dtypes),
                          launch(threads, items, dtypes, min_span), leaves[0].shape[0])
 

@@ -24,14 +24,13 @@ def scan(combine: Callable, k: int, identity: Sequence[Any], leaves: Sequence[An
          reverse: bool = False, *, threads: int | None = None, items: int | None = None) -> tuple:
     """Every prefix (suffix if `reverse`) of the n elements folded with `combine`, including the element at
     i or (`exclusive`) not: k arrays of n, NumPy arrays for NumPy leaves and device arrays for device ones."""
-    a = host.fold_arguments(k, identity, leaves, threads, items)
-    host.check_arity(combine, 2 * len(a.dtypes), "combine")
-    if a.n == 0:
-        return tuple(np.empty(0, d) for d in a.dtypes) if a.on_host else tuple(host.empty(0, a.dtypes))
+    a = host.fold_arguments(combine, k, identity, leaves, threads, items)
     outs = host.empty(a.n, a.dtypes)
-    _scan_into(combine, a.ident, host.to_device(a.leaves), a.n, outs, a.launch, exclusive=bool(exclusive),
-               reverse=bool(reverse), flip=bool(reverse))
+    if a.n:
+        _scan_into(combine, a.ident, host.to_device(a.leaves), a.n, outs, a.launch, exclusive=bool(exclusive),
+                   reverse=bool(reverse), flip=bool(reverse))
     return host.returned(outs, a.on_host)
+
 
 def _scan_into(combine: Callable, ident: tuple, leaves: list, n: int, outs: list, shape: host.Launch, *,
                exclusive: bool, reverse: bool, flip: bool) -> None:

@@ -20,7 +20,7 @@ def segmented_reduce(combine: Callable, k: int, identity: Sequence[Any], leaves:
                      threads: int | None = None) -> tuple:
     """out[r] = the fold of row r's elements (k leaves, each a (rows, length) array) from `identity`: k
     arrays of `rows`, NumPy arrays for NumPy leaves and device arrays for device ones."""
-    a = _row_arguments(combine, k, identity, leaves, threads)
+    a = host.fold_arguments(combine, k, identity, leaves, threads, 1, ndim=2, min_span=1)
     (rows, length), threads = a.leaves[0].shape, a.launch.threads
     outs = host.empty(rows, a.dtypes)
     if rows:
@@ -34,7 +34,7 @@ def segmented_scan(combine: Callable, k: int, identity: Sequence[Any], leaves: S
                    reverse: bool = False, *, threads: int | None = None) -> tuple:
     """Each row's prefixes (suffixes if `reverse`), including the element or (`exclusive`) not: k arrays
     of (rows, length), NumPy arrays for NumPy leaves and device arrays for device ones."""
-    a = _row_arguments(combine, k, identity, leaves, threads)
+    a = host.fold_arguments(combine, k, identity, leaves, threads, 1, ndim=2, min_span=1)
     (rows, length), threads = a.leaves[0].shape, a.launch.threads
     outs = [host.empty(rows * length, [d])[0].reshape(rows, length) for d in a.dtypes]
     if rows and length:
@@ -43,14 +43,6 @@ def segmented_scan(combine: Callable, k: int, identity: Sequence[Any], leaves: S
         kernel = compile_kernel(key, lambda: _segmented_scan_source(a.dtypes, threads, *flags), {"combine": combine})
         kernel[rows, threads](*host.to_device(a.leaves), *a.ident, length, *outs)
     return host.returned(outs, a.on_host)
-
-
-def _row_arguments(combine: Callable, k: Any, identity: Sequence[Any], leaves: Sequence[Any],
-                   threads: int | None) -> host.FoldArguments:
-    """A segmented fold's checked arguments: (rows, length) leaves, blocks of one element per thread."""
-    a = host.fold_arguments(k, identity, leaves, threads, 1, ndim=2, min_span=1)
-    host.check_arity(combine, 2 * len(a.dtypes), "combine")
-    return a
 
 
 def _row_partials(dtypes: tuple, threads: int, at: str, flip: bool) -> str:

@@ -30,7 +30,7 @@ class CudaBackend:
         if not cuda.is_available():
             raise FoldRuntimeError("the cuda backend needs an NVIDIA GPU with a working CUDA driver, and "
                                    "numba.cuda.is_available() is False here; set NUMBA_ENABLE_CUDASIM=1 (before "
-                                   "importing fold) to run it on Numba's CUDA simulator instead")
+                                   "Numba is first imported) to run it on Numba's CUDA simulator instead")
 
     def compile(self, program: Program):
         def run(args: Sequence[np.ndarray]) -> list[np.ndarray]:
