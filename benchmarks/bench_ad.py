@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 import fold
-import runtime.interpreter as interpreter
+import fold.runtime.interpreter as interpreter
 
 from .bench_language import ufunc_fast_paths
 from .common import RESULTS_DIR, benchmark_parser, traced_peak, machine, machine_line, parse_benchmark_args, save_figure, time_pair, write_json

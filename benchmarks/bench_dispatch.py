@@ -55,7 +55,7 @@ def logsumexp(x):
 
 def _cases(rng: np.random.Generator) -> list[dict[str, Any]]:
     """Each case: name, inputs, fold program per backend, and the JAX function (built lazily) with its form."""
-    from ad import vjp_program
+    from fold.ad import vjp_program
     from examples import gemm_layers as L
     from fold.inline import inline_program
 

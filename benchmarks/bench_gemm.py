@@ -137,7 +137,7 @@ def naive_functions(layer: str, x: dict) -> tuple[Callable[[], Any], Callable[[]
 def fold_functions(layer: str, x: dict) -> tuple[Callable[[], Any], Callable[[], Any], dict]:
     """(forward, forward+backward, info) of the gemm_map_reduce layer, jitted on the numpy backend."""
     import fold
-    from ad import vjp_program
+    from fold.ad import vjp_program
     from examples import gemm_layers as L
     from fold.inline import inline_program
 

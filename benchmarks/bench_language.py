@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 import fold
-import runtime.numpy_impl.folds as folds
+import fold.runtime.numpy_impl.folds as folds
 
 from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, plot_ratios, time_pair, write_json
 

@@ -93,7 +93,7 @@ from typing import Any, Callable
 import numpy as np
 
 import fold
-import kernels.cpu  # noqa: F401  (sets fold's OpenMP thread policy before bandwidth_sum starts Numba's threads)
+import fold.kernels.cpu  # noqa: F401  (sets fold's OpenMP thread policy before bandwidth_sum starts Numba's threads)
 
 from .bench_language import ufunc_fast_paths
 from .common import (RESULTS_DIR, benchmark_parser, interleaved, machine, machine_line, mem_available, parse_benchmark_args,
@@ -390,7 +390,7 @@ def _clear_warned() -> None:
     """The numba backend warns once per (primitive, reason) in a process; forget that, so that every program's
     first call reports its own fallbacks."""
     try:
-        from runtime.numba_backend import lowering
+        from fold.runtime.numba_backend import lowering
     except Exception:  # noqa: BLE001 - the backend moved: the first program to fall back still warns
         return
     warned = getattr(lowering, "_warned", None)
@@ -423,9 +423,9 @@ KERNEL_DRIVERS = ("reduce", "map_reduce", "segmented_reduce", "scan", "histogram
 def kernels_used(fn: Callable[[], Any]) -> dict[str, int] | str:
     """Calls of each kernels.cpu driver during one call of `fn` (the statements that ran as Numba kernels)."""
     try:
-        import kernels.cpu as cpu
+        import fold.kernels.cpu as cpu
     except Exception as err:  # noqa: BLE001
-        return f"kernels.cpu not importable: {type(err).__name__}"
+        return f"fold.kernels.cpu not importable: {type(err).__name__}"
     counts = dict.fromkeys(KERNEL_DRIVERS, 0)
     saved = {name: getattr(cpu, name) for name in KERNEL_DRIVERS if hasattr(cpu, name)}
 
@@ -516,7 +516,7 @@ def gradient_traffic(args: tuple, ct: Any) -> Callable[[], Any]:
 
 def _gemm_setup(case: Case, rng) -> tuple[tuple, Any, dict[str, Callable], dict[str, Callable], int]:
     """(args, cotangent, fold primal per backend, fold forward+backward per backend, naive JAX bytes)."""
-    from ad import vjp_program
+    from fold.ad import vjp_program
     from examples import gemm_layers as L
     from fold.inline import inline_program
 

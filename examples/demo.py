@@ -54,7 +54,7 @@ def main(n: int = 6, d: int = 3, big: int = 200_000, m: int = 8192) -> None:
     print(f"np.prod(xs @ w) = {float(np.prod(xs @ w)):.12f}")
 
     section("its gradient program (reverse mode by re-execution)")
-    import ad
+    from fold import ad
 
     grad_program, _ = ad.vjp_program(fold.trace(weighted_product, xs, w))
     print(grad_program)

@@ -72,17 +72,17 @@ from .verify import check_program
 
 # name -> (module, attribute): resolved on first use
 _LAZY = {
-    "run": ("runtime.api", "run"),
-    "jit": ("runtime.api", "jit"),
-    "memory": ("runtime.memory", "memory"),
-    "use_backend": ("runtime.backends", "use_backend"),
-    "available_backends": ("runtime.backends", "available_backends"),
-    "vjp": ("ad", "vjp"),
-    "jvp": ("ad", "jvp"),
-    "grad": ("ad", "grad"),
-    "value_and_grad": ("ad", "value_and_grad"),
-    "check_monoid": ("ad.monoid_laws", "check_monoid"),
-    "compare_rules": ("ad.compare", "compare_rules"),
+    "run": ("fold.runtime.api", "run"),
+    "jit": ("fold.runtime.api", "jit"),
+    "memory": ("fold.runtime.memory", "memory"),
+    "use_backend": ("fold.runtime.backends", "use_backend"),
+    "available_backends": ("fold.runtime.backends", "available_backends"),
+    "vjp": ("fold.ad", "vjp"),
+    "jvp": ("fold.ad", "jvp"),
+    "grad": ("fold.ad", "grad"),
+    "value_and_grad": ("fold.ad", "value_and_grad"),
+    "check_monoid": ("fold.ad.monoid_laws", "check_monoid"),
+    "compare_rules": ("fold.ad.compare", "compare_rules"),
 }
 
 

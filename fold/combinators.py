@@ -116,7 +116,7 @@ def _check_identity(where: str, fn: Callable, body: TracedBody, ident: list[np.n
         return
     if body.consts:
         return
-    from runtime.interpreter import eval_program  # lazy: runtime depends on fold, not the other way
+    from fold.runtime.interpreter import eval_program  # lazy: runtime depends on fold, not the other way
 
     sample = [_positive_sample(e) for e in ident]
     paths = leaf_paths(treedef, "identity")

@@ -188,7 +188,7 @@ def bind(prim: Primitive, *args: "Tracer | np.ndarray") -> list[Any]:
                     f"a tracer of shape {arg.aval} from the trace of '{scope_label}' was used after that trace "
                     f"ended (in '{prim.name}'): was it kept in a global or an attribute?"
                 )
-        from runtime.eager import eval_primitive  # lazy: runtime depends on fold, not the other way
+        from fold.runtime.eager import eval_primitive  # lazy: runtime depends on fold, not the other way
 
         return eval_primitive(prim, [np.asarray(a) for a in args])
     atoms = [scope.atom(a) for a in args]

@@ -1,7 +1,7 @@
 """Kernel templates: compiled scalar functions and arrays in, arrays out. Blind to fold's IR.
 
 This package imports nothing of fold, ad or runtime (only NumPy, Numba and the standard library); a test
-checks it. `kernels.cpu` holds the Numba CPU templates, `kernels.cuda` the Numba CUDA ones (reduce, scan, their
+checks it. `fold.kernels.cpu` holds the Numba CPU templates, `fold.kernels.cuda` the Numba CUDA ones (reduce, scan, their
 segmented forms, histogram, map; its docstring says where their contract differs).
 
 The contract (the same for every template):

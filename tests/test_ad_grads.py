@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pytest
 
-import ad
+from fold import ad
 import fold
 from fold.testing import check_grads
 
@@ -386,7 +386,7 @@ def test_table_covers_every_elementwise_op() -> None:
 
 def test_the_checker_catches_a_wrong_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """The table above can fail: a deliberately wrong partial derivative is caught, in both modes."""
-    from ad import partials
+    from fold.ad import partials
     from fold.testing import GradientCheckError
 
     monkeypatch.setitem(partials.PARTIALS, "sin", lambda args, out, wanted: (fold.sin(args[0]),))

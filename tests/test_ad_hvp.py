@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ad
+from fold import ad
 import fold
 from fold.testing import check_grads
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-import ad
+from fold import ad
 import fold
 from fold.ir import Program, Var
 from fold.primitives import Loop, LoopSaving, Map
@@ -231,7 +231,7 @@ def test_programs_of_functions_gone_are_freed():
     its own key, as did the numba backend's entry for a program no pass changed: both lived forever)."""
     import gc
 
-    from runtime import interpreter
+    from fold.runtime import interpreter
 
     x = np.arange(3.0)
 

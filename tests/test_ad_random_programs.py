@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-import ad
+from fold import ad
 import fold
 from fold.testing import check_vjp
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ad
+from fold import ad
 import fold
-from ad.reduce_rules import applicable_rules
+from fold.ad.reduce_rules import applicable_rules
 from fold.primitives import Reduce
 from fold.rules import all_primitive_types
 from fold.testing import check_grads, check_rules_agree, check_vjp
@@ -164,7 +164,7 @@ def test_product_gemm_with_zeros_against_analytic(gemm_rule: str, monkeypatch) -
     ybar = np.array([1.0, 2.0, 3.0])
     s = lhs @ rhs.T
     s_bar = ybar[:, None] * np.array([product_grad(row) for row in s])
-    monkeypatch.setattr("ad.gemm_rules._warned", set())  # the warning is given once per monoid
+    monkeypatch.setattr("fold.ad.gemm_rules._warned", set())  # the warning is given once per monoid
     with ad.gemm_rule_scope(gemm_rule), pytest.warns(UserWarning, match="divides by each part"):
         cl, cr = fold.vjp(lambda a, b: fold.gemm_map_reduce(fold.monoids.prod, lambda t: t, a, b), (lhs, rhs), ybar)
     np.testing.assert_allclose(cl, s_bar @ rhs, rtol=1e-12, atol=1e-15)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-import kernels.cpu  # noqa: F401 (installs the locators)
-from kernels.cpu import cache_stamp, modules
+from fold.kernels import cpu  # noqa: F401 (installs the locators)
+from fold.kernels.cpu import cache_stamp, modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,15 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # when given (as if fold's kernel sources had changed), and prints the kernel's cache hits and misses.
 CHILD = """
 import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("kernels.cpu.cache_stamp", "kernels/cpu/cache_stamp.py")
+spec = importlib.util.spec_from_file_location("fold.kernels.cpu.cache_stamp", "kernels/cpu/cache_stamp.py")
 stamp = importlib.util.module_from_spec(spec)
-sys.modules["kernels.cpu.cache_stamp"] = stamp
+sys.modules["fold.kernels.cpu.cache_stamp"] = stamp
 spec.loader.exec_module(stamp)
 if len(sys.argv) > 2:
     stamp.sources_digest = lambda: sys.argv[2]
 import numpy as np
-import kernels.cpu as kc
-from kernels.cpu.logsumexp import _KERNELS
+import fold.kernels.cpu as kc
+from fold.kernels.cpu.logsumexp import _KERNELS
 kc.logsumexp(np.arange(10.0), chunks=1)
 stats = _KERNELS[False].stats
 print(json.dumps([sum(stats.cache_hits.values()), sum(stats.cache_misses.values())]))

@@ -11,8 +11,8 @@ import pytest
 from helpers import assert_close, matprod_sequential, run_checked, scan_reference
 
 import fold
-import runtime.numpy_impl.control as control_impl
-import runtime.numpy_impl.folds as folds_impl
+import fold.runtime.numpy_impl.control as control_impl
+import fold.runtime.numpy_impl.folds as folds_impl
 
 
 @pytest.fixture(params=[True, False], ids=["fast-paths", "generic"])

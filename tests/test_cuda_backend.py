@@ -15,9 +15,9 @@ if not cuda.is_available():
     pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set", allow_module_level=True)
 
 import fold  # noqa: E402
-import kernels.cuda  # noqa: E402
+import fold.kernels.cuda as cuda_kernels  # noqa: E402
 from helpers import assert_same  # noqa: E402
-from runtime.numba_backend import lowering as numba_lowering  # noqa: E402
+from fold.runtime.numba_backend import lowering as numba_lowering  # noqa: E402
 
 rng = np.random.default_rng(5)
 # the simulator's default block spans 64 elements: 300 needs 5 blocks and a scan of their totals (deeper
@@ -30,13 +30,13 @@ def cuda_calls(monkeypatch):
     """Counts the kernels.cuda drivers the backend calls, so a test can tell a kernel ran."""
     calls: dict[str, int] = {}
     for name in ("reduce", "scan", "map", "segmented_reduce", "segmented_scan", "histogram"):
-        original = getattr(kernels.cuda, name)
+        original = getattr(cuda_kernels, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
             calls[_name] = calls.get(_name, 0) + 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(kernels.cuda, name, counted)
+        monkeypatch.setattr(cuda_kernels, name, counted)
     return calls
 
 
@@ -248,7 +248,7 @@ def test_an_operator_using_remainder_is_declined_by_name(declines):
 
 
 def test_the_backend_is_registered_and_says_what_it_needs_without_a_gpu(monkeypatch):
-    from runtime.cuda_backend.backend import CudaBackend
+    from fold.runtime.cuda_backend.backend import CudaBackend
 
     assert "cuda" in fold.available_backends()
     monkeypatch.setattr(cuda, "is_available", lambda: False)

@@ -1,4 +1,4 @@
-"""kernels.cuda against plain Python folds: operands kept in order (non-commutative operators, ties), sizes
+"""fold.kernels.cuda against plain Python folds: operands kept in order (non-commutative operators, ties), sizes
 either side of a block's span and of each level of block totals, 0 included, mixed leaf dtypes, device
 arrays in and out, and the drivers' errors. Runs on Numba's CUDA simulator where there is no GPU (`make
 test` sets NUMBA_ENABLE_CUDASIM=1)."""
@@ -14,7 +14,7 @@ cuda = pytest.importorskip("numba.cuda")
 if not cuda.is_available():
     pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set", allow_module_level=True)
 
-import kernels.cuda as kc  # noqa: E402
+import fold.kernels.cuda as kc  # noqa: E402
 
 
 @cuda.jit(device=True)

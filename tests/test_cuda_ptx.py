@@ -39,14 +39,14 @@ SCRIPT = textwrap.dedent('''
 
     import fold
     from fold.primitives import Map, Reduce
-    from kernels.cuda import host
-    from kernels.cuda.fold import _block_totals_source
-    from kernels.cuda.histogram import _ATOMIC_ADD_SOURCE, _FILL_SOURCE, _merge_source, _private_source
-    from kernels.cuda.map import _map_source
-    from kernels.cuda.scan import _block_scan_source
-    from kernels.cuda.segmented import _segmented_scan_source, _segmented_source
-    from runtime.cuda_backend.device_functions import device_function
-    from runtime.numba_backend.captured_operands import carrying
+    from fold.kernels.cuda import host
+    from fold.kernels.cuda.fold import _block_totals_source
+    from fold.kernels.cuda.histogram import _ATOMIC_ADD_SOURCE, _FILL_SOURCE, _merge_source, _private_source
+    from fold.kernels.cuda.map import _map_source
+    from fold.kernels.cuda.scan import _block_scan_source
+    from fold.kernels.cuda.segmented import _segmented_scan_source, _segmented_source
+    from fold.runtime.cuda_backend.device_functions import device_function
+    from fold.runtime.numba_backend.captured_operands import carrying
 
     def body(f, *args, kind=Reduce):
         program = fold.trace(f, *args)

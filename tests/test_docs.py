@@ -27,7 +27,7 @@ def test_docs_code_blocks_run(code):
     exec(compile(code, "<docs>", "exec"), {})
 
 
-@pytest.mark.parametrize("module", ["fold.api", "fold.combinators", "fold.monoid", "fold.gemm", "runtime.api", "ad.api", "ad.monoid_laws", "ad.compare"])
+@pytest.mark.parametrize("module", ["fold.api", "fold.combinators", "fold.monoid", "fold.gemm", "fold.runtime.api", "fold.ad.api", "fold.ad.monoid_laws", "fold.ad.compare"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0
@@ -47,7 +47,7 @@ def test_printed_program_in_language_docs_is_current():
 
 
 def test_printed_gradient_program_in_docs_is_current():
-    import ad
+    from fold import ad
 
     def f(xs, w):
         return fold.map(lambda x: fold.reduce(fold.monoids.logaddexp, fold.tanh(x * w)), xs)

@@ -24,11 +24,11 @@ import numpy as np
 import fold
 from fold.ir import Let, Lit, Program, Var
 from fold.primitives import Elementwise, Map, MatMul, Reshape
-from runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
-from runtime.numba_backend.first_extremes import FirstExtreme, mark_first_extremes
-from runtime.numba_backend.passes import prepare
-from runtime.numba_backend.product_fold_fusion import ProductFold
-from runtime.numba_backend.shared_views import share_views
+from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+from fold.runtime.numba_backend.first_extremes import FirstExtreme, mark_first_extremes
+from fold.runtime.numba_backend.passes import prepare
+from fold.runtime.numba_backend.product_fold_fusion import ProductFold
+from fold.runtime.numba_backend.shared_views import share_views
 from helpers import assert_same as assert_same_leaves, both
 from test_one_hots import kmeans_gradient
 
@@ -114,7 +114,7 @@ def test_only_the_statements_the_kernel_answers_are_marked():
     assert stmt.prim.extreme == "minimum" and stmt.prim.fill == 5
     x = rng.normal(size=5)
     x[[1, 3]] = x.min() - 1.0
-    from runtime.interpreter import eval_program
+    from fold.runtime.interpreter import eval_program
     assert [int(v) if i else float(v) for i, v in enumerate(eval_program(marked, [x], 0))] == [x.min(), 1]
     for fill, identity in ((4, np.inf), (5, 0.0), (5, -np.inf)):  # an index as fill; not min's identity
         program = _pattern(fill, identity)
@@ -148,7 +148,7 @@ def test_reshape_round_trips_are_dropped():
     fused = fuse_elementwise(shared)
     assert [type(s.prim) for s in fused.stmts if not isinstance(s.prim, Reshape)] == [FusedElementwise]
     x = rng.normal(size=(3, 7))
-    from runtime.interpreter import eval_program
+    from fold.runtime.interpreter import eval_program
     np.testing.assert_array_equal(eval_program(fused, [x[0]], 0)[0], x[0] * 3.0)
 
 

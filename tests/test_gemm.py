@@ -12,9 +12,9 @@ import warnings
 import numpy as np
 import pytest
 
-import ad
+from fold import ad
 import fold
-from ad.vjp import GEMM_RULES, gemm_rule_scope
+from fold.ad.vjp import GEMM_RULES, gemm_rule_scope
 from helpers import load_example
 from fold.ir import Program, Var
 from fold.primitives import GemmBlockSum, GemmMapReduce, Map

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import fold
-from ad import vjp_program
+from fold.ad import vjp_program
 from examples import gemm_layers as L
 from fold.inline import inline_program
-from runtime.numba_backend import passes
-from runtime.numba_backend.gemm_backward_fusion import GemmWithBackward
+from fold.runtime.numba_backend import passes
+from fold.runtime.numba_backend.gemm_backward_fusion import GemmWithBackward
 
 M, N, F = 40, 60, 8
 BLOCK = (16, 24)  # ragged: 40 = 16 + 16 + 8 rows, 60 = 24 + 24 + 12 columns
@@ -206,7 +206,7 @@ def _attention_keeping(keep: int):
 def test_column_blocks_past_keep_bytes_compute_their_products_again(kept_blocks, monkeypatch) -> None:
     """Row blocks of 16 rows keep 16 x 24 products (3072 bytes) for each of the first two column blocks and
     16 x 12 for the last; `keep` says how many of them are kept, and the others are recomputed."""
-    from runtime.numba_backend import gemm_backward_fusion as fusion
+    from fold.runtime.numba_backend import gemm_backward_fusion as fusion
 
     x = _inputs()
     args = (np.random.default_rng(2).standard_normal((48, F)), x["K"], x["V"])  # three row blocks of 16
@@ -236,7 +236,7 @@ def test_keep_zero_runs_the_forward_and_backward_apart() -> None:
 
 
 def test_memory_estimate_of_the_prepared_program_counts_the_kept_products() -> None:
-    from runtime.memory import program_peak
+    from fold.runtime.memory import program_peak
 
     x = _inputs()
     program = _gradient_program(LAYERS[0][1], (x["Q"], x["K"], x["V"]))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fold
-import runtime.numpy_impl.folds as folds_impl
+import fold.runtime.numpy_impl.folds as folds_impl
 
 # sizes either side of the powers of two the tree reduce/scan split on, 0 and 1 included
 TREE_SIZES = st.one_of(st.sampled_from([0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65]), st.integers(0, 130))

@@ -16,14 +16,14 @@ import pytest
 from numba import types
 
 import fold
-import kernels.cpu as kc
-from kernels.cpu import bidirectional, modules
-from kernels.cpu.codegen import compile_kernel
-from runtime.numba_backend.codegen import compile_scalar_program
+import fold.kernels.cpu as kc
+from fold.kernels.cpu import bidirectional, modules
+from fold.kernels.cpu.codegen import compile_kernel
+from fold.runtime.numba_backend.codegen import compile_scalar_program
 
 ROOT = Path(__file__).resolve().parents[1]
-reduce_kernels = importlib.import_module("kernels.cpu.reduce")  # the package exports the function reduce
-product_fold = importlib.import_module("kernels.cpu.product_fold")  # and the function product_fold
+reduce_kernels = importlib.import_module("fold.kernels.cpu.reduce")  # the package exports the function reduce
+product_fold = importlib.import_module("fold.kernels.cpu.product_fold")  # and the function product_fold
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_load_module_makes_one_text_with_other_options_another_module(disk_cache
 CHILD = """
 import json, sys
 import numpy as np
-from kernels.cpu.logsumexp import _KERNELS, logsumexp
+from fold.kernels.cpu.logsumexp import _KERNELS, logsumexp
 parallel = sys.argv[2] == "parallel"
 logsumexp(np.linspace(-1.0, 1.0, (1 << 20) if parallel else 100), chunks=2 if parallel else 1)
 stats = _KERNELS[parallel].stats

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import fold
-from runtime.numba_backend.fusion import FusedMapReduce, fuse
-from runtime.numba_backend.lowering import COMPILE_FROM
+from fold.runtime.numba_backend.fusion import FusedMapReduce, fuse
+from fold.runtime.numba_backend.lowering import COMPILE_FROM
 from helpers import assert_same, both
 
 rng = np.random.default_rng(7)
@@ -49,7 +49,7 @@ def test_only_operators_known_to_commute_are_folded_in_any_order():
     which reorders them: that is for monoids declared commutative and recognised operators, never for a
     user operator that merely happens to commute."""
     from fold.primitives import Reduce
-    from runtime.numba_backend.lowering import is_commutative
+    from fold.runtime.numba_backend.lowering import is_commutative
 
     def reduce_prim(f, *args):
         (stmt,) = [s for s in fold.trace(f, *args).stmts if isinstance(s.prim, Reduce)]
@@ -177,8 +177,8 @@ def test_generic_scan_gradient_is_one_map_scan_kernel(elements, variant, kernel_
     """The generic scan vjp (a map making affine maps from the Jacobians, their scan, a map making the
     cotangents) runs as one fused kernel besides the primal scan, whose last pass computes only the vector
     part of the recurrence; it agrees with the statements run one by one on numpy."""
-    from runtime.numba_backend.passes import prepare
-    from runtime.numba_backend.scan_fusion import FusedMapScan
+    from fold.runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.scan_fusion import FusedMapScan
 
     f, args, ct = _scan_case(elements, COMPILE_FROM + 5, reverse=variant == "reverse", exclusive=variant == "exclusive")
     g = lambda *a: fold.vjp(f, a, ct)  # noqa: E731
@@ -224,7 +224,7 @@ def test_small_fused_scans_are_compiled_once_their_numpy_time_adds_up(kernel_cal
     """Below COMPILE_FROM rows a fused scan runs the statements it replaced (on NumPy: log2(n) batched
     steps) until it has spent TIER_UP_SECONDS there, then its kernel, with the same results and no warning:
     the scan's gradient (map_scan) and the generic reduce gradient (scan_pair_map)."""
-    from runtime.numba_backend import lowering
+    from fold.runtime.numba_backend import lowering
 
     f, args, ct = _scan_case("pairs", n)
     pair_reduce = lambda a, b: fold.reduce(compose, (a, b), identity=(1.0, 0.0))  # noqa: E731
@@ -252,7 +252,7 @@ def test_generic_reduce_gradient_is_one_scan_pair_kernel(elements, kernel_calls)
     else:
         f, args, ct = (lambda x: fold.reduce(matrix_product, x, identity=np.eye(2))), (np.eye(2) + 0.01 * rng.normal(size=(n, 2, 2)),), rng.normal(size=(2, 2))
     g = lambda *a: fold.vjp(f, a, ct, reduce_rule="generic")  # noqa: E731
-    from runtime.numba_backend.scan_pair_fusion import FusedScanPairMap, fuse_scan_pairs
+    from fold.runtime.numba_backend.scan_pair_fusion import FusedScanPairMap, fuse_scan_pairs
     assert [type(s.prim) for s in fuse_scan_pairs(fold.trace(g, *args)).stmts if isinstance(s.prim, FusedScanPairMap)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -266,7 +266,7 @@ def test_generic_reduce_gradient_is_one_scan_pair_kernel(elements, kernel_calls)
 def test_recognised_reductions_of_large_inputs_run_in_parallel(op, kernel, kernel_calls):
     """*, min, max and logaddexp of many elements: NumPy's single-threaded reduction is beaten by a parallel
     kernel (same value to rounding); + keeps NumPy's pairwise sum. Small inputs keep NumPy throughout."""
-    from kernels.cpu import host
+    from fold.kernels.cpu import host
 
     n = 2 * host.MIN_CHUNK + 1
     x = rng.uniform(0.999, 1.001, n) if op is fold.monoids.prod else rng.normal(scale=20.0, size=n)
@@ -288,7 +288,7 @@ def test_small_maps_with_vector_bodies_stay_batched_numpy(kernel_calls):
 
 
 def test_long_nested_rows_and_large_values_are_left_to_numpy():
-    from runtime.numba_backend.codegen import MAX_STATEMENTS, MAX_UNROLLED_ROWS, compile_problem
+    from fold.runtime.numba_backend.codegen import MAX_STATEMENTS, MAX_UNROLLED_ROWS, compile_problem
 
     def body_of(f, *args):
         return fold.trace(f, *args).stmts[0].prim.body
@@ -310,8 +310,8 @@ def test_long_nested_rows_and_large_values_are_left_to_numpy():
 
 
 def test_too_large_elements_fall_back_with_one_warning(monkeypatch):
-    from runtime.numba_backend import lowering
-    from runtime.numba_backend.codegen import MAX_COMPONENTS
+    from fold.runtime.numba_backend import lowering
+    from fold.runtime.numba_backend.codegen import MAX_COMPONENTS
 
     monkeypatch.setattr(lowering, "_warned", set())
     v = rng.normal(size=(16, MAX_COMPONENTS + 1))
@@ -338,7 +338,7 @@ def test_compile_time_is_reported_apart_from_run_time():
 def test_numba_compile_time_is_charged_to_the_program_that_compiles():
     """The backend's own clock (Numba's compile events) counts a kernel compiled during a program's call, and
     only for that program: a constant no other test uses makes sure the kernel is new to the disk cache too."""
-    from runtime.backends import get_backend
+    from fold.runtime.backends import get_backend
 
     unique = float(np.random.default_rng().integers(1, 2**40)) + 0.5
     x = rng.normal(size=COMPILE_FROM)
@@ -356,7 +356,7 @@ def test_numba_compile_time_is_charged_to_the_program_that_compiles():
 
 _CACHE_SCRIPT = """
 import sys, numpy as np, fold
-from kernels.cpu import codegen
+from fold.kernels.cpu import codegen
 op = {op}
 f = fold.jit(lambda x: fold.scan(op, x, identity=1.0), backend="numba")
 x = np.linspace(0.5, 1.5, 64)
@@ -390,8 +390,8 @@ def test_kernels_are_cached_on_disk_between_processes(tmp_path):
 
 _VECTOR_CACHE_SCRIPT = """
 import numpy as np, fold
-from kernels.cpu import codegen, lanes
-from runtime.numba_backend.lowering import COMPILE_FROM
+from fold.kernels.cpu import codegen, lanes
+from fold.runtime.numba_backend.lowering import COMPILE_FROM
 f = fold.jit(lambda x: fold.map(lambda v: fold.exp(-v) * fold.sin(v), x), backend="numba")
 x = np.linspace(-3.0, 3.0, COMPILE_FROM + 7)
 np.testing.assert_allclose(f(x), np.exp(-x) * np.sin(x), rtol=1e-14)
@@ -403,7 +403,7 @@ print(lanes.lane_form(key[1]) is not None, sum(kernel.stats.cache_hits.values())
 def test_kernels_calling_vector_math_are_cached_on_disk_too(tmp_path):
     """A map kernel whose mapper has a lane form (libmvec calls) is loaded from disk by a second process,
     the library loaded before the cached code is linked, with the same results."""
-    from kernels.cpu import vector_math
+    from fold.kernels.cpu import vector_math
 
     env = dict(os.environ, FOLD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     runs = [subprocess.run([sys.executable, "-c", _VECTOR_CACHE_SCRIPT], env=env, capture_output=True, text=True)
@@ -446,7 +446,7 @@ def _softmax_rows(x, r):
 
 
 def test_elementwise_runs_become_one_statement_writing_only_what_is_used_later():
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
 
     x, r = np.ones((5, 7)), np.ones(5)
     program = fold.trace(_softmax_rows, x, r)
@@ -468,9 +468,9 @@ def test_elementwise_runs_become_one_statement_writing_only_what_is_used_later()
 def test_a_jitted_program_leaves_runs_too_small_to_compile_unfused():
     """A jitted program's shapes are its arrays': a run smaller than COMPILE_FROM elements would only decline
     to the statements it replaced, so it is not fused, while a map body's (rows on top) and a large run are."""
-    from runtime.backends import get_backend
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise
-    from runtime.numba_backend.passes import prepare
+    from fold.runtime.backends import get_backend
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from fold.runtime.numba_backend.passes import prepare
 
     f = lambda x: fold.where(x > 0.0, fold.exp(-x) * x, fold.sin(x) + 1.0)  # noqa: E731
 
@@ -539,8 +539,8 @@ def test_repeated_and_identity_views_are_merged():
     """share_views: two broadcasts of one value become one, an identity reshape disappears, and the
     program computes the same."""
     from fold.primitives import BroadcastTo
-    from runtime.interpreter import eval_program
-    from runtime.numba_backend.shared_views import share_views
+    from fold.runtime.interpreter import eval_program
+    from fold.runtime.numba_backend.shared_views import share_views
 
     x, r = rng.normal(size=(5, 7)), rng.normal(size=5)
 
@@ -561,7 +561,7 @@ def test_views_left_unread_by_merging_are_dropped():
     """A reshape round trip (16,) -> (16, 1) -> (16,) reads the vector itself after share_views; the first
     reshape, read by nothing any more, goes too (it kept the product stored: k-means' gradient wrote its
     scaled centroids for it)."""
-    from runtime.numba_backend.shared_views import share_views
+    from fold.runtime.numba_backend.shared_views import share_views
 
     v, w = rng.normal(size=16), rng.normal(size=16)
     program = fold.trace(lambda v, w: fold.reshape(fold.reshape(v * w, (16, 1)), (16,)) + w, v, w)
@@ -573,8 +573,8 @@ def test_nested_map_returning_an_operand_is_unnested():
     """A map over rows of a scalar map that returns one of its operands as it is (d = g of a sum monoid, the
     per-row cotangent) is still written as elementwise statements over the (rows, columns) block."""
     from fold.primitives import Map
-    from runtime.interpreter import eval_program
-    from runtime.numba_backend.unnest import unnest_maps
+    from fold.runtime.interpreter import eval_program
+    from fold.runtime.numba_backend.unnest import unnest_maps
 
     x, g = rng.normal(size=(6, 40)), rng.normal(size=6)
     program = fold.trace(lambda x, g: fold.map(lambda row, gi: fold.map(lambda v: (fold.exp(v) * gi, gi), row), x, g), x, g)
@@ -606,13 +606,13 @@ def test_gemm_pairs_backward_is_one_kernel_of_few_inputs():
     """Cross-entropy's backward block under the pairs rule: its fields and D pair by pair are one elementwise
     kernel, each view of the row and column data passed once, so that the kernel keeps its four-lane form
     (at most codegen.MAX_INLINED_PARAMETERS / 4 inputs)."""
-    import ad
+    from fold import ad
     from examples import gemm_layers
     from fold.primitives import GemmBlockSum
-    from kernels.cpu.lanes import WIDTH
-    from runtime.numba_backend.codegen import MAX_INLINED_PARAMETERS
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise
-    from runtime.numba_backend.passes import prepare
+    from fold.kernels.cpu.lanes import WIDTH
+    from fold.runtime.numba_backend.codegen import MAX_INLINED_PARAMETERS
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from fold.runtime.numba_backend.passes import prepare
 
     P, C, t = rng.normal(size=(256, 16)), rng.normal(size=(512, 16)), rng.integers(0, 512, 256)
     program = fold.trace(lambda P, C: gemm_layers.cross_entropy(P, C, t, block=(128, 256)), P, C)
@@ -638,8 +638,8 @@ def test_a_row_sum_joins_the_run_whose_value_it_sums(where, kernel_calls):
     """A sum over the last axis of a run's value joins the run: the run stores what is read later (the
     exponentials, read by the division too) and sums the value row by row in the same pass. At the top
     level over a matrix's rows; in a batched map body over the batch."""
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise
-    from runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from fold.runtime.numba_backend.passes import prepare
 
     x = rng.normal(size=(COMPILE_FROM // 100 + 3, 100)) * 10.0
     if where == "top level":
@@ -666,8 +666,8 @@ def test_a_row_sum_joins_the_run_whose_value_it_sums(where, kernel_calls):
 
 def test_a_row_sum_alone_reading_a_run_stores_nothing_else(kernel_calls):
     """sum(a * b, axis=1) at the top level: the product is never stored, only its row sums."""
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise
-    from runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from fold.runtime.numba_backend.passes import prepare
 
     a, b = rng.normal(size=(COMPILE_FROM // 64 + 1, 64)), rng.normal(size=(COMPILE_FROM // 64 + 1, 64))
     f = lambda a, b: fold.sum(a * b, axis=1) * 2.0  # noqa: E731
@@ -693,8 +693,8 @@ def test_a_run_reading_an_earlier_run_merges_with_it(kernel_calls):
     """Attention's backward shape: p = exp(s - lse) (read by a product too), then dp - delta from work of
     another shape, then ds = p * (dp - delta): one run writing p and ds, the per-row delta moved before it.
     A run that needs a value computed from the first run's (through the product) stays apart."""
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise
-    from runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from fold.runtime.numba_backend.passes import prepare
 
     rows, cols = COMPILE_FROM // 128 + 1, 128
     s, dp, lse = rng.normal(size=(rows, cols)), rng.normal(size=(rows, cols)), rng.normal(size=rows)
@@ -742,7 +742,7 @@ def test_maps_returning_their_elements_run_no_kernel(kernel_calls):
 def test_a_reduce_that_alone_reads_a_run_joins_it(kernel_calls):
     """reduce(min, <elementwise run>) is one map_reduce kernel; when the run's value is also read elsewhere
     the reduce stays a statement of its own (the value must then exist whole)."""
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
 
     def alone(x, y):
         return fold.reduce(fold.monoids.min, fold.exp(x) - y * 2.0)
@@ -761,7 +761,7 @@ def test_a_reduce_that_alone_reads_a_run_joins_it(kernel_calls):
         assert_same(*both(alone, x, y))
         assert kernel_calls == {"map_reduce": 1}
         assert_same(*both(shared, x, y))
-    from kernels.cpu import host
+    from fold.kernels.cpu import host
 
     parallel_min = {"reduce": 1} if host.num_chunks(x.shape[0], None) > 1 else {}
     assert kernel_calls == {"map_reduce": 1, "map": 1, **parallel_min}  # shared: the run writes d, then min reads it
@@ -773,8 +773,8 @@ def test_folds_recompute_the_cheap_values_they_share(zeros, kernel_calls):
     multiply the non-zero factors and to divide by each. Each fold gets its own copy of the cheap statements
     it reads and joins them as a map_reduce kernel; the division is one map kernel. No array of n values is
     written but the gradient."""
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise
-    from runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
+    from fold.runtime.numba_backend.passes import prepare
 
     n = COMPILE_FROM + 9
     a = rng.uniform(0.999, 1.001, n)
@@ -796,7 +796,7 @@ def test_folds_recompute_the_cheap_values_they_share(zeros, kernel_calls):
 def test_a_fold_copies_no_statement_that_reads_a_costly_shared_value():
     """Where the cheap statements a fold reads start from an exponential that other statements read too, a
     copy would still read the exponential from memory: the program is left as it is."""
-    from runtime.numba_backend.fold_producers import private_fold_producers
+    from fold.runtime.numba_backend.fold_producers import private_fold_producers
 
     def f(x):
         e = fold.exp(x)
@@ -843,16 +843,16 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
 @pytest.fixture
 def gathered_maps(monkeypatch):
     """The `rows` each kernels.cpu.map call gets (None: no input gathered), to tell a gather read in place."""
-    import kernels.cpu
+    from fold.kernels import cpu
 
     seen: list = []
-    original = kernels.cpu.map
+    original = cpu.map
 
     def spy(*args, rows=None, **kwargs):
         seen.append(None if rows is None else [r is not None for r in rows])
         return original(*args, rows=rows, **kwargs)
 
-    monkeypatch.setattr(kernels.cpu, "map", spy)
+    monkeypatch.setattr(cpu, "map", spy)
     return seen
 
 
@@ -903,7 +903,7 @@ def test_a_gathered_operand_of_a_run_is_read_in_place(gathered_maps):
 
 def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
     """fold.sum over an elementwise run, even of one statement, joins it: at the top level one map_reduce,
-    in a batched map body (k-means' |p|^2 beside its distances, which kernels.cpu.product_fold folds)
+    in a batched map body (k-means' |p|^2 beside its distances, which cpu.product_fold folds)
     one segmented reduce per row; the products are never stored. Integer sums too (exact either way: wrap-around arithmetic is associative)."""
     n = COMPILE_FROM + 3
     x, y = rng.normal(size=n), rng.normal(size=n)
@@ -950,7 +950,7 @@ def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_row
     The gradient's body returns 64-wide values per row: not blocked. Values made from captured ones alone
     (the transposed centroids) and broadcasts (views) do not count as wide."""
     from fold.primitives import Map
-    from runtime.numba_backend import lowering
+    from fold.runtime.numba_backend import lowering
 
     monkeypatch.setattr(lowering, "BLOCK_BYTES", 1 << 20)
     rows = lowering.MIN_BLOCK_ROWS
@@ -1003,11 +1003,11 @@ def test_arrays_closed_over_are_operands_of_elementwise_kernels(kernel_calls):
 
 def test_matrix_vector_products_folded_in_a_body_run_on_the_product_fold_kernel(kernel_calls):
     """A fold that alone reads a captured matrix times the row (either order), through elementwise work
-    with per-row, per-column, full (rows, m) or scalar operands, runs as kernels.cpu.product_fold: the
+    with per-row, per-column, full (rows, m) or scalar operands, runs as cpu.product_fold: the
     numpy backend's results, one kernel call. Per-row matrices, float32 and an operator not known to
     commute keep the statements (results right, no product_fold)."""
-    from runtime.numba_backend.passes import prepare
-    from runtime.numba_backend.product_fold_fusion import ProductFold
+    from fold.runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.product_fold_fusion import ProductFold
 
     rows = COMPILE_FROM // 80 + 5  # 80 products per row: more than one scalar function holds (a batched body)
     x, w, bias, r = rng.normal(size=(rows, 12)), rng.normal(size=(12, 80)), rng.normal(size=80), rng.normal(size=(rows, 80))
@@ -1052,7 +1052,7 @@ def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls)
     """map(row -> map(v -> f(v, per-row, per-column, scalar)), X) over a wide matrix is elementwise over
     (rows, columns): written as broadcasts and elementwise statements, it runs as one kernel."""
     from fold.primitives import Map
-    from runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.passes import prepare
 
     rows, cols = COMPILE_FROM // 40 + 3, 40
     x, r, c = rng.normal(size=(rows, cols)), rng.normal(size=rows), rng.normal(size=cols)
@@ -1071,7 +1071,7 @@ def test_maps_of_scalar_maps_over_matrices_are_elementwise_kernels(kernel_calls)
 
 _ALLOCATOR_SCRIPT = """
 import numpy as np
-from runtime.numba_backend.allocator import keep_freed_memory
+from fold.runtime.numba_backend.allocator import keep_freed_memory
 
 
 def resident():
@@ -1107,7 +1107,7 @@ _BLAS_SCRIPT = """
 import ctypes
 import numpy as np
 import fold
-from runtime.numba_backend.blas_threads import loaded_openblas
+from fold.runtime.numba_backend.blas_threads import loaded_openblas
 
 a = np.arange(64.0).reshape(8, 8)
 before = a @ a  # OpenBLAS's threads are running
@@ -1124,7 +1124,7 @@ def test_openblas_threads_wait_briefly_once_the_backend_runs(setting):
     """The numba backend shortens the wait of every loaded OpenBLAS's idle threads to 2^14 cycles (they
     spun for 2^28 against the kernels after each product); a wait the user set, and FOLD_QUIET_BLAS=0,
     are left alone (0: OpenBLAS's compiled default). Products agree before and after the restart."""
-    from runtime.numba_backend.blas_threads import TIMEOUT_EXPONENT
+    from fold.runtime.numba_backend.blas_threads import TIMEOUT_EXPONENT
 
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "FOLD_QUIET_BLAS")}
     env.update({"user": {"OPENBLAS_THREAD_TIMEOUT": "20"}, "off": {"FOLD_QUIET_BLAS": "0"}}.get(setting, {}))
@@ -1140,7 +1140,7 @@ def test_openblas_threads_wait_briefly_once_the_backend_runs(setting):
 def test_a_statement_reading_a_run_waits_and_the_run_goes_on_past_it():
     """sum(a) reads the run but the statements after it do not need the sum: they stay in the run, and the
     sum runs after it; a statement that needs the sum ends the run."""
-    from runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
 
     def f(x):
         a = fold.exp(x) * 2.0
@@ -1172,8 +1172,8 @@ def test_transcendental_maps_run_four_elements_per_vector_call(op, kernel_calls)
     """A body calling exp, log, sin, ... gets a lane form (kernels.cpu.lanes) calling libmvec four lanes at a
     time, and agrees with NumPy: special values exactly (the NaNs, infinities and signed zeros where NumPy
     has them), the rest within a few ulp. At the top level, inside a fused sum, and per row."""
-    from kernels.cpu import lanes, vector_math
-    from runtime.numba_backend.codegen import compile_scalar_program
+    from fold.kernels.cpu import lanes, vector_math
+    from fold.runtime.numba_backend.codegen import compile_scalar_program
 
     n = COMPILE_FROM + 3
     specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-300, -1.0, -0.5, 700.0, 710.0, -745.5, 3.0, 1e300, -1e300]
@@ -1269,8 +1269,8 @@ def test_lane_forms_only_where_a_vector_call_pays():
     """No lane form for a body without transcendentals, or for a body of so many scalars that a kernel's
     call of its lane form could not be inlined; a lane form that returns an input and a value made from a
     literal as they are still agrees."""
-    from kernels.cpu import lanes, vector_math
-    from runtime.numba_backend.codegen import compile_scalar_program
+    from fold.kernels.cpu import lanes, vector_math
+    from fold.runtime.numba_backend.codegen import compile_scalar_program
 
     def lane_form_of(f, *args):
         (stmt,) = [s for s in fold.trace(f, *args).stmts if isinstance(s.prim, fold.primitives.Map)]
@@ -1289,8 +1289,8 @@ def test_lane_forms_only_where_a_vector_call_pays():
 def test_float32_transcendentals_run_four_elements_per_vector_call(op, kernel_calls):
     """float32 bodies call libmvec's float32 variants: the same special values as NumPy, the rest within
     libmvec's 4 ulp of the float64 result rounded to float32."""
-    from kernels.cpu import lanes, vector_math
-    from runtime.numba_backend.codegen import compile_scalar_program
+    from fold.kernels.cpu import lanes, vector_math
+    from fold.runtime.numba_backend.codegen import compile_scalar_program
 
     specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -1.0, -0.5, 88.0, 89.0, -104.0, 3.0], np.float32)
     x = np.concatenate([specials, rng.normal(scale=10.0, size=COMPILE_FROM).astype(np.float32)])
@@ -1343,7 +1343,7 @@ def _scaled_operands(program) -> list[tuple]:
     """The shapes of the prepared program's matrix-product operands that are a value times a literal."""
     from fold.ir import Lit
     from fold.primitives import Elementwise, MatMul
-    from runtime.numba_backend.passes import prepare
+    from fold.runtime.numba_backend.passes import prepare
 
     prepared = prepare(program)
     scaled = {s.outs[0] for s in prepared.stmts if isinstance(s.prim, Elementwise) and s.prim.op == "mul"
@@ -1477,7 +1477,7 @@ def test_float32_folds_are_carried_in_float64(case, kernel_calls):
 def test_a_long_cumulative_sum_runs_the_scan_kernel(reverse, exclusive, kernel_calls):
     """A + scan from COMPILE_FROM elements runs the parallel scan kernel (3x NumPy's single-threaded cumsum);
     a shorter one stays with cumsum, which costs no compilation."""
-    from runtime.numba_backend.lowering import COMPILE_FROM
+    from fold.runtime.numba_backend.lowering import COMPILE_FROM
 
     f = fold.jit(lambda x: fold.scan(fold.monoids.sum, x, reverse=reverse, exclusive=exclusive), backend="numba")
     short = rng.normal(size=COMPILE_FROM - 1)
@@ -1493,7 +1493,7 @@ def test_a_long_cumulative_sum_runs_the_scan_kernel(reverse, exclusive, kernel_c
 def test_a_widened_sum_body_is_built_once_per_body():
     """The float64 copy of a summed body is what compile_scalar_program memoises: a new copy per call would
     regenerate the kernel's module source on every call (a float32 sum of 2^16 took 119 us a call, not 41)."""
-    from runtime.numba_backend.wide_folds import widened_last_output
+    from fold.runtime.numba_backend.wide_folds import widened_last_output
 
     body = fold.trace(lambda v: fold.exp(v) * 2.0, np.zeros((), np.float32))
     widened = widened_last_output(body)
@@ -1506,7 +1506,7 @@ def test_only_short_operators_are_inlined_at_each_call_site():
     calls its operator at 18: an operator of more than MAX_INLINED_STATEMENTS written-out statements is an
     ordinary call instead (the Hessian-vector product of a logwsum fold, v in R^5: its combine has 90), and
     a kernel calling it still computes the same."""
-    from runtime.numba_backend.codegen import MAX_INLINED_PARAMETERS, MAX_INLINED_STATEMENTS, compile_scalar_program
+    from fold.runtime.numba_backend.codegen import MAX_INLINED_PARAMETERS, MAX_INLINED_STATEMENTS, compile_scalar_program
 
     def chain(a, b, steps):
         for _ in range(steps):

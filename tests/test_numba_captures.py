@@ -11,8 +11,8 @@ import pytest
 
 import fold
 from helpers import assert_same, both
-from runtime.numba_backend import lowering
-from runtime.numba_backend.captured_operands import MAX_CAPTURED_COMPONENTS
+from fold.runtime.numba_backend import lowering
+from fold.runtime.numba_backend.captured_operands import MAX_CAPTURED_COMPONENTS
 
 rng = np.random.default_rng(11)
 

@@ -20,7 +20,7 @@ import pytest
 import fold
 from fold.primitives import Map, MatMul, ReduceByIndex
 from helpers import assert_same, both
-from runtime.numba_backend.one_hots import sparse_one_hots
+from fold.runtime.numba_backend.one_hots import sparse_one_hots
 
 rng = np.random.default_rng(7)
 
@@ -124,7 +124,7 @@ def test_stacked_row_one_hots_and_elementwise_readers_stay_dense():
 
 
 def test_a_rewrite_that_fails_leaves_the_map_dense_with_a_warning(monkeypatch):
-    from runtime.numba_backend import one_hots
+    from fold.runtime.numba_backend import one_hots
 
     def broken(*args):
         raise RuntimeError("no")

@@ -1,4 +1,4 @@
-"""kernels.cpu.product_fold: a matrix product mapped and folded row by row in registers, against NumPy.
+"""fold.kernels.cpu.product_fold: a matrix product mapped and folded row by row in registers, against NumPy.
 
 - k-means' distances and minimum (a per-row and a per-column operand) at shapes with partial row blocks
   and column tiles, m below one tile, empty rows, columns and inner dimension, serial and parallel;
@@ -17,8 +17,8 @@ import numba
 import numpy as np
 import pytest
 
-import kernels.cpu as kc
-from kernels.cpu import simd
+import fold.kernels.cpu as kc
+from fold.kernels.cpu import simd
 
 rng = np.random.default_rng(5)
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import assert_close, checked_program, run_checked
 
 import fold
-import runtime.numpy_impl.folds as folds_impl
+import fold.runtime.numpy_impl.folds as folds_impl
 from fold.dtypes import ShapedArray
 from fold.ir import Let, Lit, Program, Var
 from fold.primitives import Elementwise, Map

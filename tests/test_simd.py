@@ -1,4 +1,4 @@
-"""kernels.cpu.simd: four float64 lanes in one vector register, and the exp written in LLVM IR.
+"""fold.kernels.cpu.simd: four float64 lanes in one vector register, and the exp written in LLVM IR.
 
 - exp against NumPy's (glibc's) exp, four lanes at a time: random values of several scales, the ranges
   near overflow and underflow (subnormal results), and the special values (exact); each both in vectors
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kernels.cpu import simd
+from fold.kernels.cpu import simd
 
 ROOT = Path(__file__).resolve().parents[1]
 W = simd.WIDTH
@@ -144,7 +144,7 @@ def _bits(x) -> list[int]:
     ([1e300, 1e-300, -1.0, 0.1], [1e10, 1e-30, 3.0, 0.3]),
 ])
 def test_arithmetic_and_propagating_minimum_maximum_per_lane(a, b):
-    from runtime.numba_backend.scalar_helpers import _maximum, _minimum
+    from fold.runtime.numba_backend.scalar_helpers import _maximum, _minimum
 
     a, b = np.array(a), np.array(b)
     c = np.array([0.25, -1.0, 2.0, 1e-17])
@@ -174,7 +174,7 @@ def _scalar_program(f, dtype=np.float64):
 
 def test_codegen_writes_f64x4_forms_that_compute_what_the_scalar_function_does():
     import fold
-    from runtime.numba_backend.codegen import compile_scalar_program, has_f64x4_form
+    from fold.runtime.numba_backend.codegen import compile_scalar_program, has_f64x4_form
 
     def f(a, b):
         return fold.maximum(fold.exp(a - b) * 2.0, -a) / (b + 3.0) - fold.minimum(a, b * b)
@@ -197,7 +197,7 @@ def test_codegen_writes_f64x4_forms_that_compute_what_the_scalar_function_does()
 
 def test_programs_outside_the_templates_get_no_f64x4_form():
     import fold
-    from runtime.numba_backend.codegen import has_f64x4_form
+    from fold.runtime.numba_backend.codegen import has_f64x4_form
 
     assert not has_f64x4_form(_scalar_program(lambda a, b: fold.sin(a) + b))  # no template for sin
     assert not has_f64x4_form(_scalar_program(lambda a, b: a < b))  # a boolean result
@@ -218,7 +218,7 @@ def test_f64x4_forms_of_comparisons_selections_and_boolean_inputs():
     """Booleans are lanes of 1.0 / 0.0: comparisons (NaN as in Python), where, and / or / not, conversions
     both ways, and boolean inputs loaded from a boolean array, against the scalar function."""
     import fold
-    from runtime.numba_backend.codegen import compile_scalar_program, has_f64x4_form
+    from fold.runtime.numba_backend.codegen import compile_scalar_program, has_f64x4_form
 
     program = fold.trace(_masked, np.zeros(()), np.zeros(()), np.zeros((), np.bool_))
     assert has_f64x4_form(program)
@@ -260,8 +260,8 @@ def simd_lane_of_load(m, i, j):
 def test_vector_math_off_leaves_exp_to_libm(monkeypatch):
     """FOLD_VECTOR_MATH=0 asks for libm's exp: lambdas that call exp get no F64x4 form (arithmetic still does)."""
     import fold
-    from kernels.cpu import vector_math
-    from runtime.numba_backend.codegen import has_f64x4_form
+    from fold.kernels.cpu import vector_math
+    from fold.runtime.numba_backend.codegen import has_f64x4_form
 
     monkeypatch.setattr(vector_math, "REQUESTED", False)
     assert not has_f64x4_form(_scalar_program(lambda a, b: fold.exp(a) + b))

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-import kernels.cpu as kc
-from kernels.cpu import lanes, vector_math
+import fold.kernels.cpu as kc
+from fold.kernels.cpu import lanes, vector_math
 
 ROOT = Path(__file__).resolve().parents[1]
 W = lanes.WIDTH

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from numba import njit
 
-import kernels.cpu as kc
-from kernels.cpu import simd
+import fold.kernels.cpu as kc
+from fold.kernels.cpu import simd
 
-map_module = importlib.import_module("kernels.cpu.map")  # the package exports the function map
-segmented_module = importlib.import_module("kernels.cpu.segmented")
+map_module = importlib.import_module("fold.kernels.cpu.map")  # the package exports the function map
+segmented_module = importlib.import_module("fold.kernels.cpu.segmented")
 
 
 @njit(inline="always")
@@ -135,7 +135,7 @@ def _affine_pair_lanes(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 * 3.0 - b0, a1 * 3.0 - b1, a2 * 3.0 - b2, a3 * 3.0 - b3
 
 
-lanes_module = importlib.import_module("kernels.cpu.lanes")
+lanes_module = importlib.import_module("fold.kernels.cpu.lanes")
 lanes_module.register(_affine_pair, _affine_pair_lanes)
 _plain_pair = njit(_affine_pair.py_func)  # no form at all: the scalar path
 
@@ -249,7 +249,7 @@ def test_segmented_reduce_is_wide_only_when_commutative_float64_and_formed(monke
 
 # ----------------------------------------------------------------------------- map with row sums
 
-row_sums_module = importlib.import_module("kernels.cpu.row_sums")
+row_sums_module = importlib.import_module("fold.kernels.cpu.row_sums")
 
 
 @njit(inline="always")

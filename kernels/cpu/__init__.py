@@ -26,7 +26,7 @@
 
 The functions reduce, scan, histogram and map shadow the submodules of the same names as attributes of
 this package; reach a template with `from kernels.cpu.reduce import fold_kernel` (which goes through
-sys.modules), not `kernels.cpu.reduce.fold_kernel`.
+sys.modules), not `fold.kernels.cpu.reduce.fold_kernel`.
 """
 
 import os

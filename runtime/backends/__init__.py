@@ -28,9 +28,9 @@ class Backend(Protocol):
 
 
 _REGISTRY: dict[str, str] = {
-    "numpy": "runtime.backends.numpy_backend:NumpyBackend",
-    "numba": "runtime.numba_backend.backend:NumbaBackend",
-    "cuda": "runtime.cuda_backend.backend:CudaBackend",
+    "numpy": "fold.runtime.backends.numpy_backend:NumpyBackend",
+    "numba": "fold.runtime.numba_backend.backend:NumbaBackend",
+    "cuda": "fold.runtime.cuda_backend.backend:CudaBackend",
 }
 _instances: dict[str, Backend] = {}
 _local = threading.local()

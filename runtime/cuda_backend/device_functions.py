@@ -13,7 +13,7 @@ import weakref
 from typing import Callable
 
 from fold.ir import Program
-from runtime.numba_backend.codegen import compile_problem, program_source
+from fold.runtime.numba_backend.codegen import compile_problem, program_source
 
 from . import device_helpers
 

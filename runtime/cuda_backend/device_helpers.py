@@ -3,7 +3,7 @@ compiled from the same Python source, for the operators and map bodies that devi
 
 from numba import cuda
 
-from runtime.numba_backend import scalar_helpers
+from fold.runtime.numba_backend import scalar_helpers
 
 # _mod and _floordiv are typed per argument kind with numba.extending.overload, for the CPU only: a
 # lambda that calls them is not compiled for CUDA (device_functions.UNSUPPORTED_HELPERS).

@@ -20,8 +20,8 @@ import numpy as np
 from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
-from runtime.numba_backend.captured_operands import capture_problem
-from runtime.numba_backend.lowering import _element_shapes, _identity, _join, _split, decline, with_captures_as_operands
+from fold.runtime.numba_backend.captured_operands import capture_problem
+from fold.runtime.numba_backend.lowering import _element_shapes, _identity, _join, _split, decline, with_captures_as_operands
 
 from .device_functions import device_function
 
@@ -33,11 +33,11 @@ def _decline(prim, reason: str) -> None:
 
 
 def _run(prim, kernel: str, *args, **kwargs) -> Any:
-    """kernels.cuda.<kernel>(*args, **kwargs), or None after declining if it does not compile or run."""
-    import kernels.cuda
+    """fold.kernels.cuda.<kernel>(*args, **kwargs), or None after declining if it does not compile or run."""
+    from fold.kernels import cuda
 
     try:
-        return getattr(kernels.cuda, kernel)(*args, **kwargs)
+        return getattr(cuda, kernel)(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - a kernel that does not compile or run: the reference implementation runs
         message = _SIMULATED_THREAD.sub("", str(err)).splitlines()[0][:200] if str(err) else ""
         return _decline(prim, f"its kernel failed: {type(err).__name__}: {message}")

@@ -25,9 +25,9 @@ import numpy as np
 from fold.ir import Let, Lit, Program, Var
 from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
-from kernels.cpu import lanes, simd, vector_math
-from kernels.cpu.modules import file_digest, load_module
-from runtime.numpy_impl.structural import index_key
+from fold.kernels.cpu import lanes, simd, vector_math
+from fold.kernels.cpu.modules import file_digest, load_module
+from fold.runtime.numpy_impl.structural import index_key
 
 from . import scalar_helpers
 

@@ -131,7 +131,7 @@ def _prepared(prim: FusedMapReduce, input_dtypes: tuple, identity_dtype: np.dtyp
     key = (input_dtypes, identity_dtype)
     found = per_dtypes.get(key)
     if found is None:
-        from kernels.cpu import MapReduce
+        from fold.kernels.cpu import MapReduce
 
         combine, wide, carry = fused_fold(prim.reduce, identity_dtype)
         mapper = compile_scalar_program(widened_last_output(prim.map.body) if wide else prim.map.body)

@@ -23,8 +23,8 @@ from fold.primitives import BroadcastTo, Map, Reduce, ReduceByIndex, Scan, SumAx
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 
-from runtime.interpreter import numpy_impls
-from runtime.numpy_impl.control import _map as batched_map
+from fold.runtime.interpreter import numpy_impls
+from fold.runtime.numpy_impl.control import _map as batched_map
 
 from .captured_operands import capture_problem, carrying, carrying_args, same_for_every_fold
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
@@ -159,7 +159,7 @@ def components_of(shape: tuple) -> int:
 
 
 def run_kernel(prim, kernel: str, *args, **kwargs):
-    """kernels.cpu.<kernel>(*args), or None after declining with a warning if Numba cannot compile it (without
+    """fold.kernels.cpu.<kernel>(*args), or None after declining with a warning if Numba cannot compile it (without
     one if the driver rejects indices)."""
     try:
         return getattr(_kernels(), kernel)(*args, **kwargs)
@@ -174,9 +174,9 @@ def _contiguous(xs) -> list[np.ndarray]:
 
 
 def _kernels():
-    import kernels.cpu
+    from fold.kernels import cpu
 
-    return kernels.cpu
+    return cpu
 
 
 def _operator_and_identity(prim, args: list):
@@ -221,7 +221,7 @@ _FOLD_OPTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _make_fold_options(prim: Reduce) -> dict:
-    from kernels.cpu.reduce import INLINE_OPERATORS
+    from fold.kernels.cpu.reduce import INLINE_OPERATORS
 
     op = recognize_binary_op(prim.body, prim.num_consts)
     return {"commutative": is_commutative(prim), "operator": op if op in INLINE_OPERATORS else None}
