@@ -254,3 +254,29 @@ def test_the_backend_is_registered_and_says_what_it_needs_without_a_gpu(monkeypa
     monkeypatch.setattr(cuda, "is_available", lambda: False)
     with pytest.raises(fold.FoldError, match="NUMBA_ENABLE_CUDASIM=1"):
         CudaBackend()
+
+
+def test_a_stack_that_cannot_compile_is_named_once_with_its_fix(monkeypatch):
+    """numba-cuda 0.30 with NumPy 2.5 cannot compile any kernel (its typing reads np.row_stack): the backend
+    says so when it is made, naming the versions, the error and the fix, instead of declining every
+    statement with a warning of its own (what an H100 with that stack showed)."""
+    from numba import config
+
+    from fold.runtime.cuda_backend import backend
+
+    calls = []
+
+    def broken_compiler(*args, **kwargs):
+        calls.append(args)
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+    monkeypatch.setattr(config, "ENABLE_CUDASIM", 0)
+    monkeypatch.setattr(cuda, "compile_ptx_for_current_device", broken_compiler, raising=False)
+    monkeypatch.setattr(backend, "_TOOLCHAIN", [])
+    for _ in range(2):
+        with pytest.raises(fold.FoldError, match=r"cannot compile a kernel .*NumPy .*row_stack.*numpy<2\.5"):
+            backend.CudaBackend()
+    assert len(calls) == 1  # probed once per process
+    monkeypatch.setattr(config, "ENABLE_CUDASIM", 1)
+    monkeypatch.setattr(backend, "_TOOLCHAIN", [])
+    assert backend.toolchain_problem() is None  # the simulator compiles nothing

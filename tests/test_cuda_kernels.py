@@ -153,6 +153,28 @@ def test_device_arrays_stay_on_the_device():
     np.testing.assert_array_equal(greater.copy_to_host(), leaves[0] > leaves[1])
 
 
+@pytest.mark.parametrize("n", [1, 5])
+def test_broadcast_views_reach_the_gpu_without_zero_strides(n, monkeypatch):
+    """A captured scalar carried along the elements is a broadcast view (stride 0), and a reverse scan reads
+    x[::-1] (stride -8); NumPy counts either as contiguous when it has one element, and Numba's copy to a
+    real GPU failed on them ("incompatible shape: (0,) vs. (1,)", seen on an H100 only, not on the
+    simulator), so every host array must reach cuda.to_device with C order's strides."""
+    sent = []
+    original = kc.host.cuda.to_device
+
+    def recording(a, *args, **kwargs):
+        sent.append(a)
+        return original(a, *args, **kwargs)
+
+    monkeypatch.setattr(kc.host.cuda, "to_device", recording)
+    x, c = rng.normal(size=n)[::-1], np.broadcast_to(np.float64(0.5), (n,))
+    (scanned,) = kc.scan(first_nonzero, 1, (0.0,), [c], threads=4, items=2)
+    (mapped, greater) = kc.map(scaled_pair, [x, c], [np.float64, np.bool_], consts=(2.0,))
+    np.testing.assert_array_equal(scanned, np.full(n, 0.5))
+    np.testing.assert_allclose(mapped, 2.0 * x + 0.5)
+    assert sent and all(a.strides == (a.itemsize,) for a in sent), [a.strides for a in sent]
+
+
 @pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 100])
 def test_map_calls_the_mapper_with_the_constants_first(n):
     x, y = rng.normal(size=n), rng.normal(size=n)
@@ -227,7 +249,7 @@ def test_segmented_scan_gives_each_rows_prefixes(rows, length, exclusive, revers
 
 def test_wide_elements_get_blocks_whose_partials_fit_in_shared_memory(monkeypatch):
     """64 float64 leaves: 512 bytes an element, so a GPU's default block of 256 threads becomes 64."""
-    from kernels.cuda import host
+    from fold.kernels.cuda import host
 
     dtypes = [np.dtype(np.float64)] * 64
     monkeypatch.setattr(host, "DEFAULT_THREADS", 256)
@@ -262,7 +284,7 @@ def test_histogram_folds_each_bin_in_order(n, n_bins, workers):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int32])
 def test_histogram_of_a_sum_adds_atomically(dtype, monkeypatch):
-    module = sys.modules["kernels.cuda.histogram"]  # the package's `histogram` is the function
+    module = sys.modules["fold.kernels.cuda.histogram"]  # the package's `histogram` is the function
     monkeypatch.setattr(module, "_private_histograms", None)  # the atomic path must not need them
     indices = rng.integers(-1, 12, 300)
     values = rng.integers(-5, 6, 300).astype(dtype)

@@ -130,7 +130,17 @@ def returned(outs: Sequence[Any], on_host: bool) -> tuple:
 
 
 def to_device(arrays: Sequence[Any]) -> list[Any]:
-    return [cuda.to_device(np.ascontiguousarray(a)) if is_host(a) else a for a in arrays]
+    """Host arrays copied to the GPU (device arrays passed on as they are)."""
+    return [cuda.to_device(packed(a)) if is_host(a) else a for a in arrays]
+
+
+def packed(a: np.ndarray) -> np.ndarray:
+    """`a` itself where its strides are C order's, else a C-ordered copy. NumPy counts any one-element view
+    as contiguous, whatever its stride: a captured scalar broadcast along one element (stride 0), or a
+    reverse scan's x[::-1] of length 1 (stride -8). Numba's copy to a real GPU fails on those ("incompatible
+    shape: (0,) vs. (1,)"), though its simulator copies them."""
+    c_order = tuple(int(np.prod(a.shape[j + 1:], dtype=np.int64)) * a.itemsize for j in range(a.ndim))
+    return a if a.strides == c_order else np.array(a, order="C")
 
 
 def cast_identity(identity: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple:

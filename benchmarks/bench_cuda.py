@@ -1,0 +1,240 @@
+"""The cuda backend on a real GPU (issues 40 and 44): its kernels against CuPy and the GPU's bandwidth, and
+programs through fold against the numba backend on the same machine's CPUs and against torch and JAX.
+
+Run on a GPU machine by benchmarks/gpu_check.sh (`python -m benchmarks.bench_cuda --out DIR`); it needs
+numba-cuda that compiles (see the README's GPU notes) and CuPy; torch and JAX are optional comparison columns.
+
+Cases (each from one run, the GPU named in the JSON):
+
+- `kernel_reduce_sum`: fold.kernels.cuda.reduce of a + b over 10^8 float64 on the device, against
+  cupy.sum; the bound is reading the 800 MB once at the bandwidth a device-to-device copy reaches.
+- `kernel_scan_affine`: fold.kernels.cuda.scan of affine pairs (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2)
+  over 10^8 float64 pairs, against JAX's associative_scan of the same operator where JAX runs; the bound is
+  reading and writing the pairs once.
+- `fold_pairwise_reduce`, `fold_pairwise_grad`, `fold_affine_scan_grad`: programs through fold.jit on
+  NumPy inputs (10^7), the cuda backend against the numba backend.
+- `fold_attention`: gemm_map_reduce attention (M = N = 4096, F = D = 64, float32) on the cuda backend,
+  forward and gradient, against torch's scaled_dot_product_attention.
+
+GPU times are medians of wall-clock time around a call followed by a device synchronisation, after a
+warm-up call (so compilation is excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .common import RESULTS_DIR, machine, plot_ratios, write_json
+
+# The targets of issue 40, as ratios of fold's time to the reference's (attention at 4096: within 3x of SDPA).
+TARGETS = {"kernel_reduce_sum": 1.3, "kernel_scan_affine": 1.0, "fold_pairwise_reduce": 1.0,
+           "fold_pairwise_grad": 1.0, "fold_affine_scan_grad": 1.0, "fold_attention_forward": 3.0,
+           "fold_attention_forward_backward": 3.0}
+
+
+def _sync() -> None:
+    from numba import cuda
+
+    cuda.synchronize()
+
+
+def gpu_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """The median time of fn() and a device synchronisation, after one warm-up call."""
+    fn()
+    _sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def gpu_name() -> str:
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def copy_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes per second a device-to-device copy moves, counting bytes read and written."""
+    import cupy
+
+    src = cupy.ones(nbytes // 8, dtype=cupy.float64)
+    dst = cupy.empty_like(src)
+    seconds = gpu_seconds(lambda: dst.__setitem__(Ellipsis, src), repeats)
+    return 2 * src.nbytes / seconds
+
+
+def kernel_cases(n: int, repeats: int, bandwidth: float) -> list[dict]:
+    import cupy
+    from numba import cuda
+
+    import fold.kernels.cuda as kc
+
+    add = cuda.jit(device=True)(lambda a, b: a + b)
+    affine = cuda.jit(device=True)(lambda a0, a1, b0, b1: (a0 * b0, b0 * a1 + b1))
+    rng = cupy.random.default_rng(0)
+    x = rng.uniform(-1.0, 1.0, n)
+    xs = [cuda.as_cuda_array(x)]
+    ours = gpu_seconds(lambda: kc.reduce(add, 1, (0.0,), xs), repeats)
+    reference = gpu_seconds(lambda: x.sum(), repeats)
+    got, want = float(kc.reduce(add, 1, (0.0,), xs)[0]), float(x.sum())
+    records = [{"case": "kernel_reduce_sum", "n": n, "dtype": "float64", "fold_seconds": ours,
+                "reference": "cupy.sum", "reference_seconds": reference, "ratio": ours / reference,
+                "bound_seconds": x.nbytes / bandwidth, "agrees": abs(got - want) <= 1e-9 * max(1.0, abs(want))}]
+
+    a, b = rng.uniform(0.999, 1.001, n), rng.uniform(-1.0, 1.0, n)
+    pairs = [cuda.as_cuda_array(a), cuda.as_cuda_array(b)]
+    ours = gpu_seconds(lambda: kc.scan(affine, 2, (1.0, 0.0), pairs), repeats)
+    record = {"case": "kernel_scan_affine", "n": n, "dtype": "float64", "fold_seconds": ours,
+              "bound_seconds": 4 * a.nbytes / bandwidth}
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        jax.config.update("jax_enable_x64", True)
+        ja, jb = jnp.asarray(cupy.asnumpy(a)), jnp.asarray(cupy.asnumpy(b))
+        scan = jax.jit(lambda a, b: jax.lax.associative_scan(lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1]), (a, b)))
+        jax_seconds = gpu_seconds(lambda: jax.block_until_ready(scan(ja, jb)), repeats)
+        record.update(reference="jax.lax.associative_scan", reference_seconds=jax_seconds, ratio=ours / jax_seconds)
+    except Exception as err:  # noqa: BLE001 - JAX is an optional column
+        record["reference_error"] = f"{type(err).__name__}: {err}"[:200]
+    records.append(record)
+    return records
+
+
+def _pair(a, b):
+    return a[0] * b[0], b[0] * a[1] + b[1]
+
+
+def fold_cases(n: int, repeats: int) -> list[dict]:
+    import fold
+
+    rng = np.random.default_rng(1)
+    p, s = rng.uniform(0.999, 1.001, n), rng.uniform(-1.0, 1.0, n)
+
+    def pairwise(p, s):
+        total = fold.reduce(lambda a, b: (a[0] + b[0] + a[0] * b[0], a[1] + b[1]), (p, s), identity=(0.0, 0.0))
+        return total[0] + total[1]
+
+    def affine_scan_sum(a, b):
+        scanned = fold.scan(_pair, (a, b), identity=(1.0, 0.0))
+        return fold.reduce(fold.monoids.sum, scanned[1])
+
+    small = (1e-7 * p, s)
+    programs = {
+        "fold_pairwise_reduce": (pairwise, small),
+        "fold_pairwise_grad": (fold.grad(pairwise, argnums=(0, 1)), small),
+        "fold_affine_scan_grad": (fold.grad(affine_scan_sum, argnums=(0, 1)), (p, 1e-3 * s)),
+    }
+    records = []
+    for case, (f, args) in programs.items():
+        on = {backend: fold.jit(f, backend=backend) for backend in ("cuda", "numba")}
+        seconds = {backend: gpu_seconds(lambda g=g: g(*args), repeats) for backend, g in on.items()}
+        records.append({"case": case, "n": n, "dtype": "float64", "fold_seconds": seconds["cuda"],
+                        "reference": "fold numba backend (this machine's CPUs)", "reference_seconds": seconds["numba"],
+                        "ratio": seconds["cuda"] / seconds["numba"]})
+    return records
+
+
+def attention_cases(size: int, repeats: int) -> list[dict]:
+    import fold
+    from examples.gemm_layers import attention
+
+    rng = np.random.default_rng(2)
+    Q, K, V = (rng.normal(size=(size, 64)).astype(np.float32) for _ in range(3))
+    G = rng.normal(size=(size, 64)).astype(np.float32)
+    forward = fold.jit(attention, backend="cuda")
+    backward = fold.jit(lambda Q, K, V: fold.vjp(attention, (Q, K, V), G), backend="cuda")
+    fwd = gpu_seconds(lambda: forward(Q, K, V), repeats)
+    bwd = gpu_seconds(lambda: backward(Q, K, V), repeats)
+    records = [{"case": "fold_attention_forward", "M": size, "dtype": "float32", "fold_seconds": fwd},
+               {"case": "fold_attention_forward_backward", "M": size, "dtype": "float32", "fold_seconds": bwd}]
+    try:
+        import torch
+        import torch.nn.functional as F
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        tq, tk, tv = (torch.tensor(a, device="cuda", requires_grad=True)[None, None] for a in (Q, K, V))
+        tg = torch.tensor(G, device="cuda")[None, None]
+
+        def torch_forward():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(tq, tk, tv)
+
+        def torch_backward():
+            out = F.scaled_dot_product_attention(tq, tk, tv)
+            torch.autograd.grad(out, (tq, tk, tv), tg)
+
+        for record, fn in zip(records, (torch_forward, torch_backward), strict=True):
+            seconds = gpu_seconds(fn, repeats)
+            record.update(reference="torch scaled_dot_product_attention", reference_seconds=seconds,
+                          ratio=record["fold_seconds"] / seconds)
+    except Exception as err:  # noqa: BLE001 - torch is an optional column
+        for record in records:
+            record["reference_error"] = f"{type(err).__name__}: {err}"[:200]
+    return records
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_cuda", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for cuda_<gpu>.json")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
+    parser.add_argument("--plot", type=Path, help="only plot this results file (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.plot:
+        return plot(args.plot)
+    big, medium, attention_size = (10**5, 10**4, 256) if args.quick else (10**8, 10**7, 4096)
+    bandwidth = copy_bandwidth(min(big * 8, 2 * 10**9), args.repeats)
+    records: list[dict] = []
+    for name, run in (("kernels", lambda: kernel_cases(big, args.repeats, bandwidth)),
+                      ("fold", lambda: fold_cases(medium, args.repeats)),
+                      ("attention", lambda: attention_cases(attention_size, args.repeats))):
+        start = time.perf_counter()
+        try:
+            records += run()
+        except Exception as err:  # noqa: BLE001 - one failing group must not lose the others' numbers
+            records.append({"case": name, "error": f"{type(err).__name__}: {err}"[:300]})
+        print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
+    for r in records:
+        print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+    for r in records:
+        if r.get("case") in TARGETS and "ratio" in r:
+            r.update(target=TARGETS[r["case"]], passed=r["ratio"] <= TARGETS[r["case"]])
+    gpu = gpu_name()
+    payload = {"machine": {**machine(), "gpu": gpu, "copy_bandwidth_bytes_per_second": bandwidth},
+               "quick": args.quick, "records": records}
+    slug = gpu.lower().replace("nvidia", "").strip().replace(" ", "_")
+    path = write_json(args.out / f"cuda_{slug}{'_quick' if args.quick else ''}.json", payload)
+    plot(path)
+    return path
+
+
+def plot(json_path: Path) -> Path | None:
+    """The ratios of a results file as a bar chart beside it (also run here, where matplotlib is, on a
+    file brought back from a GPU machine: python -m benchmarks.bench_cuda --plot FILE)."""
+    import json
+
+    payload = json.loads(Path(json_path).read_text())
+    records = [{**r, "name": r["case"]} for r in payload["records"] if "ratio" in r]
+    for r in records:
+        if r.get("case") in TARGETS:
+            r.update(target=TARGETS[r["case"]], passed=r["ratio"] <= TARGETS[r["case"]])
+    m = payload["machine"]
+    return plot_ratios(Path(json_path).with_suffix(".png"), records, f"cuda backend on {m['gpu']}",
+                       f"{m['date']}; numba {m['numba']}, NumPy {m['numpy']}; times warm, medians")
+
+
+if __name__ == "__main__":
+    print(main())
