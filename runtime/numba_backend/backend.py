@@ -12,6 +12,7 @@ from fold.ir import Program
 from .. import numpy_impl  # noqa: F401  (the reference implementations it falls back to)
 from ..interpreter import eval_program, lowering
 from . import gemm  # noqa: F401  (registers the gemm lowerings)
+from . import loop_nests  # noqa: F401  (registers the loop nests' kernels)
 from .allocator import keep_freed_memory
 from .blas_threads import quiet_blas_threads
 from .compile_clock import clock as _clock

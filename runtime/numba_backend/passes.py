@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 
 from fold.ir import Program
+from fold.runtime.loops import fuse_loop_nests
 
 from .elementwise_fusion import fuse_elementwise
 from .first_extremes import has_first_extremes, mark_first_extremes
@@ -38,6 +39,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     found = per_program.get(whole_arrays)
     if found is None:
         given = program
+        program = fuse_loop_nests(program) if whole_arrays else program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         program = sparse_one_hots(program)
         staged = hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))

@@ -1,0 +1,414 @@
+"""Fold's statements written as a loop nest's scalar statements (nest.py), at any depth of maps.
+
+Every value is one of three kinds while a body is written:
+
+- `Scalar`: a 0-d value, computed once where its statement stands (a local name or a literal).
+- `Pull`: an array that is not stored: a function from an index (one expression per axis) to its element,
+  which writes the statements that compute that element where the element is read. A map is a Pull whose
+  element runs the map's body on the row; an elementwise statement is a Pull of its arguments' elements; a
+  broadcast, reshape, transpose or static index only changes the index. Reading a map's rows inside a fold
+  therefore computes each row inside the fold's loop, and the map's array never exists.
+- `Stored`: an array in memory: a kernel argument, or a `Buffer` for a value that is read more than once
+  (or read from inside a loop over something else) and costs a loop to compute, which would otherwise be
+  recomputed at every read.
+
+Statements with no rule here (scans, gathers, histograms, folds of elements that are not scalars) raise
+`NotNestable`, and the statements stay as they were.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from fold.ir import Lit, Program, Var
+from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, StaticIndex,
+                             StopGradient, SumAxes, Transpose)
+from fold.rules import RuleTable
+
+from .nest import Assign, Buffer, Loop, Node, Store
+
+# The scalar language the backends share (runtime/numba_backend/codegen.py writes lambdas in it too).
+TEMPLATES = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
+    "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})",
+    "logaddexp": "_logaddexp({0}, {1})", "neg": "(-{0})", "abs": "abs({0})", "sign": "_sign({0})",
+    "exp": "math.exp({0})", "log": "_log({0})", "log1p": "_log1p({0})", "expm1": "math.expm1({0})",
+    "sin": "math.sin({0})", "cos": "math.cos({0})", "tanh": "math.tanh({0})", "sqrt": "_sqrt({0})",
+    "sigmoid": "_sigmoid({0})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "and": "({0} and {1})", "or": "({0} or {1})", "not": "(not {0})",
+    "where": "({1} if {0} else {2})",
+}
+_UNWRAPPED = {"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"}  # give Python bools, as NumPy's do
+
+
+class NotNestable(Exception):
+    """A statement the loop nest has no rule for; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Scalar:
+    expr: str
+    dtype: np.dtype
+    shape: tuple = ()
+
+
+@dataclass(frozen=True)
+class Pull:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    element: Callable[["Writer", tuple[str, ...]], str]
+    heavy: bool  # computing an element runs a loop
+
+
+@dataclass(frozen=True)
+class Stored:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+Value = Scalar | Pull | Stored
+
+
+def literal(value, dtype: np.dtype) -> str:
+    """A 0-d constant in the scalar language, typed (a bare 0.0 would make float32 arithmetic float64)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return "True" if bool(value) else "False"
+    if dtype.kind == "f":
+        v = float(value)
+        text = "np.nan" if math.isnan(v) else ("np.inf" if v == math.inf else ("-np.inf" if v == -math.inf else repr(v)))
+        return f"np.{dtype.name}({text})"
+    return f"np.{dtype.name}({int(value)})"
+
+
+class Writer:
+    """Writes statements into the innermost open block; names every temporary uniquely."""
+
+    def __init__(self, constant: Callable[[np.ndarray], str]):
+        self.blocks: list[list[Node]] = [[]]
+        self._names = itertools.count()
+        self.constant = constant  # an array literal -> the name of the kernel argument holding it
+
+    def fresh(self, prefix: str = "t") -> str:
+        return f"{prefix}{next(self._names)}"
+
+    def emit(self, node: Node) -> None:
+        self.blocks[-1].append(node)
+
+    def assign(self, expr: str, prefix: str = "t") -> str:
+        name = self.fresh(prefix)
+        self.emit(Assign(name, expr))
+        return name
+
+    def loop(self, extent: int, fill: Callable[[str], None]) -> None:
+        """A loop of `extent` iterations whose body `fill(index)` writes."""
+        index = self.fresh("i")
+        self.blocks.append([])
+        fill(index)
+        body = self.blocks.pop()
+        self.emit(Loop(index, int(extent), tuple(body)))
+
+    def element(self, value: Value, index: Sequence[str]) -> str:
+        if isinstance(value, Scalar):
+            return value.expr
+        if isinstance(value, Stored):
+            return f"{value.name}[{', '.join(index)}]" if value.shape else f"{value.name}[0]"
+        return value.element(self, tuple(index))
+
+    def materialise(self, value: Value) -> Value:
+        """`value` in a Buffer (its elements computed once, here), unless it is not an array or is stored."""
+        if not isinstance(value, Pull):
+            return value
+        name = self.fresh("b")
+        self.emit(Buffer(name, value.shape, value.dtype))
+        self.each_index(value.shape, lambda idx: self.emit(Store(name, idx, self.element(value, idx))))
+        return Stored(name, value.shape, value.dtype)
+
+    def each_index(self, shape: tuple[int, ...], fill: Callable[[tuple[str, ...]], None], prefix: tuple = ()) -> None:
+        """fill(index) inside loops over every index of `shape`."""
+        if len(prefix) == len(shape):
+            fill(prefix)
+            return
+        self.loop(shape[len(prefix)], lambda i: self.each_index(shape, fill, prefix + (i,)))
+
+    # ------------------------------------------------------------------ programs
+
+    def body(self, program: Program, inputs: Sequence[Value]) -> list[Value]:
+        """Write `program` applied to `inputs` here; its outputs."""
+        env: dict[Var, Value] = dict(zip(program.inputs, inputs, strict=True))
+        uses = _uses(program)
+        for stmt in program.stmts:
+            args = [self.value(a, env) for a in stmt.args]
+            rule = _rules.get(stmt.prim)
+            if rule is None:
+                raise NotNestable(f"{stmt.prim.name} has no loop-nest rule")
+            outs = rule(self, stmt.prim, args, [v.aval for v in stmt.outs])
+            for var, out in zip(stmt.outs, outs, strict=True):
+                if isinstance(out, Pull) and out.heavy and uses[var] > 1:
+                    out = self.materialise(out)
+                env[var] = out
+        return [self.value(a, env) for a in program.outputs]
+
+    def value(self, atom, env: dict) -> Value:
+        if isinstance(atom, Lit):
+            dtype = atom.aval.dtype
+            if atom.aval.shape == ():
+                return Scalar(literal(atom.value, dtype), dtype)
+            return Stored(self.constant(np.asarray(atom.value)), atom.aval.shape, dtype)
+        return env[atom]
+
+
+def _uses(program: Program) -> Counter:
+    """How often each variable is read. A value a body captures counts twice: the body reads it once per
+    row, so an array computed with a loop is stored rather than recomputed for every row."""
+    uses: Counter = Counter()
+    for stmt in program.stmts:
+        captured = set(stmt.args[: getattr(stmt.prim, "num_consts", 0)]) if stmt.prim.bodies() else set()
+        for a in stmt.args:
+            if isinstance(a, Var):
+                uses[a] += 2 if a in captured else 1
+    uses.update(a for a in program.outputs if isinstance(a, Var))
+    return uses
+
+
+_rules = RuleTable("loop nest")
+
+
+def _scalar_or_pull(w: Writer, shape: tuple, dtype: np.dtype, element: Callable, heavy: bool) -> Value:
+    if shape == ():
+        return Scalar(w.assign(element(w, ())), dtype)
+    return Pull(tuple(shape), dtype, element, heavy)
+
+
+def _heavy(*values: Value) -> bool:
+    return any(isinstance(v, Pull) and v.heavy for v in values)
+
+
+@_rules.register(Elementwise)
+def _elementwise(w: Writer, prim: Elementwise, args: list[Value], out_avals) -> list[Value]:
+    if prim.op not in TEMPLATES:
+        raise NotNestable(f"{prim.op} has no scalar template in the loop nest")
+    out = out_avals[0]
+    template = TEMPLATES[prim.op]
+    wrap = (lambda e: e) if prim.op in _UNWRAPPED else (lambda e: f"np.{out.dtype.name}({e})")
+
+    def element(w: Writer, idx: tuple) -> str:
+        return wrap(template.format(*(w.element(a, idx if a.shape else ()) for a in args)))
+
+    return [_scalar_or_pull(w, out.shape, out.dtype, element, _heavy(*args))]
+
+
+@_rules.register(Convert)
+def _convert(w: Writer, prim: Convert, args: list[Value], out_avals) -> list[Value]:
+    (x,), out = args, out_avals[0]
+    to = np.dtype(prim.dtype)
+
+    def element(w: Writer, idx: tuple) -> str:
+        e = w.element(x, idx)
+        return f"({e} != 0)" if to == np.bool_ and x.dtype != np.bool_ else f"np.{to.name}({e})"
+
+    return [_scalar_or_pull(w, out.shape, to, element, _heavy(x))]
+
+
+@_rules.register(StopGradient)
+def _stop_gradient(w: Writer, prim, args: list[Value], out_avals) -> list[Value]:
+    return list(args)
+
+
+@_rules.register(Iota)
+def _iota(w: Writer, prim: Iota, args, out_avals) -> list[Value]:
+    dtype = np.dtype(prim.dtype)
+    return [Pull((prim.n,), dtype, lambda w, idx: f"np.{dtype.name}({idx[0]})", False)]
+
+
+@_rules.register(BroadcastTo)
+def _broadcast(w: Writer, prim: BroadcastTo, args: list[Value], out_avals) -> list[Value]:
+    (x,) = args
+    shape, lead = tuple(prim.shape), len(prim.shape) - len(x.shape)
+
+    def element(w: Writer, idx: tuple) -> str:
+        return w.element(x, tuple("0" if n == 1 else i for i, n in zip(idx[lead:], x.shape)))
+
+    return [Pull(shape, x.dtype, element, _heavy(x)) if shape else x]
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    return [int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape))]
+
+
+@_rules.register(Reshape)
+def _reshape(w: Writer, prim: Reshape, args: list[Value], out_avals) -> list[Value]:
+    (x,), shape = args, tuple(prim.shape)
+    if shape == x.shape:
+        return [x]
+    if math.prod(shape) == 1:  # to or from a single element
+        one = w.element(x, ("0",) * len(x.shape))
+        return [Scalar(w.assign(one), x.dtype) if shape == () else Pull(shape, x.dtype, lambda w, idx: one, False)]
+    out_strides, in_strides = _strides(shape), _strides(x.shape)
+
+    def element(w: Writer, idx: tuple) -> str:
+        flat = " + ".join(f"{i} * {s}" for i, s in zip(idx, out_strides) if s) or "0"
+        return w.element(x, tuple(f"(({flat}) // {s}) % {n}" for s, n in zip(in_strides, x.shape)))
+
+    return [Pull(shape, x.dtype, element, _heavy(x))]
+
+
+@_rules.register(Transpose)
+def _transpose(w: Writer, prim: Transpose, args: list[Value], out_avals) -> list[Value]:
+    (x,), perm = args, tuple(prim.perm)
+    shape = tuple(x.shape[p] for p in perm)
+
+    def element(w: Writer, idx: tuple) -> str:
+        source = [""] * len(perm)
+        for k, p in enumerate(perm):
+            source[p] = idx[k]
+        return w.element(x, tuple(source))
+
+    return [Pull(shape, x.dtype, element, _heavy(x))]
+
+
+@_rules.register(StaticIndex)
+def _static_index(w: Writer, prim: StaticIndex, args: list[Value], out_avals) -> list[Value]:
+    (x,), out = args, out_avals[0]
+    entries = list(prim.index) + [(0, n, 1) for n in x.shape[len(prim.index):]]
+
+    def element(w: Writer, idx: tuple) -> str:
+        rest, source = iter(idx), []
+        for entry in entries:
+            if isinstance(entry, tuple):
+                start, _, step = entry
+                source.append(f"({start} + {step} * {next(rest)})")
+            else:
+                source.append(str(entry % x.shape[len(source)]))
+        return w.element(x, tuple(source))
+
+    return [_scalar_or_pull(w, tuple(out.shape), x.dtype, element, _heavy(x))]
+
+
+def _summed(w: Writer, x: Value, axes: tuple[int, ...], idx: tuple, dtype: np.dtype) -> str:
+    """The sum of x over `axes` at the other axes' index `idx`, in a loop written here."""
+    acc = w.assign(literal(0, dtype), "s")
+    kept = iter(idx)
+    slots = [None if k in axes else next(kept) for k in range(len(x.shape))]
+
+    def add(loop_idx: tuple) -> None:
+        it = iter(loop_idx)
+        full = tuple(next(it) if s is None else s for s in slots)
+        w.emit(Assign(acc, f"np.{dtype.name}({acc} + {w.element(x, full)})"))
+
+    w.each_index(tuple(x.shape[k] for k in axes), add)
+    return acc
+
+
+@_rules.register(SumAxes)
+def _sum_axes(w: Writer, prim: SumAxes, args: list[Value], out_avals) -> list[Value]:
+    (x,), out = args, out_avals[0]
+    axes = tuple(sorted(a % len(x.shape) for a in prim.axes))
+    return [_scalar_or_pull(w, tuple(out.shape), out.dtype, lambda w, idx: _summed(w, x, axes, idx, out.dtype), True)]
+
+
+@_rules.register(MatMul)
+def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value]:
+    (a, b), out = args, out_avals[0]
+    dtype = out.dtype
+
+    def element(w: Writer, idx: tuple) -> str:
+        acc = w.assign(literal(0, dtype), "s")
+        w.loop(a.shape[1], lambda k: w.emit(Assign(
+            acc, f"np.{dtype.name}({acc} + {w.element(a, (idx[0], k))} * {w.element(b, (k, idx[1]))})")))
+        return acc
+
+    return [Pull(tuple(out.shape), dtype, element, True)]
+
+
+def _row(w: Writer, x: Value, i: str) -> Value:
+    """Row `i` of x (a map's element)."""
+    if x.shape[1:] == ():
+        return Scalar(w.assign(w.element(x, (i,))), x.dtype)
+    return Pull(x.shape[1:], x.dtype, lambda w, idx: w.element(x, (i,) + idx), _heavy(x))
+
+
+@_rules.register(Map)
+def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
+    """Rows computed where they are read; but a map whose body runs loops and gives arrays, or several
+    results, is stored: each element, or each result, read would otherwise run the whole body again."""
+    consts, xs = args[: prim.num_consts], args[prim.num_consts:]
+    heavy = _has_loops(prim.body) or _heavy(*xs)
+    if _has_loops(prim.body) and (len(out_avals) > 1 or any(len(a.shape) > 1 for a in out_avals)):
+        return _stored_map(w, prim, consts, xs, out_avals)
+
+    def output(k: int, aval) -> Value:
+        def element(w: Writer, idx: tuple) -> str:
+            return w.element(map_row(w, prim.body, consts, xs, idx[0])[k], idx[1:])
+
+        return Pull(tuple(aval.shape), aval.dtype, element, heavy)
+
+    return [output(k, aval) for k, aval in enumerate(out_avals)]
+
+
+def map_row(w: Writer, body: Program, consts: Sequence[Value], xs: Sequence[Value], i: str) -> list[Value]:
+    """The outputs of a map's body on row `i`, written here."""
+    return w.body(body, list(consts) + [_row(w, x, i) for x in xs])
+
+
+def store_row(w: Writer, target: str, outs: Value, lead: tuple[str, ...]) -> None:
+    """Every element of a row's value stored into `target` at `lead` + its index."""
+    w.each_index(outs.shape, lambda idx: w.emit(Store(target, lead + idx, w.element(outs, idx))))
+
+
+def _stored_map(w: Writer, prim: Map, consts, xs, out_avals) -> list[Value]:
+    names = [w.fresh("b") for _ in out_avals]
+    for name, aval in zip(names, out_avals, strict=True):
+        w.emit(Buffer(name, tuple(aval.shape), aval.dtype))
+
+    def row(i: str) -> None:
+        for name, out in zip(names, map_row(w, prim.body, consts, xs, i), strict=True):
+            store_row(w, name, out, (i,))
+
+    w.loop(out_avals[0].shape[0], row)
+    return [Stored(name, tuple(a.shape), a.dtype) for name, a in zip(names, out_avals, strict=True)]
+
+
+def _has_loops(program: Program) -> bool:
+    return any(isinstance(s.prim, (Map, Reduce, SumAxes, MatMul)) for s in program.stmts)
+
+
+@_rules.register(Reduce)
+def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value]:
+    k, nc = prim.num_leaves, prim.num_consts
+    consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
+    if any(x.shape[1:] != () for x in xs):
+        raise NotNestable("a reduce of elements that are not scalars is not in the loop nest yet")
+    accs = [w.assign(w.element(e, ()), "acc") for e in identity]
+    dtypes = [a.dtype for a in out_avals]
+
+    def step(i: str) -> None:
+        elements = [Scalar(w.assign(w.element(x, (i,))), x.dtype) for x in xs]
+        combined = w.body(prim.body, list(consts) + [Scalar(a, d) for a, d in zip(accs, dtypes)] + elements)
+        results = [w.assign(w.element(c, ())) for c in combined]
+        for acc, r in zip(accs, results, strict=True):
+            w.emit(Assign(acc, r))
+
+    w.loop(xs[0].shape[0], step)
+    return [Scalar(a, d) for a, d in zip(accs, dtypes)]
+
+
+def nestable(program: Program) -> str | None:
+    """Why `program` (a body) has a statement the loop nest cannot write, or None."""
+    for stmt in program.stmts:
+        if _rules.get(stmt.prim) is None or (isinstance(stmt.prim, Elementwise) and stmt.prim.op not in TEMPLATES):
+            return f"{stmt.prim.name} has no loop-nest rule"
+        if isinstance(stmt.prim, Reduce) and any(a.aval.ndim != 1 for a in stmt.args[stmt.prim.num_consts + stmt.prim.num_leaves:]):
+            return "a reduce of elements that are not scalars"
+        for body in stmt.prim.bodies():
+            problem = nestable(body)
+            if problem is not None:
+                return problem
+    return None

@@ -1,0 +1,261 @@
+"""The loop-nest fusion pass: top-level statements grouped into `LoopNest` statements, each one kernel.
+
+A map whose body nests another map (the way a user writes k-means, pairwise distances or attention: a map
+of a map of a reduce) becomes a loop nest, with its consumer when it has one that folds over its rows:
+
+- a reduce of the map's results (any operator, any number of leaves): a parallel fold, nothing of the map's
+  size materialised;
+- a sum over the map's axis (`sum[axes=(0,)]`, what a gradient emits to add up each row's contribution to a
+  captured value): a parallel fold whose state is one row;
+- otherwise the map alone: a parallel map writing its rows.
+
+Inside, maps, reduces, sums, matrix products and elementwise statements at any depth are loops of the nest
+(build.py). A statement the nest cannot write leaves the group as it was. `LoopNest` keeps the statements it
+replaced as a program of its own, which the numpy implementation runs: a backend may always decline.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from fold.ir import Let, Primitive, Program, Var, use_counts
+from fold.pytree import tree_flatten
+from fold.primitives import Map, Reduce, SumAxes
+
+from ..interpreter import eval_program, numpy_impls
+from .build import NotNestable, Scalar, Stored, Writer, map_row, nestable, store_row
+from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
+
+
+@dataclass(frozen=True)
+class LoopNest(Primitive):
+    """Statements run as one loop nest; `program` is them, closed over the statement's arguments."""
+
+    program: Program
+    name = "loop_nest"
+    backend_internal = True
+    num_consts = 0
+    body_fields = ("program",)
+
+
+def _nests_a_map(program: Program) -> bool:
+    return any(isinstance(s.prim, Map) or any(_nests_a_map(b) for b in s.prim.bodies()) for s in program.stmts)
+
+
+def _candidate(stmt: Let) -> bool:
+    return (isinstance(stmt.prim, Map) and _nests_a_map(stmt.prim.body) and nestable(stmt.prim.body) is None
+            and stmt.outs[0].aval.shape[0] > 0)
+
+
+def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
+    """The statements that fold over the map `stmt`'s rows, one reading all its results (a reduce) or one
+    per result (sums over the map's axis), each result read by them alone; None if there are none such."""
+    if any(uses[v] != 1 for v in stmt.outs):
+        return None
+    found = list(dict.fromkeys(readers.get(v) for v in stmt.outs))
+    if None in found:
+        return None
+    if all(isinstance(r.prim, SumAxes) and tuple(r.prim.axes) == (0,) for r in found) and len(found) == len(stmt.outs):
+        return found
+    if len(found) == 1 and isinstance(found[0].prim, Reduce):
+        reader = found[0]
+        leaves = reader.args[reader.prim.num_consts + reader.prim.num_leaves:]
+        if (set(leaves) == set(stmt.outs) and all(v.aval.ndim == 1 for v in stmt.outs)
+                and nestable(reader.prim.body) is None):
+            return found
+    return None
+
+
+def fuse_loop_nests(program: Program) -> Program:
+    """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised."""
+    found = _fused.get(program)
+    if found is None:
+        found = _fused[program] = _fuse(program)
+    return found
+
+
+_fused: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictionary()
+
+
+def _fuse(program: Program) -> Program:
+    uses = use_counts(program)
+    readers = {a: s for s in program.stmts for a in s.args if isinstance(a, Var)}
+    absorbed: set[int] = set()
+    stmts: list[Let] = []
+    for stmt in program.stmts:
+        if id(stmt) in absorbed:
+            continue
+        if not _candidate(stmt):
+            stmts.append(stmt)
+            continue
+        consumers = _consumers(stmt, readers, uses) or []
+        group = [stmt] + consumers
+        nest = _loop_nest(group)
+        if nest is None:
+            stmts.append(stmt)
+            continue
+        if consumers:
+            # what the consumers read beside the map's rows (an identity, captured values) is computed before
+            # the last of them: keep those statements before the nest
+            last = max(program.stmts.index(r) for r in consumers)
+            absorbed.update(id(r) for r in consumers)
+            between = [s for s in program.stmts[program.stmts.index(stmt) + 1: last] if id(s) not in absorbed]
+            stmts += between
+            absorbed.update(id(s) for s in between)
+        stmts.append(nest)
+    if len(stmts) == len(program.stmts) and all(a is b for a, b in zip(stmts, program.stmts)):
+        return program
+    return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+
+
+def _loop_nest(group: list[Let]) -> Let | None:
+    """The group as one LoopNest statement, or None if the nest cannot be built for it."""
+    inner = {v for s in group for v in s.outs}
+    args = list(dict.fromkeys(a for s in group for a in s.args if isinstance(a, Var) and a not in inner))
+    outs = tuple(v for s in group[1:] for v in s.outs) if len(group) > 1 else tuple(group[0].outs)
+    remap = {a: Var(a.aval) for a in args}
+    stmts = tuple(Let(s.outs, s.prim, tuple(remap.get(a, a) if isinstance(a, Var) else a for a in s.args)) for s in group)
+    _, in_tree = tree_flatten(tuple(range(len(args))))
+    _, out_tree = tree_flatten(tuple(range(len(outs))))
+    program = Program(tuple(remap[a] for a in args), stmts, outs, in_tree, out_tree, {})
+    prim = LoopNest(program)
+    try:
+        kernel_of(prim)
+    except NotNestable:
+        return None
+    return Let(outs, prim, tuple(args))
+
+
+_kernels: "weakref.WeakKeyDictionary[LoopNest, Kernel]" = weakref.WeakKeyDictionary()
+
+
+def kernel_of(prim: LoopNest) -> Kernel:
+    """The loop nest of a LoopNest statement (memoised); NotNestable if a statement has no rule."""
+    found = _kernels.get(prim)
+    if found is None:
+        found = _kernels[prim] = _build(prim.program)
+    return found
+
+
+def _build(program: Program) -> Kernel:
+    params: list[Param] = []
+
+    def constant(value: np.ndarray) -> str:
+        name = f"k{len(params)}"
+        params.append(Param(name, value.shape, value.dtype, "constant", ))
+        constants[name] = value
+        return name
+
+    constants: dict[str, np.ndarray] = {}
+    w = Writer(constant)
+    env = {}
+    for j, v in enumerate(program.inputs):
+        name = f"in{j}"
+        params.append(Param(name, tuple(v.aval.shape), v.aval.dtype, "input"))
+        env[v] = Stored(name, tuple(v.aval.shape), v.aval.dtype)
+    map_stmt = program.stmts[0]
+    prim = map_stmt.prim
+    values = [w.value(a, env) for a in map_stmt.args]
+    consts, xs = values[: prim.num_consts], values[prim.num_consts:]
+    for v in (consts + xs):
+        if not isinstance(v, (Stored, Scalar)):
+            raise NotNestable("a map's argument that is not stored")
+    n = int(map_stmt.outs[0].aval.shape[0])
+    outputs = [f"out{j}" for j in range(len(program.outputs))]
+    for name, v in zip(outputs, program.outputs, strict=True):
+        params.append(Param(name, tuple(v.aval.shape), v.aval.dtype, "output"))
+    index = "i"
+    w.blocks.append([])
+    rows = map_row(w, prim.body, consts, xs, index)
+    if len(program.stmts) == 1:
+        for name, out in zip(outputs, rows, strict=True):
+            store_row(w, name, out, (index,))
+        outer = ParallelMap(index, n, tuple(w.blocks.pop()))
+    elif isinstance(program.stmts[1].prim, SumAxes):
+        outer = _sums(w, program.stmts[1:], map_stmt, rows, outputs, index, n)
+    else:
+        outer = _fold(w, program.stmts[1], map_stmt, rows, env, outputs, index, n)
+    kernel = Kernel(tuple(params), outer)
+    _constants[kernel] = constants
+    return kernel
+
+
+_constants: "weakref.WeakKeyDictionary[Kernel, dict]" = weakref.WeakKeyDictionary()
+
+
+def constants_of(kernel: Kernel) -> dict[str, np.ndarray]:
+    return _constants[kernel]
+
+
+def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: list[str], index: str, n: int):
+    """The ParallelFold of sums over the map's axis, one per result: each state is one row, added to."""
+    by_var = dict(zip(map_stmt.outs, rows, strict=True))
+    states, init, merge = [], [], []
+    for reader, output in zip(readers, outputs, strict=True):
+        row, aval = by_var[reader.args[0]], reader.outs[0].aval
+        state = State(w.fresh("state"), tuple(aval.shape), aval.dtype, output, stored=True)
+        dt = aval.dtype.name
+        w.each_index(state.shape, lambda idx: w.emit(Store(
+            state.name, idx, f"np.{dt}({_at(state.name, idx)} + {w.element(row, idx)})")))
+        init += _fill(w, state, "0")
+        w.blocks.append(merge)
+        w.each_index(state.shape, lambda idx: w.emit(Store(
+            state.name, idx, f"np.{dt}({_at(state.name, idx)} + {_at('partial_' + state.name, ('chunk',) + idx)})")))
+        w.blocks.pop()
+        states.append(state)
+    step = tuple(w.blocks.pop())
+    return ParallelFold(index, n, tuple(states), tuple(init), step, tuple(merge))
+
+
+def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs: list[str], index: str, n: int):
+    """The ParallelFold of `reader` over the map's rows: step already holds the row's computation."""
+    red = reader.prim
+    k, nc = red.num_leaves, red.num_consts
+    values = [w.value(a, env) for a in reader.args[: nc + k]]
+    consts, identity, leaves = values[:nc], values[nc:], reader.args[nc + k:]
+    by_var = dict(zip(map_stmt.outs, rows, strict=True))
+    dtypes = [a.aval.dtype for a in reader.outs]
+    states = tuple(State(w.fresh("state"), (), d, out) for d, out in zip(dtypes, outputs, strict=True))
+    elements = [by_var[v] for v in leaves]
+    _combine(w, red.body, consts, states, elements)
+    step = tuple(w.blocks.pop())
+    init_parts: list = []
+    w.blocks.append(init_parts)
+    for s, e in zip(states, identity, strict=True):
+        w.emit(Assign(s.name, w.element(e, ())))
+    w.blocks.pop()
+    merge_parts = []
+    w.blocks.append(merge_parts)
+    _combine(w, red.body, consts, states, [Scalar(f"partial_{s.name}[chunk]", s.dtype) for s in states])
+    w.blocks.pop()
+    return ParallelFold(index, n, states, tuple(init_parts), step, tuple(merge_parts))
+
+
+def _combine(w: Writer, body: Program, consts, states, elements) -> None:
+    """states = body(consts, states, elements), written here."""
+    combined = w.body(body, list(consts) + [Scalar(s.name, s.dtype) for s in states] + list(elements))
+    results = [w.assign(w.element(c, ())) for c in combined]
+    for s, r in zip(states, results, strict=True):
+        w.emit(Assign(s.name, r))
+
+
+def _at(name: str, idx: tuple) -> str:
+    return f"{name}[{', '.join(idx)}]" if idx else f"{name}[0]"
+
+
+def _fill(w: Writer, state: State, value: str) -> tuple:
+    parts: list = [Buffer(state.name, state.shape or (1,), state.dtype)]
+    w.blocks.append(parts)
+    w.each_index(state.shape, lambda idx: w.emit(Store(state.name, idx, f"np.{state.dtype.name}({value})")))
+    w.blocks.pop()
+    return tuple(parts)
+
+
+@numpy_impls.register(LoopNest)
+def _reference(prim: LoopNest, args: list, depth: int) -> list:
+    """The statements the nest replaced, as they were: what a backend that declines runs."""
+    return eval_program(prim.program, args, depth)

@@ -1,0 +1,166 @@
+"""The loop nest: the form of a fused computation that a compiled backend lowers, whatever the backend.
+
+A `Kernel` is one traversal of an index space `0 <= i < extent`, with its iterations independent
+(`ParallelMap`: each writes its own rows of the outputs) or folded (`ParallelFold`: each contributes an element
+to folds whose states are combined in order). Inside, everything is scalar statements over loops with static
+trip counts: `Assign` (a scalar), `Loop` (a sequential loop), `Buffer` (a small local array, for a value that is
+read more than once and costs a loop to compute) and `Store` (an element written). Expressions are text in the
+scalar language the backends share (runtime/numba_backend/codegen.py's templates: Python operators, `math.*`,
+NumPy casts and the NaN-aware helpers `_minimum`, `_logaddexp`, ...), so a backend needs only to say how the
+outer traversal is split over its workers: chunks of a prange on the CPU, thread blocks on a GPU.
+
+Every value the nest does not store is recomputed where it is read: a map feeding a reduce streams, and
+nothing of the map's size exists. What is stored, and its bytes, is what `describe` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Assign:
+    target: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Loop:
+    index: str
+    extent: int
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A local array of a static shape, allocated where it stands (once per iteration of the loops around it)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class Store:
+    target: str
+    index: tuple[str, ...]
+    expr: str
+
+
+Node = Union[Assign, Loop, Buffer, Store]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel argument: an input of the fused statements, an array constant, or an output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    role: str  # "input", "constant" or "output"
+
+
+@dataclass(frozen=True)
+class ParallelMap:
+    """for index in 0..extent (iterations independent): body, which stores each output's row `index`."""
+
+    index: str
+    extent: int
+    body: tuple
+
+
+@dataclass(frozen=True)
+class State:
+    """A fold's state: a scalar, or an array folded component by component (a sum over the outer axis)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    output: str  # the output parameter the final state is written to
+    stored: bool = False  # a Buffer (of shape, or (1,) where shape is ()) rather than a scalar
+
+
+@dataclass(frozen=True)
+class ParallelFold:
+    """The folds of an element per index: `init` sets every state to the identity, `step` folds in the
+    element at `index`, `merge` folds in the states of chunk `chunk` (named `partial` + state name), in order,
+    so a non-commutative operator sees its operands in order."""
+
+    index: str
+    extent: int
+    states: tuple[State, ...]
+    init: tuple
+    step: tuple
+    merge: tuple
+    chunk: str = "chunk"
+    partial: str = "partial_"
+
+
+Outer = Union[ParallelMap, ParallelFold]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    params: tuple[Param, ...]
+    outer: Outer
+
+    @property
+    def inputs(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.role != "output")
+
+    @property
+    def outputs(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.role == "output")
+
+
+def buffers(nodes: tuple) -> list[Buffer]:
+    """Every Buffer in `nodes`, loops entered."""
+    found = []
+    for node in nodes:
+        if isinstance(node, Buffer):
+            found.append(node)
+        elif isinstance(node, Loop):
+            found += buffers(node.body)
+    return found
+
+
+def describe(kernel: Kernel) -> str:
+    """The nest as indented text: the traversal, its loops and statements, and what is materialised."""
+    outer = kernel.outer
+    lines = [f"kernel({', '.join(f'{p.name}: {p.dtype.name}{list(p.shape)}' for p in kernel.inputs)})"
+             f" -> {', '.join(f'{p.name}: {p.dtype.name}{list(p.shape)}' for p in kernel.outputs)}"]
+    if isinstance(outer, ParallelMap):
+        lines.append(f"  parallel map {outer.index} < {outer.extent}:")
+        lines += _describe_nodes(outer.body, 4)
+        body_buffers = buffers(outer.body)
+    else:
+        states = ", ".join(f"{s.name}: {s.dtype.name}{list(s.shape)}" for s in outer.states)
+        lines.append(f"  parallel fold {outer.index} < {outer.extent} into {states}, chunks merged in order:")
+        lines += _describe_nodes(outer.init, 4) + [f"    for {outer.index}:"] + _describe_nodes(outer.step, 6)
+        body_buffers = buffers(outer.step)
+    stored = [f"{b.name}: {b.dtype.name}{list(b.shape)} ({_nbytes(b.shape, b.dtype)} bytes per iteration)"
+              for b in body_buffers]
+    lines.append("  materialised: " + (", ".join(stored) if stored else "nothing but the outputs"))
+    return "\n".join(lines)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _describe_nodes(nodes: tuple, indent: int) -> list[str]:
+    pad, lines = " " * indent, []
+    for node in nodes:
+        if isinstance(node, Assign):
+            lines.append(f"{pad}{node.target} = {node.expr}")
+        elif isinstance(node, Store):
+            lines.append(f"{pad}{node.target}[{', '.join(node.index)}] = {node.expr}")
+        elif isinstance(node, Buffer):
+            lines.append(f"{pad}{node.name} = buffer {node.dtype.name}{list(node.shape)}")
+        else:
+            lines.append(f"{pad}for {node.index} < {node.extent}:")
+            lines += _describe_nodes(node.body, indent + 2)
+    return lines

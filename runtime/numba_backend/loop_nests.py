@@ -1,0 +1,114 @@
+"""Loop nests (runtime/loops) as Numba kernels: the outer traversal a prange, split into chunks for a fold.
+
+A ParallelMap is `for i in prange(extent)`. A ParallelFold runs `chunks` chunks of consecutive indices in a
+prange, each folding its elements into states of its own, and then folds the chunks' states in chunk order
+after the prange: the operator sees its operands in order, and the result does not depend on the threads.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from fold.kernels.cpu.modules import file_digest, load_module
+from fold.runtime.loops import LoopNest, constants_of, kernel_of
+from fold.runtime.loops.nest import Assign, Buffer, Kernel, Loop, ParallelFold, ParallelMap, Store
+
+from . import scalar_helpers
+from .lowering import numba_impls
+
+# chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
+CHUNKS_PER_THREAD = 4
+
+
+def kernel_source(kernel: Kernel) -> str:
+    """The text of a module defining `kernel(*inputs, *outputs, chunks)`."""
+    params = [p.name for p in kernel.inputs] + [p.name for p in kernel.outputs] + ["chunks"]
+    lines = [f"def kernel({', '.join(params)}):"]
+    outer = kernel.outer
+    if isinstance(outer, ParallelMap):
+        lines.append(f"    for {outer.index} in prange({outer.extent}):")
+        lines += _nodes(outer.body, 8)
+    else:
+        lines += _fold_lines(outer)
+    return "\n".join([
+        f"# scalar helpers {file_digest(scalar_helpers)}",
+        "import math",
+        "import numpy as np",
+        "from numba import prange",
+        f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
+        "", "", *lines, ""])
+
+
+def _fold_lines(fold: ParallelFold) -> list[str]:
+    lines = []
+    for s in fold.states:
+        shape = (s.shape or (1,)) if s.stored else ()
+        lines.append(f"    {fold.partial}{s.name} = np.empty((chunks, {', '.join(map(str, shape))}), np.{s.dtype.name})")
+    lines += [f"    for {fold.chunk} in prange(chunks):",
+              f"        lo = ({fold.chunk} * {fold.extent}) // chunks",
+              f"        hi = (({fold.chunk} + 1) * {fold.extent}) // chunks"]
+    lines += _nodes(fold.init, 8)
+    lines.append(f"        for {fold.index} in range(lo, hi):")
+    lines += _nodes(fold.step, 12)
+    for s in fold.states:
+        lines.append(f"        {fold.partial}{s.name}[{fold.chunk}] = {s.name}")
+    lines += _nodes(fold.init, 4)
+    lines.append(f"    for {fold.chunk} in range(chunks):")
+    lines += _nodes(fold.merge, 8)
+    for s in fold.states:
+        lines.append(f"    {s.output}[:] = {s.name}.ravel()" if s.stored else f"    {s.output}[0] = {s.name}")
+    return lines
+
+
+def _nodes(nodes: tuple, indent: int) -> list[str]:
+    pad, lines = " " * indent, []
+    for node in nodes:
+        if isinstance(node, Assign):
+            lines.append(f"{pad}{node.target} = {node.expr}")
+        elif isinstance(node, Store):
+            lines.append(f"{pad}{node.target}[{', '.join(node.index) or '0'}] = {node.expr}")
+        elif isinstance(node, Buffer):
+            lines.append(f"{pad}{node.name} = np.empty(({', '.join(map(str, node.shape or (1,)))},), np.{node.dtype.name})")
+        elif isinstance(node, Loop):
+            lines.append(f"{pad}for {node.index} in range({node.extent}):")
+            lines += _nodes(node.body, indent + 4) or [f"{pad}    pass"]
+    return lines
+
+
+_compiled: "weakref.WeakKeyDictionary[LoopNest, Any]" = weakref.WeakKeyDictionary()
+
+
+def compiled_kernel(prim: LoopNest):
+    found = _compiled.get(prim)
+    if found is None:
+        module = load_module(kernel_source(kernel_of(prim)), {"kernel": {"parallel": True, "error_model": "numpy"}})
+        found = _compiled[prim] = module.kernel
+    return found
+
+
+@numba_impls.register(LoopNest)
+def _loop_nest(prim: LoopNest, args: list, depth: int):
+    """The nest's kernel at the top level (inside a map, the statements it replaced run batched)."""
+    if depth:
+        return None
+    import numba
+
+    kernel = kernel_of(prim)
+    fn = compiled_kernel(prim)
+    inputs = []
+    constants = constants_of(kernel)
+    values = iter(args)
+    for p in kernel.inputs:
+        value = constants[p.name] if p.role == "constant" else next(values)
+        value = np.ascontiguousarray(value, dtype=p.dtype)
+        inputs.append(value.reshape(1) if value.shape == () else value)
+    outs = [np.empty(p.shape, p.dtype) for p in kernel.outputs]
+    fold = isinstance(kernel.outer, ParallelFold)
+    passed = [o.reshape(-1) if fold or o.shape == () else o for o in outs]
+    extent = kernel.outer.extent
+    chunks = max(1, min(extent, CHUNKS_PER_THREAD * numba.get_num_threads()))
+    fn(*inputs, *passed, chunks)
+    return outs
