@@ -79,7 +79,7 @@ def test_vector_functions_agree_with_numpy():
 
 def test_without_vector_math_the_functions_fall_back_to_libm():
     code = ("import os, sys; sys.path[:0] = [os.getcwd(), 'tests']\n"
-            "from kernels.cpu import vector_math\n"
+            "from fold.kernels.cpu import vector_math\n"
             "assert not vector_math.SUPPORTED and not vector_math.AVAILABLE\n"
             "import test_vector_math as t; t.check_against_numpy()\n"
             "import numpy as np, kernels.cpu as kc\n"
@@ -91,7 +91,7 @@ def test_without_vector_math_the_functions_fall_back_to_libm():
 
 
 def test_fold_vector_math_0_turns_them_off_for_fold():
-    code = "from kernels.cpu import vector_math as v; print(v.SUPPORTED, v.AVAILABLE)"
+    code = "from fold.kernels.cpu import vector_math as v; print(v.SUPPORTED, v.AVAILABLE)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={"FOLD_VECTOR_MATH": "0", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == [str(vector_math.SUPPORTED), "False"], done.stderr[-2000:]

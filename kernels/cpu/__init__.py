@@ -25,7 +25,7 @@
                                                                                -> r arrays (n,)
 
 The functions reduce, scan, histogram and map shadow the submodules of the same names as attributes of
-this package; reach a template with `from kernels.cpu.reduce import fold_kernel` (which goes through
+this package; reach a template with `from fold.kernels.cpu.reduce import fold_kernel` (which goes through
 sys.modules), not `fold.kernels.cpu.reduce.fold_kernel`.
 """
 

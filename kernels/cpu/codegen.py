@@ -130,7 +130,7 @@ def compile_kernel(key: Hashable, build: Callable[[], str], env: dict[str, Any],
             serial = {k: v for k, v in options.items() if k != "parallel"}
             if modules.cache_dir() is not None and all(modules.is_content_addressed(f) for f in env.values()):
                 preamble = "\n".join(["import numpy as np", "from numba import prange",
-                                      "from kernels.cpu.codegen import as_scalar"]
+                                      "from fold.kernels.cpu.codegen import as_scalar"]
                                      + [modules.import_line(f, alias) for alias, f in sorted(env.items())])
                 jit = {"kernel": options, **{name: serial for name in helpers}}
                 kernel = modules.load_module(preamble + "\n\n" + build(), jit).kernel
@@ -163,7 +163,7 @@ def simd_import(*functions: str) -> str:
     the text (which names the module on disk) changes whenever simd does."""
     from . import simd
 
-    return f"# simd {modules.file_digest(simd)}\nfrom kernels.cpu.simd import {', '.join(sorted(functions))}\n"
+    return f"# simd {modules.file_digest(simd)}\nfrom fold.kernels.cpu.simd import {', '.join(sorted(functions))}\n"
 
 
 def clear_kernels() -> None:

@@ -444,17 +444,17 @@ def _module_source(program: Program, expanded: tuple[_Writer, list[str], list[st
     f64x4_form = _f64x4_source(program, "scalar_fn_f64x4")
     vector_imports = [] if lane_form is None else [
         f"# vector math {_VECTOR_MATH_DIGEST}",
-        "from kernels.cpu.vector_math import "
+        "from fold.kernels.cpu.vector_math import "
         + ", ".join(sorted({*vector_math.FUNCTIONS.values(), *vector_math.FUNCTIONS_F32.values()}))]
     simd_imports = [] if f64x4_form is None else [
         f"# simd {_SIMD_DIGEST}",
-        f"from kernels.cpu.simd import {', '.join(_F64X4_IMPORTS)}"]
+        f"from fold.kernels.cpu.simd import {', '.join(_F64X4_IMPORTS)}"]
     forms = [form for form in (lane_form, f64x4_form) if form is not None]
     return "\n".join([
         f"# scalar helpers {_HELPERS_DIGEST}",
         "import math",
         "import numpy as np",
-        f"from runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
+        f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
         *vector_imports, *simd_imports,
         "", "", _scalar_source(*expanded, "scalar_fn"), *[part for form in forms for part in ("", "", form)], ""]), \
         lane_form is not None, f64x4_form is not None
