@@ -156,7 +156,7 @@ class _LawChecker:
         self._op = fold.jit(lambda a, b: flat(fold.map(lambda x, y: m.op(x, y), tree(a), tree(b))))
         self._d = fold.jit(lambda c, a, g: flat(fold.map(lambda x, y, z: m.d(x, y, z), tree(c), tree(a), tree(g)))) if m.d else None
         self._domain = fold.jit(lambda a: flat(fold.map(m.domain, tree(a)))) if m.domain else None
-        self._vjp = fold.jit(lambda a, b, g: list(fold.vjp(lambda x: flat(fold.map(lambda p, q: m.op(p, q), tree(x), tree(b))), (a,), g)[0]))
+        self._vjp = fold.jit(lambda a, b, g: list(fold.ad.vjp_value(lambda x: flat(fold.map(lambda p, q: m.op(p, q), tree(x), tree(b))), (a,), g)[0]))
         self._n = None
 
     def domain(self, a: list) -> list:

@@ -81,6 +81,11 @@ _LAZY = {
     "jvp": ("fold.ad", "jvp"),
     "grad": ("fold.ad", "grad"),
     "value_and_grad": ("fold.ad", "value_and_grad"),
+    "jacfwd": ("fold.ad", "jacfwd"),
+    "jacrev": ("fold.ad", "jacrev"),
+    "hessian": ("fold.ad", "hessian"),
+    "linearize": ("fold.ad", "linearize"),
+    "vmap": ("fold.batching", "vmap"),
     "check_monoid": ("fold.ad.monoid_laws", "check_monoid"),
     "compare_rules": ("fold.ad.compare", "compare_rules"),
 }
