@@ -79,7 +79,9 @@ def check_monoid(m: Monoid, example: Any, *, strict: bool = False, samples: int 
         from hypothesis import strategies as st
         from hypothesis.extra.numpy import arrays
     except ImportError as err:  # pragma: no cover - hypothesis is a test extra
-        raise FoldTypeError("fold.check_monoid needs hypothesis (pip install 'fold[test]')") from err
+        raise FoldTypeError("fold.check_monoid draws its random elements with hypothesis, which is not installed: "
+                            "it comes with fold's `test` extra (pip install 'fold[test]'), or pip install "
+                            "hypothesis") from err
     if not isinstance(m, Monoid):
         raise FoldTypeError(f"fold.check_monoid: expected a fold.Monoid, got {type(m).__name__}")
     leaves, treedef = tree_flatten(example)

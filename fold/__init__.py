@@ -91,7 +91,25 @@ _LAZY = {
 }
 
 
+_LAZY_MODULES = {"testing": "fold.testing", "ad": "fold.ad", "runtime": "fold.runtime"}
+
+
+def _version() -> str:
+    """The installed distribution's version; a checkout that was never installed says so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fold")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = globals()[name] = _version()
+        return value
+    if name in _LAZY_MODULES:  # `import fold; fold.testing.check_grads(...)` works without importing it first
+        return importlib.import_module(_LAZY_MODULES[name])
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'fold' has no attribute {name!r}")
@@ -107,5 +125,5 @@ __all__ = [
     "cos", "divide", "dot", "exp", "expm1", "iota", "log", "log1p", "logaddexp", "logical_and", "logical_not",
     "logical_or", "loop", "map", "matmul", "maximum", "minimum", "monoids", "reduce", "reduce_by_index",
     "replicate", "reshape", "scan", "sigmoid", "sign", "sin", "sqrt", "stop_gradient", "sum", "tanh", "trace", "transpose",
-    "tree_flatten", "tree_map", "tree_unflatten", "where", *_LAZY,
+    "tree_flatten", "tree_map", "tree_unflatten", "where", "testing", *_LAZY,
 ]
