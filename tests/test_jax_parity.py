@@ -134,3 +134,21 @@ def test_static_argnums_through_transformations(name) -> None:
           jax.jit(getattr(jax, name)(looped_jax), static_argnums=1)(x, 3))
     close(fold.jit(getattr(fold, name)(looped_fold), static_argnames="n")(x, n=3),
           jax.jit(getattr(jax, name)(looped_jax), static_argnames="n")(x, n=3))
+
+
+@pytest.mark.parametrize("name", ["sum", "prod", "max", "min", "mean", "var", "std", "argmax", "argmin", "any", "all",
+                                  "cumsum", "cumprod"])
+@pytest.mark.parametrize("axis", [None, 0, -1])
+def test_numpy_functions_against_jax_numpy(name, axis) -> None:
+    x = RNG.normal(size=(3, 4)) + 0.2
+    close(fold.run(lambda x: getattr(np, name)(x, axis=axis), x), getattr(jnp, name)(x, axis=axis))
+    if name not in ("argmax", "argmin", "any", "all"):
+        loss_fold = lambda x: np.sum(getattr(np, name)(x, axis=axis) ** 2)  # noqa: E731
+        loss_jax = lambda x: jnp.sum(getattr(jnp, name)(x, axis=axis) ** 2)  # noqa: E731
+        close(fold.grad(loss_fold)(x), jax.grad(loss_jax)(x), rtol=1e-9, atol=1e-11)
+
+
+def test_norm_against_jax_numpy() -> None:
+    x = RNG.normal(size=(3, 4))
+    close(fold.grad(lambda x: np.linalg.norm(x) + np.sum(np.linalg.norm(x, ord=1, axis=0)))(x),
+          jax.grad(lambda x: jnp.linalg.norm(x) + jnp.sum(jnp.linalg.norm(x, ord=1, axis=0)))(x))
