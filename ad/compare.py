@@ -73,7 +73,7 @@ def _has_gemm(program: Program) -> bool:
 
 
 def compare_rules(f: Callable[..., Any], primals: tuple, ybar: Any, *, repeats: int = 5) -> RuleComparison:
-    """Run `fold.vjp(f, primals, ybar)` under each reduce rule that applies and compare them; a program with
+    """Run `fold.ad.vjp_value(f, primals, ybar)` under each reduce rule that applies and compare them; a program with
     gemm_map_reduce also runs under its "blocks" rule (as "gemm-blocks", reduces by "auto").
 
     >>> import numpy as np, fold
@@ -95,7 +95,7 @@ def compare_rules(f: Callable[..., Any], primals: tuple, ybar: Any, *, repeats: 
         except FoldError:
             continue  # this rule does not apply to the program (the monoid rule without a d, say)
         used += [f"gemm {gemm_rule}"] if has_gemm else []
-        run = fold.jit(lambda *args, _rule=rule: fold.vjp(f, args, ybar, reduce_rule=_rule))
+        run = fold.jit(lambda *args, _rule=rule: fold.ad.vjp_value(f, args, ybar, reduce_rule=_rule))
         with gemm_rule_scope(gemm_rule):  # the first call traces the gradient program
             cotangents = run(*primals)
         times = []

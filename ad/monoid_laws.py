@@ -79,7 +79,9 @@ def check_monoid(m: Monoid, example: Any, *, strict: bool = False, samples: int 
         from hypothesis import strategies as st
         from hypothesis.extra.numpy import arrays
     except ImportError as err:  # pragma: no cover - hypothesis is a test extra
-        raise FoldTypeError("fold.check_monoid needs hypothesis (pip install 'fold[test]')") from err
+        raise FoldTypeError("fold.check_monoid draws its random elements with hypothesis, which is not installed: "
+                            "it comes with fold's `test` extra (pip install 'fold[test]'), or pip install "
+                            "hypothesis") from err
     if not isinstance(m, Monoid):
         raise FoldTypeError(f"fold.check_monoid: expected a fold.Monoid, got {type(m).__name__}")
     leaves, treedef = tree_flatten(example)
@@ -156,7 +158,7 @@ class _LawChecker:
         self._op = fold.jit(lambda a, b: flat(fold.map(lambda x, y: m.op(x, y), tree(a), tree(b))))
         self._d = fold.jit(lambda c, a, g: flat(fold.map(lambda x, y, z: m.d(x, y, z), tree(c), tree(a), tree(g)))) if m.d else None
         self._domain = fold.jit(lambda a: flat(fold.map(m.domain, tree(a)))) if m.domain else None
-        self._vjp = fold.jit(lambda a, b, g: list(fold.vjp(lambda x: flat(fold.map(lambda p, q: m.op(p, q), tree(x), tree(b))), (a,), g)[0]))
+        self._vjp = fold.jit(lambda a, b, g: list(fold.ad.vjp_value(lambda x: flat(fold.map(lambda p, q: m.op(p, q), tree(x), tree(b))), (a,), g)[0]))
         self._n = None
 
     def domain(self, a: list) -> list:

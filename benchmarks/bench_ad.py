@@ -4,7 +4,7 @@
     python -m benchmarks.bench_ad --quick      # 100x smaller: a smoke test (the targets are set for full sizes)
     python -m benchmarks.bench_ad --profile    # also print where one call of each gradient program spends its time
 
-The primal is `fold.jit(f, backend="numpy")`; the gradient is `fold.jit(lambda *a: fold.vjp(f, a, ct))`, so the
+The primal is `fold.jit(f, backend="numpy")`; the gradient is `fold.jit(lambda *a: fold.ad.vjp_value(f, a, ct))`, so the
 gradient program is traced and transformed once and then reused. Both are called once before timing (tracing
 and transformation excluded), timed alternately, and the median of the repeats is reported. Before timing, each
 gradient is compared with an analytic NumPy gradient on a small size, and again at the timed size.
@@ -269,7 +269,7 @@ def run_case(case: Case, rng: np.random.Generator, scale: int, repeats: int, pro
     primal = fold.jit(case.f, backend=BACKEND)
 
     def vjp_fn(*args):
-        return fold.vjp(case.f, args, ct, reduce_rule=case.reduce_rule)
+        return fold.ad.vjp_value(case.f, args, ct, reduce_rule=case.reduce_rule)
 
     gradient = fold.jit(vjp_fn, backend=BACKEND)
     with ufunc_fast_paths(case.fast_paths):
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                "statistic": "median wall seconds, warm (trace/transform excluded), vjp and primal interleaved "
                             "(pass/fail on the ratio of the medians; the ratio of the minimums is kept too); "
                             "peak bytes include the inputs",
-               "gradient": "fold.jit(lambda *a: fold.vjp(f, a, 1.0, reduce_rule=...)) vs fold.jit(f)",
+               "gradient": "fold.jit(lambda *a: fold.ad.vjp_value(f, a, 1.0, reduce_rule=...)) vs fold.jit(f)",
                "machine": info, "results": records}
     json_path = write_json(RESULTS_DIR / f"ad_numpy{suffix}.json", payload)
     png_path = plot(RESULTS_DIR / f"ad_numpy{suffix}.png", records, "fold numpy backend: vjp / primal", line)

@@ -67,7 +67,7 @@ def _bench_numba_cases() -> dict[str, Callable[[], tuple[Callable, tuple]]]:
             rng = np.random.default_rng(0)
             args = case.inputs(rng, True)
             ct = case.cotangent(rng, args)
-            return (lambda *xs: fold.vjp(case.f, xs, ct, reduce_rule=case.reduce_rule)), args
+            return (lambda *xs: fold.ad.vjp_value(case.f, xs, ct, reduce_rule=case.reduce_rule)), args
 
         out[f"{case.name} primal"] = primal
         out[f"{case.name} vjp"] = vjp
@@ -97,7 +97,7 @@ def _hvp_case(monoid_name: str, rule: str, n: int = 10**5) -> Callable[[], tuple
         tangents = tuple(rng.standard_normal(a.shape) for a in args)
 
         def hvp(*xs_and_ts):
-            return fold.jvp(lambda *xs: fold.vjp(f, xs, ct, reduce_rule=rule), xs_and_ts[:k], xs_and_ts[k:])
+            return fold.jvp(lambda *xs: fold.ad.vjp_value(f, xs, ct, reduce_rule=rule), xs_and_ts[:k], xs_and_ts[k:])[1]
         return hvp, args + tangents
     return build
 

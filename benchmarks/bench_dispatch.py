@@ -82,7 +82,7 @@ def _cases(rng: np.random.Generator) -> list[dict[str, Any]]:
          "fold": jit_all(lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda v: v * v, x))),
          "jax": lambda jnp, jax: lambda x: jnp.sum(x * x)},
         {"name": "sum of squares vjp n=1000", "args": (x,),
-         "fold": jit_all(lambda x: fold.vjp(sum_of_squares, (x,), 1.0)),
+         "fold": jit_all(lambda x: fold.ad.vjp_value(sum_of_squares, (x,), 1.0)),
          "jax": lambda jnp, jax: lambda x: jax.vjp(lambda x: jnp.sum(x * x), x)[1](1.0)},
         {"name": "logsumexp n=1000", "args": (x,), "fold": jit_all(logsumexp),
          "jax": lambda jnp, jax: jax.nn.logsumexp},
@@ -96,10 +96,10 @@ def _cases(rng: np.random.Generator) -> list[dict[str, Any]]:
          "jax": lambda jnp, jax: lambda q, k, v, g: jax.vjp(
              lambda q, k, v: jax.nn.softmax(q @ k.T / np.sqrt(16.0), axis=1) @ v, q, k, v)[1](g), "jax_skips": 1},
         {"name": "pairwise reduce vjp n=1000", "args": (p, s),
-         "fold": jit_all(lambda p, s: fold.vjp(pairwise_reduce, (p, s), pair_ct)),
+         "fold": jit_all(lambda p, s: fold.ad.vjp_value(pairwise_reduce, (p, s), pair_ct)),
          "jax": jax_vjp("pairwise_reduce", pair_ct)},
         {"name": "2x2 matrix scan vjp n=1000", "args": matrices,
-         "fold": jit_all(lambda *m: fold.vjp(matmul2_scan, m, matrix_ct)),
+         "fold": jit_all(lambda *m: fold.ad.vjp_value(matmul2_scan, m, matrix_ct)),
          "jax": jax_vjp("matmul2_scan", matrix_ct)},
     ]
 

@@ -7,7 +7,7 @@ For three monoids of fold.monoids — logaddexp (scalar elements), logwsum with 
 softmax) and pairwise (the (P, S) sum of all pairwise products) — and two layouts — one reduce over n elements
 ("flat"), and a reduce per row inside a map over 256 rows of length n/256 ("map") — this measures, in one run:
 
-- time: the median wall time of a warm call of `fold.jit(lambda *a: fold.vjp(f, a, ybar, reduce_rule=rule))`
+- time: the median wall time of a warm call of `fold.jit(lambda *a: fold.ad.vjp_value(f, a, ybar, reduce_rule=rule))`
   (traced and compiled before timing), the generic and the monoid rule timed alternately;
 - memory: the tracemalloc peak of one such call. The inputs are allocated before tracing starts, so this
   peak is the call's extra memory over its inputs (the returned cotangents included); `fold.memory`'s
@@ -109,7 +109,7 @@ def measure(monoid: str, layout: str, n: int, repeats: int, rng: np.random.Gener
     f, primals, ybar = make_case(monoid, layout, n, rng)
     input_bytes = _nbytes(primals)
     primal = fold.jit(f, backend=BACKEND)
-    grads = {rule: fold.jit(lambda *a, _rule=rule: fold.vjp(f, a, ybar, reduce_rule=_rule), backend=BACKEND)
+    grads = {rule: fold.jit(lambda *a, _rule=rule: fold.ad.vjp_value(f, a, ybar, reduce_rule=_rule), backend=BACKEND)
              for rule in ("generic", "monoid")}
     start = time.perf_counter()
     cts = {rule: g(*primals) for rule, g in grads.items()}  # trace, transform and compile (excluded below)

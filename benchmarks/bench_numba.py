@@ -7,7 +7,7 @@ numpy backend and vs JAX jit on the CPU, primal and vjp, float64.
 
 Every program runs as `fold.jit(f, backend="numba")`, `fold.jit(f, backend="numpy")` and, where JAX is
 importable (imported lazily; otherwise its columns are null and the JSON says why), `jax.jit` on the CPU with
-`jax_enable_x64`. Gradients are `fold.jit(lambda *a: fold.vjp(f, a, ct, reduce_rule=...))` and
+`jax_enable_x64`. Gradients are `fold.jit(lambda *a: fold.ad.vjp_value(f, a, ct, reduce_rule=...))` and
 `jax.jit(lambda *a: jax.vjp(g, *a)[1](ct))` with the same cotangent `ct`.
 
 - Compile time: the first call of each callable is timed on its own. For fold-numba the compile time reported
@@ -559,7 +559,7 @@ def run_case(case: Case, rng: np.random.Generator, quick: bool, repeats: int, fi
         rule = case.reduce_rule
 
         def vjp_fn(*a, _f=case.f, _ct=ct_tree, _rule=rule):
-            return fold.vjp(_f, a, _ct, reduce_rule=_rule)
+            return fold.ad.vjp_value(_f, a, _ct, reduce_rule=_rule)
 
         primal_jits = {b: fold.jit(case.f, backend=b) for b in BACKENDS}
         vjp_jits = {b: fold.jit(vjp_fn, backend=b) for b in BACKENDS}

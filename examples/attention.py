@@ -48,7 +48,7 @@ def main(m: int = 6, n: int = 10, f: int = 4, d: int = 3, verbose: bool = True) 
     G = rng.normal(size=(m, d))
     out = fold.run(attention, Q, K, V)
     reference = attention_numpy_vjp(Q, K, V, G)
-    grads = {rule: fold.vjp(attention, (Q, K, V), G, reduce_rule=rule) for rule in ("generic", "monoid")}
+    grads = {rule: fold.vjp(attention, Q, K, V, reduce_rule=rule)[1](G) for rule in ("generic", "monoid")}
     errors = {
         "forward": float(np.max(np.abs(out - attention_numpy(Q, K, V)))),
         **{f"{rule} vs naive": max(float(np.max(np.abs(a - b))) for a, b in zip(g, reference, strict=True)) for rule, g in grads.items()},

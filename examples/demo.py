@@ -87,7 +87,7 @@ def main(n: int = 6, d: int = 3, big: int = 200_000, m: int = 8192) -> None:
     print(f"largest difference to the naive formula: {np.max(np.abs(fold.jit(attention)(Q, K, V) - naive)):.2e}")
     print(f"estimated peak memory: {fold.memory(attention, Q, K, V) / 2**20:.1f} MiB "
           f"(the naive scores alone take {m * m * 4 / 2**20:.0f} MiB)")
-    dQ, dK, dV = fold.vjp(attention, (Q, K, V), np.ones((m, 64), np.float32))
+    dQ, dK, dV = fold.vjp(attention, Q, K, V)[1](np.ones((m, 64), np.float32))
     print(f"gradients (no backward written): |dQ| = {np.linalg.norm(dQ):.3f}, |dK| = {np.linalg.norm(dK):.3f}, "
           f"|dV| = {np.linalg.norm(dV):.3f}")
 

@@ -42,7 +42,7 @@ def lloyd_step(points, C):
 def newton_step(points, C):
     grad = fold.grad(cost, argnums=1)
     g = grad(points, C)
-    hessian_diagonal = fold.jvp(lambda C_: grad(points, C_), (C,), (np.ones_like(C),))
+    hessian_diagonal = fold.jvp(lambda C_: grad(points, C_), (C,), (np.ones_like(C),))[1]
     return C - g / np.maximum(hessian_diagonal, 1e-12), g, hessian_diagonal
 
 

@@ -34,7 +34,7 @@ def main(n: int = 40, verbose: bool = True) -> dict:
     rng = np.random.default_rng(2)
     a, b, ybar = rng.uniform(0.5, 1.0, n), rng.normal(size=n), rng.normal(size=n)
     xs = fold.run(recurrence, a, b)
-    abar, bbar = fold.vjp(recurrence, (a, b), ybar)
+    abar, bbar = fold.vjp(recurrence, a, b)[1](ybar)
     eps = 1e-6
     fd_a = np.array([(recurrence_loop(a + eps * e, b) - recurrence_loop(a - eps * e, b)) @ ybar / (2 * eps) for e in np.eye(n)])
     fd_b = np.array([(recurrence_loop(a, b + eps * e) - recurrence_loop(a, b - eps * e)) @ ybar / (2 * eps) for e in np.eye(n)])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import monoids, numpy_functions, printing_rules  # noqa: F401  (they register print rules and NumPy's functions on tracers)
+from . import monoids, numpy_functions, numpy_reductions, printing_rules  # noqa: F401  (they register print rules and NumPy's functions on tracers)
 from .api import trace
 from .combinators import loop, map, reduce, reduce_by_index, scan  # noqa: A004
 from .dtypes import ShapedArray
@@ -82,12 +82,35 @@ _LAZY = {
     "jvp": ("fold.ad", "jvp"),
     "grad": ("fold.ad", "grad"),
     "value_and_grad": ("fold.ad", "value_and_grad"),
+    "jacfwd": ("fold.ad", "jacfwd"),
+    "jacrev": ("fold.ad", "jacrev"),
+    "hessian": ("fold.ad", "hessian"),
+    "linearize": ("fold.ad", "linearize"),
+    "vmap": ("fold.batching", "vmap"),
     "check_monoid": ("fold.ad.monoid_laws", "check_monoid"),
     "compare_rules": ("fold.ad.compare", "compare_rules"),
 }
 
 
+_LAZY_MODULES = {"testing": "fold.testing", "ad": "fold.ad", "runtime": "fold.runtime"}
+
+
+def _version() -> str:
+    """The installed distribution's version; a checkout that was never installed says so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fold")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = globals()[name] = _version()
+        return value
+    if name in _LAZY_MODULES:  # `import fold; fold.testing.check_grads(...)` works without importing it first
+        return importlib.import_module(_LAZY_MODULES[name])
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'fold' has no attribute {name!r}")
@@ -103,5 +126,5 @@ __all__ = [
     "cos", "divide", "dot", "exp", "expm1", "iota", "log", "log1p", "logaddexp", "logical_and", "logical_not",
     "logical_or", "loop", "map", "matmul", "maximum", "minimum", "monoids", "reduce", "reduce_by_index",
     "replicate", "reshape", "scan", "sigmoid", "sign", "sin", "sqrt", "stop_gradient", "sum", "tanh", "trace", "transpose",
-    "tree_flatten", "tree_map", "tree_unflatten", "where", *_LAZY,
+    "tree_flatten", "tree_map", "tree_unflatten", "where", "testing", *_LAZY,
 ]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from .dtypes import ShapedArray
 from .errors import FoldTypeError
 from .ir import Program
 from .pytree import TreeDef
-from .tracing import abstractify, trace_body
+from .tracing import Tracer, abstractify, trace_body
 
 Signature = tuple[TreeDef, tuple[ShapedArray, ...]]
 
@@ -71,3 +73,75 @@ def trace_signature(f: Callable[..., Any], signature: Signature) -> Program:
 def captured_consts(program: Program) -> list:
     """The tracers of an enclosing trace that a program traced inside it captured (its leading inputs)."""
     return list(program.meta.get("consts", ()))
+
+
+_STATIC_LEAF_TYPES = (float, complex, int, np.ndarray, np.generic)
+_bound_cache: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+
+
+def is_static_value(value: Any) -> bool:
+    """Whether an argument a transformation does not differentiate is passed to `f` as it is, untraced: a
+    Python int or bool (a count, a flag: what `fold.jit(..., static_argnums=...)` hands on), or anything that
+    is not a pytree of arrays and numbers (a string, a function). Such values key the trace, as in
+    `jax.grad`, where the arguments it does not differentiate reach `f` concrete."""
+    if isinstance(value, Tracer):
+        return False
+    if type(value) in (int, bool):
+        return True
+    from .pytree import tree_flatten
+
+    leaves, _ = tree_flatten(value)
+    return any(not isinstance(leaf, (Tracer, *_STATIC_LEAF_TYPES)) for leaf in leaves)
+
+
+def bind_static(f: Callable[..., Any], args: tuple, kwargs: dict, traced: Sequence[int], where: str
+                ) -> tuple[Callable[..., Any], tuple, list[int]]:
+    """(`f` with the call's static arguments bound and its keyword arguments made positional, the arguments
+    left to trace, where each position of `traced` is among them).
+
+    The positions in `traced` (the differentiated arguments, non-negative) are always traced; of the others,
+    those `is_static_value` picks are bound. One function per (positions, static values, keyword names), so
+    that the trace cache, keyed by function, sees the same one for the same call shape.
+    """
+    count = len(args)
+    chosen = set(traced)
+    statics = {i: a for i, a in enumerate(args) if i not in chosen and is_static_value(a)}
+    names = tuple(sorted(kwargs))
+    static_kw = {k: kwargs[k] for k in names if is_static_value(kwargs[k])}
+    dynamic_kw = tuple(k for k in names if k not in static_kw)
+    dynamic = tuple(a for i, a in enumerate(args) if i not in statics) + tuple(kwargs[k] for k in dynamic_kw)
+    positions = [i - sum(1 for j in statics if j < i) for i in traced]
+    if not statics and not names:
+        return f, dynamic, positions
+    try:
+        key = (count, tuple((i, _typed(v)) for i, v in statics.items()), dynamic_kw,
+               tuple((k, _typed(v)) for k, v in static_kw.items()))
+        hash(key)
+    except TypeError:
+        bad = [repr(v) for v in [*statics.values(), *static_kw.values()]]
+        raise FoldTypeError(f"{where}: arguments passed untraced (Python ints, flags, strings, functions) must be "
+                            f"hashable, as they key the traced program; got {', '.join(bad)}") from None
+    try:
+        per_f = _bound_cache.setdefault(f, {})
+        target = weakref.ref(f)  # the cache must not keep its own key alive
+    except TypeError:
+        per_f, target = {}, (lambda: f)
+    bound = per_f.get(key)
+    if bound is None:
+        def bound(*flat: Any) -> Any:
+            fn = target()
+            rest = iter(flat)
+            positional = [statics[i] if i in statics else next(rest) for i in range(count)]
+            keywords = {k: next(rest) for k in dynamic_kw}
+            return fn(*positional, **keywords, **static_kw)
+
+        bound.__name__ = getattr(f, "__name__", "f")
+        per_f[key] = bound
+    return bound, dynamic, positions
+
+
+def _typed(value: Any) -> Any:
+    """`value` with its type beside it (2, 2.0 and True hash alike but trace differently)."""
+    if isinstance(value, tuple):
+        return type(value), tuple(_typed(v) for v in value)
+    return type(value), value

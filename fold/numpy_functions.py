@@ -39,11 +39,22 @@ def _keep_dims(result: Any, shape: tuple[int, ...], axes: tuple[int, ...]) -> An
     return ops.reshape(result, tuple(1 if i in axes else s for i, s in enumerate(shape)))
 
 
+def _where_mask(a: Any, where: Any, fill: Any) -> Any:
+    """`a` with the elements `where` is False replaced by `fill` (a masked reduction's identity)."""
+    if where is None or where is True:
+        return a
+    shape = ops.shape_of(a)
+    return ops.where(ops.broadcast_to(where, shape), a, ops.broadcast_to(ops.convert(fill, np.result_type(ops._dtype_key(a))), shape))
+
+
 @_handles(np.sum)
-def _sum(a, axis=None, keepdims=False):
+def _sum(a, axis=None, dtype=None, keepdims=False, *, where=None):
     a = ops.as_value(a, "np.sum")
-    if np.result_type(ops._dtype_key(a)) == np.int32:
-        a = ops.convert(a, "int64")  # NumPy sums smaller integers in the platform's int64
+    if dtype is not None:
+        a = ops.convert(a, dtype)
+    elif np.result_type(ops._dtype_key(a)) in (np.int32, np.bool_):
+        a = ops.convert(a, "int64")  # NumPy sums smaller integers and bools in the platform's int64
+    a = _where_mask(a, where, 0)
     shape = ops.shape_of(a)
     axes = _axes(axis, shape, "np.sum")
     result = ops.sum(a, axes)
@@ -51,15 +62,19 @@ def _sum(a, axis=None, keepdims=False):
 
 
 @_handles(np.mean)
-def _mean(a, axis=None, keepdims=False):
+def _mean(a, axis=None, dtype=None, keepdims=False, *, where=None):
     a = ops.as_value(a, "np.mean")
     shape = ops.shape_of(a)
     axes = _axes(axis, shape, "np.mean")
     count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
     if count == 0:
         raise ShapeError(f"np.mean of an empty selection: shape {shape}, axes {axes}")
-    if np.result_type(ops._dtype_key(a)).kind != "f":
-        a = ops.convert(a, "float64")
+    if dtype is not None or np.result_type(ops._dtype_key(a)).kind != "f":
+        a = ops.convert(a, dtype or "float64")
+    if where is not None and where is not True:  # the mean of the selected elements: their sum over their count
+        chosen = ops.convert(ops.broadcast_to(where, shape), np.result_type(ops._dtype_key(a)))
+        result = ops.sum(_where_mask(a, where, 0), axes) / ops.sum(chosen, axes)
+        return _keep_dims(result, shape, axes) if keepdims else result
     result = ops.sum(a, axes) / count
     return _keep_dims(result, shape, axes) if keepdims else result
 
@@ -201,15 +216,6 @@ def _full_like(a, fill_value, dtype=None, shape=None):
 
 # NumPy functions people reach for that fold spells differently: said in the error
 _INSTEAD = {
-    np.max: "fold.reduce(fold.monoids.max, x) (fold.map over the other axes for one axis)",
-    np.amax: "fold.reduce(fold.monoids.max, x)",
-    np.min: "fold.reduce(fold.monoids.min, x) (fold.map over the other axes for one axis)",
-    np.amin: "fold.reduce(fold.monoids.min, x)",
-    np.prod: "fold.reduce(fold.monoids.prod, x)",
-    np.cumsum: "fold.scan(lambda a, b: a + b, x)",
-    np.cumprod: "fold.scan(lambda a, b: a * b, x)",
-    np.argmax: "a reduce over (value, index) pairs: fold.reduce with an operator that keeps the larger pair",
-    np.argmin: "a reduce over (value, index) pairs: fold.reduce with an operator that keeps the smaller pair",
     np.copyto: "fold.broadcast_to(value, shape) (np.full_like(numpy_array, traced_value) copies a traced value "
                "into a NumPy array, which cannot hold one)",
 }
@@ -244,22 +250,14 @@ def _flat(a):
 
 _METHODS = {"sum": _sum, "mean": _mean, "dot": _dot, "squeeze": _squeeze, "ravel": _flat, "flatten": _flat,
             "copy": lambda a: a}  # fold values are never written in place: a copy is the same value
-_METHODS_INSTEAD = {"max": np.max, "min": np.min, "prod": np.prod, "cumsum": np.cumsum, "cumprod": np.cumprod,
-                    "argmax": np.argmax, "argmin": np.argmin}
-
-
-def _instead(name: str) -> Callable:
-    def method(self, *args, **kwargs):
-        raise FoldTypeError(f"x.{name}() is not supported on traced arrays; write {_INSTEAD[_METHODS_INSTEAD[name]]}")
-    return method
-
-
 def _missing_attribute(self: Tracer, name: str) -> Any:
     """Tracer.__getattr__ (only reached for names a Tracer lacks): an AttributeError that says what a traced
     array has, so that a NumPy habit gets a pointer rather than a bare error (hasattr still works)."""
     if name.startswith("__"):
         raise AttributeError(name)
-    methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "shape", "dtype", "ndim", "size", *_METHODS]))
+    from .numpy_reductions import METHODS
+
+    methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "shape", "dtype", "ndim", "size", *_METHODS, *METHODS]))
     raise FoldAttributeError(f"a traced array ({self.aval}) has no attribute {name!r}: it has {methods}, the "
                              "operators, the NumPy functions and ufuncs fold traces (docs/language.md), and fold.* "
                              "for the rest")
@@ -267,6 +265,4 @@ def _missing_attribute(self: Tracer, name: str) -> Any:
 
 for _name, _fn in _METHODS.items():
     setattr(Tracer, _name, _fn)
-for _name in _METHODS_INSTEAD:
-    setattr(Tracer, _name, _instead(_name))
 Tracer.__getattr__ = _missing_attribute

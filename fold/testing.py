@@ -60,7 +60,7 @@ def check_jvp(f: Callable, args: tuple, *, eps: float = 1e-6, seed: int = 0, rto
 
     rng = np.random.default_rng(seed)
     direction = _random_like(args, rng)
-    ydot = fold.jvp(f, args, direction)
+    ydot = fold.jvp(f, args, direction)[1]
     plus = fold.run(f, *_axpy(eps, direction, args))
     minus = fold.run(f, *_axpy(-eps, direction, args))
     probe = _random_like(ydot, rng)
@@ -74,9 +74,9 @@ def check_vjp(f: Callable, args: tuple, *, seed: int = 0, rtol: float = 1e-7, at
 
     rng = np.random.default_rng(seed + 1)
     xdot = _random_like(args, rng)
-    ydot = fold.jvp(f, args, xdot)
+    ydot = fold.jvp(f, args, xdot)[1]
     ybar = _random_like(ydot, rng)
-    xbar = fold.vjp(f, args, ybar, reduce_rule=reduce_rule)
+    xbar = fold.vjp(f, *args, reduce_rule=reduce_rule)[1](ybar)
     _close(_name(f), f"vjp[{reduce_rule}] vs jvp (dot-product test)", _vdot(xbar, xdot), _vdot(ybar, ydot), rtol, atol)
 
 
@@ -91,7 +91,7 @@ def check_grads(f: Callable, args: tuple, *, order: int = 1, eps: float = 1e-6, 
 
         rng = np.random.default_rng(seed + 2)
         ybar = _random_like(fold.run(f, *args), rng)
-        first = _Named(lambda *xs: fold.vjp(f, xs, ybar), f"vjp of {_name(f)}")
+        first = _Named(lambda *xs: fold.vjp(f, *xs)[1](ybar), f"vjp of {_name(f)}")
         check_grads(first, args, order=order - 1, eps=eps, seed=seed + 3, rtol=rtol, atol=atol)
 
 
@@ -105,7 +105,7 @@ def check_rules_agree(f: Callable, args: tuple, *, rules: Sequence[str] = ("auto
     results = {}
     for rule in rules:
         try:
-            results[rule] = fold.vjp(f, args, ybar, reduce_rule=rule)
+            results[rule] = fold.vjp(f, *args, reduce_rule=rule)[1](ybar)
         except FoldError as err:
             if rule == "monoid" and "reduce_rule='monoid'" in str(err):
                 continue  # the monoid rule does not apply to this program

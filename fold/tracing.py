@@ -173,8 +173,9 @@ class Tracer:
 # What to do when a size, a count or a flag arrives traced: said wherever one is refused
 STATIC_HINT = ("a value the trace needs (a size, a count, a flag) must not be traced: close over it, or pass it "
                "to fold.jit(f, static_argnums=...) (the arguments of fold.jit and fold.run are traced, Python "
-               "numbers too, and so is every argument of fold.grad, fold.vjp and fold.jvp: there close over it, "
-               "as in fold.grad(lambda x: f(x, n)))")
+               "numbers too, and so is every primal of fold.vjp and fold.jvp: there close over it, as in "
+               "fold.vjp(lambda x: f(x, n), x); fold.grad, jacfwd, jacrev and vmap pass a Python int they do not "
+               "differentiate untraced)")
 
 
 def bind(prim: Primitive, *args: "Tracer | np.ndarray") -> list[Any]:

@@ -52,12 +52,13 @@ class Jitted:
     `trace_count` report the one-off costs apart from run time.
     """
 
-    def __init__(self, f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = ()):
+    def __init__(self, f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = (),
+                 static_argnames: str | Sequence[str] = ()):
         if not callable(f):
             raise FoldTypeError(f"fold.jit: expected a function, got {type(f).__name__}")
         self.f = f
         self.backend = backend
-        self.static_argnums = _argnums(static_argnums)
+        self.static_argnums = tuple(dict.fromkeys(_argnums(static_argnums) + _argnames(f, static_argnames)))
         self._per_static: dict = {}  # static argument values, or keyword names -> the Jitted that binds them
         self._compiled: dict = {}
         self._by_arrays: dict = {}  # (backend, (shape, dtype) per argument) -> a _compiled entry: warm calls on arrays
@@ -176,18 +177,40 @@ class Jitted:
         return program.out_tree.unflatten(_finish(compiled(inputs), inputs))
 
 
-def jit(f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = ()) -> Jitted:
+def jit(f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = ()) -> Jitted:
     """`f` as a function that is traced once per input signature and runs on `backend`.
 
     `static_argnums`: the positions of arguments that are not traced but passed to `f` as they are (sizes,
     flags, anything hashable): `f` is traced once per distinct value of them, as `jax.jit`'s.
+    `static_argnames`: the same by parameter name (a parameter that may be passed by position or keyword).
+    Transformations pass such values on untraced: `fold.jit(fold.grad(f), static_argnums=2)` works where `f`
+    uses its third argument as a loop count.
 
     >>> import numpy as np, fold
     >>> g = fold.jit(lambda x: fold.reduce(fold.monoids.sum, x * x))
     >>> float(g(np.arange(4.0)))
     14.0
     """
-    return Jitted(f, backend, static_argnums)
+    return Jitted(f, backend, static_argnums, static_argnames)
+
+
+def _argnames(f: Callable[..., Any], names: str | Sequence[str]) -> tuple[int, ...]:
+    """The positions of the parameters `names` of `f` (static_argnames as static_argnums)."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    if not names:
+        return ()
+    try:
+        parameters = list(inspect.signature(f).parameters.values())
+    except (TypeError, ValueError):
+        raise FoldTypeError(f"fold.jit: static_argnames={names!r} needs the function's signature, which Python "
+                            f"cannot find for {f!r}; use static_argnums") from None
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    missing = [n for n in names if n not in positional]
+    if missing:
+        raise FoldTypeError(f"fold.jit: static_argnames names {missing}, which are not parameters of "
+                            f"{getattr(f, '__name__', 'f')} that can be passed by position (those are {positional})")
+    return tuple(positional.index(n) for n in names)
 
 
 def _typed(value: Any) -> Any:

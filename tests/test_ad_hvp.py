@@ -58,12 +58,12 @@ def test_kmeans_hessian_vector_product(cost, rule: str) -> None:
 
     # the Hessian in the centroids is block diagonal: 2 count_c I for centroid c
     v = np.random.default_rng(1).normal(size=centroids.shape)
-    hvp = fold.jvp(grad_c, (points, centroids), (np.zeros_like(points), v))
+    hvp = fold.jvp(grad_c, (points, centroids), (np.zeros_like(points), v))[1]
     np.testing.assert_allclose(hvp, 2 * counts[:, None] * v, rtol=1e-10, atol=1e-10)
 
     # and the mixed block: d/dP of the centroid gradient is -2 [p in c]
     u = np.random.default_rng(2).normal(size=points.shape)
-    mixed = fold.jvp(grad_c, (points, centroids), (u, np.zeros_like(centroids)))
+    mixed = fold.jvp(grad_c, (points, centroids), (u, np.zeros_like(centroids)))[1]
     expected_mixed = -2 * np.array([u[labels == j].sum(0) for j in range(len(centroids))])
     np.testing.assert_allclose(mixed, expected_mixed, rtol=1e-10, atol=1e-10)
 
@@ -74,11 +74,11 @@ def test_kmeans_hessian_in_the_points_and_newton_step() -> None:
     counts = np.bincount(labels, minlength=3).astype(float)
     grad_p = fold.grad(kmeans_cost, argnums=0)
     u = np.random.default_rng(4).normal(size=points.shape)
-    np.testing.assert_allclose(fold.jvp(grad_p, (points, centroids), (u, np.zeros_like(centroids))), 2 * u, rtol=1e-12)
+    np.testing.assert_allclose(fold.jvp(grad_p, (points, centroids), (u, np.zeros_like(centroids)))[1], 2 * u, rtol=1e-12)
 
     # one Newton step with the diagonal Hessian lands on the cluster means (Lloyd's update)
     grad_c = fold.grad(kmeans_cost, argnums=1)
-    diag = fold.jvp(grad_c, (points, centroids), (np.zeros_like(points), np.ones_like(centroids)))
+    diag = fold.jvp(grad_c, (points, centroids), (np.zeros_like(points), np.ones_like(centroids)))[1]
     np.testing.assert_allclose(diag, 2 * counts[:, None] * np.ones_like(centroids), rtol=1e-12)
     newton = centroids - grad_c(points, centroids) / diag
     means = np.array([points[labels == j].mean(0) for j in range(3)])
@@ -108,13 +108,13 @@ def test_quadratic_form_hessian_vector_product(form) -> None:
     x, v = rng.normal(size=5), rng.normal(size=5)
     grad_x = fold.grad(form, argnums=0)
     np.testing.assert_allclose(grad_x(x, a), a @ x, rtol=1e-12)
-    np.testing.assert_allclose(fold.jvp(grad_x, (x, a), (v, np.zeros_like(a))), a @ v, rtol=1e-12)
+    np.testing.assert_allclose(fold.jvp(grad_x, (x, a), (v, np.zeros_like(a)))[1], a @ v, rtol=1e-12)
 
     # non-symmetric B: the Hessian is (B + B^T) / 2; and the derivative in B of the gradient is linear
     b = m
-    np.testing.assert_allclose(fold.jvp(grad_x, (x, b), (v, np.zeros_like(b))), 0.5 * (b + b.T) @ v, rtol=1e-12)
+    np.testing.assert_allclose(fold.jvp(grad_x, (x, b), (v, np.zeros_like(b)))[1], 0.5 * (b + b.T) @ v, rtol=1e-12)
     db = rng.normal(size=(5, 5))
-    np.testing.assert_allclose(fold.jvp(grad_x, (x, b), (np.zeros(5), db)), 0.5 * (db + db.T) @ x, rtol=1e-12)
+    np.testing.assert_allclose(fold.jvp(grad_x, (x, b), (np.zeros(5), db))[1], 0.5 * (db + db.T) @ x, rtol=1e-12)
 
     # reverse over reverse gives the same product: grad of <grad f(x), v>
     hvp_rr = fold.grad(lambda x_, a_: fold.dot(grad_x(x_, a_), v), argnums=0)(x, a)

@@ -185,8 +185,8 @@ def test_checkpointed_vjp_program_saves_every_kth_state() -> None:
 
 def test_big_checkpointed_loop_runs() -> None:
     x, w = np.full(STATE, 0.1), np.full(STATE, 0.5)
-    reference = fold.vjp(big_loop(None), (x, w), np.array(1.0))
-    got = fold.vjp(big_loop(8), (x, w), np.array(1.0))
+    reference = fold.vjp(big_loop(None), x, w)[1](np.array(1.0))
+    got = fold.vjp(big_loop(8), x, w)[1](np.array(1.0))
     for a, b in zip(got, reference, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
@@ -209,15 +209,15 @@ def test_gradients_with_and_without_checkpointing_agree(n: int) -> None:
         return f
 
     ybar = np.array(1.3)
-    reference = fold.vjp(make(None), (x, w, b), ybar)
+    reference = fold.vjp(make(None), x, w, b)[1](ybar)
     for k in (1, 2, 3, 4, 5, n, n + 3, 100):
         if k < 1:
             continue
-        got = fold.vjp(make(k), (x, w, b), ybar)
+        got = fold.vjp(make(k), x, w, b)[1](ybar)
         for a, r, name in zip(got, reference, "xwb", strict=True):
             np.testing.assert_allclose(a, r, rtol=1e-12, atol=1e-14, err_msg=f"n={n} checkpoint={k} d/d{name}")
-        t_ref = fold.jvp(make(None), (x, w, b), (np.ones(3), np.ones(3), np.ones((2, 3))))
-        np.testing.assert_allclose(fold.jvp(make(k), (x, w, b), (np.ones(3), np.ones(3), np.ones((2, 3)))), t_ref, rtol=1e-12)
+        t_ref = fold.jvp(make(None), (x, w, b), (np.ones(3), np.ones(3), np.ones((2, 3))))[1]
+        np.testing.assert_allclose(fold.jvp(make(k), (x, w, b), (np.ones(3), np.ones(3), np.ones((2, 3))))[1], t_ref, rtol=1e-12)
     from fold.testing import check_grads
 
     check_grads(make(3), (x, w, b), order=2 if n <= 7 else 1)
@@ -237,10 +237,10 @@ def test_programs_of_functions_gone_are_freed():
 
     def use_once(k: int) -> None:
         f = lambda v: fold.reduce(lambda a, b: a * b, fold.map(lambda e: e * float(k) + 1.0, v), identity=1.0)  # noqa: E731
-        fold.vjp(f, (x,), 1.0)
-        fold.jvp(f, (x,), (x,))
+        fold.vjp(f, x)[1](1.0)
+        fold.jvp(f, (x,), (x,))[1]
         fold.grad(f)(x)
-        fold.jit(lambda v: fold.vjp(f, (v,), 1.0))(x)
+        fold.jit(lambda v: fold.vjp(f, v)[1](1.0))(x)
 
     use_once(-1)  # whatever is made once per process
     gc.collect()

@@ -147,14 +147,14 @@ def test_gradients_of_the_generic_rules_run_their_scans_as_cuda_kernels(cuda_cal
     scan. The product's gradient is prod(x) / x, and the scan's is checked against the numpy backend."""
     x = rng.uniform(0.5, 1.5, 100)
     prod = lambda x: fold.reduce(lambda a, b: a * b, x, identity=1.0)  # noqa: E731
-    (grad,) = fold.jit(lambda x: fold.vjp(prod, (x,), 1.0, reduce_rule="generic"), backend="cuda")(x)
+    (grad,) = fold.jit(lambda x: fold.vjp(prod, x, reduce_rule="generic")[1](1.0), backend="cuda")(x)
     np.testing.assert_allclose(grad, np.prod(x) / x, rtol=1e-12)
     assert cuda_calls.get("scan", 0) >= 2
 
     def scanned(x):
         return fold.reduce(fold.monoids.sum, fold.scan(lambda a, b: a + b + a * b, 0.1 * x, identity=0.0))
 
-    expected, got = on_both(lambda x: fold.vjp(scanned, (x,), 1.0, reduce_rule="generic"), x)
+    expected, got = on_both(lambda x: fold.vjp(scanned, x, reduce_rule="generic")[1](1.0), x)
     assert_same(expected, got, rtol=1e-10)
     assert not declines
 
@@ -180,7 +180,7 @@ def test_folds_per_row_run_as_the_segmented_kernels(rows, length, cuda_calls, de
 def test_a_per_row_gradient_runs_on_cuda_kernels(cuda_calls, declines):
     x = rng.uniform(0.5, 1.5, (30, 20))
     f = lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda r: fold.reduce(lambda a, b: a * b, r, identity=1.0), x))  # noqa: E731
-    (grad,) = fold.jit(lambda x: fold.vjp(f, (x,), 1.0, reduce_rule="generic"), backend="cuda")(x)
+    (grad,) = fold.jit(lambda x: fold.vjp(f, x, reduce_rule="generic")[1](1.0), backend="cuda")(x)
     np.testing.assert_allclose(grad, np.prod(x, axis=1, keepdims=True) / x, rtol=1e-12)
     assert cuda_calls.get("segmented_reduce") and cuda_calls.get("segmented_scan") and not declines
 
@@ -204,7 +204,7 @@ def test_a_gather_gradient_adds_into_its_table_on_cuda(cuda_calls, declines):
     """The vjp of x[i] (an index array traced) is a reduce_by_index of + into x's shape."""
     x, i = rng.normal(size=50), rng.integers(0, 50, 400)
     f = lambda x, i: fold.reduce(fold.monoids.sum, x[i] * x[i])  # noqa: E731
-    (grad, _) = fold.jit(lambda x, i: fold.vjp(f, (x, i), 1.0), backend="cuda")(x, i)
+    (grad, _) = fold.jit(lambda x, i: fold.vjp(f, x, i)[1](1.0), backend="cuda")(x, i)
     np.testing.assert_allclose(grad, 2 * x * np.bincount(i, minlength=50), rtol=1e-12)
     assert cuda_calls.get("histogram") and not declines
 

@@ -86,7 +86,7 @@ def _check_layer(layer: Layer, args, cot, block, dtype):
     """fold's forward and every float cotangent (float `dtype`) against the naive formulas in float64."""
     fn = lambda *a: layer.fold_fn(*a, block=block)  # noqa: E731
     out = fold.run(fn, *args)
-    grads = fold.vjp(fn, tuple(args), cot)
+    grads = fold.vjp(fn, *tuple(args))[1](cot)
     as64 = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in args]
     ref, ref_grads = layer.naive(*as64, cot.astype(np.float64))
     tol = TOL[np.dtype(dtype)]
@@ -143,10 +143,10 @@ def test_gradient_with_no_rows_or_no_columns_is_zero(m, n):
     for backend in ("numpy", "numba"):
         for gemm_rule in GEMM_RULES:
             with gemm_rule_scope(gemm_rule):
-                grads = fold.jit(lambda Q, K, V: fold.vjp(attention, (Q, K, V), np.ones((m, 3))), backend=backend)(Q, K, V)
+                grads = fold.jit(lambda Q, K, V: fold.vjp(attention, Q, K, V)[1](np.ones((m, 3))), backend=backend)(Q, K, V)
             for g, x in zip(grads, (Q, K, V), strict=True):
                 assert g.shape == x.shape and not np.any(g), (backend, gemm_rule, g)
-        tangent = fold.jit(lambda *a: fold.jvp(attention, a, tuple(np.ones_like(x) for x in a)), backend=backend)(Q, K, V)
+        tangent = fold.jit(lambda *a: fold.jvp(attention, a, tuple(np.ones_like(x) for x in a))[1], backend=backend)(Q, K, V)
         assert tangent.shape == (m, 3) and not np.any(tangent)
 
 
@@ -186,7 +186,7 @@ def test_jvp_against_naive_jacobian(name):
     args, cot = layer.make(rng, 5, 7, "float64")
     tangents = tuple(rng.standard_normal(a.shape) if a.dtype.kind == "f" else np.zeros_like(a) for a in args)
     fn = lambda *a: layer.fold_fn(*a, block=(2, 3))  # noqa: E731
-    ydot = fold.jvp(fn, tuple(args), tangents)
+    ydot = fold.jvp(fn, tuple(args), tangents)[1]
     _, ref_grads = layer.naive(*args, cot)
     expected = sum(float(np.vdot(g, t)) for g, t in zip(ref_grads, tangents, strict=False))
     assert float(np.vdot(cot, ydot)) == pytest.approx(expected, rel=1e-10, abs=1e-12)
@@ -199,7 +199,7 @@ def test_hessian_vector_product_of_attention_matches_finite_differences():
     loss = lambda *a: fold.sum(L.attention(*a, block=(2, 3)) ** 2.0)  # noqa: E731
     grad = fold.grad(loss, argnums=(0, 1, 2))
     directions = tuple(rng.normal(size=np.shape(a)) for a in args)
-    hvp = fold.jvp(grad, tuple(args), directions)
+    hvp = fold.jvp(grad, tuple(args), directions)[1]
     eps = 1e-6
     plus = grad(*(a + eps * d for a, d in zip(args, directions, strict=True)))
     minus = grad(*(a - eps * d for a, d in zip(args, directions, strict=True)))
@@ -222,7 +222,7 @@ def test_hessian_vector_products_forward_and_reverse_over_reverse_agree():
     loss = lambda q, k, v: fold.sum(L.attention(q, k, v, block=(4, 3)) * w)  # noqa: E731
     directions = tuple(rng.standard_normal(a.shape) for a in args)
     grad = fold.grad(loss, argnums=(0, 1, 2))
-    forward_over_reverse = fold.jvp(grad, args, directions)
+    forward_over_reverse = fold.jvp(grad, args, directions)[1]
     reverse_over_reverse = fold.grad(lambda *a: sum(fold.sum(g * d) for g, d in zip(grad(*a), directions, strict=True)),
                                      argnums=(0, 1, 2))(*args)
     for fr, rr in zip(forward_over_reverse, reverse_over_reverse, strict=True):
@@ -260,7 +260,7 @@ def test_pairs_and_blocks_rules_give_the_same_cotangents(name, block):
     results = {}
     for rule in ad.GEMM_RULES:
         with ad.gemm_rule_scope(rule):
-            results[rule] = fold.vjp(fn, tuple(args), cot)[: layer.float_args]
+            results[rule] = fold.vjp(fn, *tuple(args))[1](cot)[: layer.float_args]
     for k, (p, b) in enumerate(zip(results["pairs"], results["blocks"], strict=True)):
         _assert_rel(p, b, 1e-12, f"{name} cotangent of input {k}: pairs against blocks")
     _, ref_grads = layer.naive(*args, cot)
@@ -297,7 +297,7 @@ def test_rows_that_see_no_column_get_zero_cotangents_without_nan(rule):
                                     Q, K, rows=(i,), cols=(V, j), block=(2, 3))["v"]
 
     with ad.gemm_rule_scope(rule):
-        dQ, dK, dV = fold.vjp(strict, (Q, K, V), G)
+        dQ, dK, dV = fold.vjp(strict, Q, K, V)[1](G)
     assert np.all(np.isfinite(dQ)) and np.all(np.isfinite(dK)) and np.all(np.isfinite(dV))
     assert np.all(dQ[0] == 0.0)
     mask = np.arange(N)[None, :] < np.arange(M)[:, None]
@@ -326,7 +326,7 @@ def test_generic_pairs_rule_for_monoids_of_full_fields(monoid):
     results = {}
     for rule in ad.GEMM_RULES:
         with ad.gemm_rule_scope(rule):
-            results[rule] = fold.vjp(fn, (X, Y), g)
+            results[rule] = fold.vjp(fn, X, Y)[1](g)
     for p, b in zip(results["pairs"], results["blocks"], strict=True):
         _assert_rel(p, b, 1e-12, f"{monoid}: pairs against blocks")
     check_grads(fn, (X, Y))
@@ -348,7 +348,7 @@ def test_logwsum_pairs_rule_with_a_weighted_or_per_pair_value_field(v_form):
     results = {}
     for rule in ad.GEMM_RULES:
         with ad.gemm_rule_scope(rule):
-            results[rule] = fold.vjp(fn, (Q, K, V), G)
+            results[rule] = fold.vjp(fn, Q, K, V)[1](G)
     for p, b in zip(results["pairs"], results["blocks"], strict=True):
         _assert_rel(p, b, 1e-12, f"{v_form}: pairs against blocks")
     check_grads(fn, (Q, K, V))
@@ -452,7 +452,7 @@ def test_equals_nested_map_reduce_definition(name, block):
     args, cot = layer.make(np.random.default_rng(12), M, N, "float64")
     fn = lambda *a: layer.fold_fn(*a, block=block)  # noqa: E731
     _assert_rel(fold.run(fn, *args), fold.run(NESTED[name], *args), 1e-10, f"{name} forward vs nested")
-    grads, nested_grads = fold.vjp(fn, tuple(args), cot), fold.vjp(NESTED[name], tuple(args), cot)
+    grads, nested_grads = fold.vjp(fn, *tuple(args))[1](cot), fold.vjp(NESTED[name], *tuple(args))[1](cot)
     for k in range(layer.float_args):
         _assert_rel(grads[k], nested_grads[k], 1e-10, f"{name} cotangent {k} vs nested")
 
@@ -524,14 +524,14 @@ def test_user_monoid_without_d_falls_back_with_one_warning():
     _assert_rel(fold.run(_lse(user), Q, K), np.log(np.exp(Q @ K.T).sum(1)), 1e-12, "user logaddexp forward")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        grads = fold.vjp(_lse(user), (Q, K), g)
+        grads = fold.vjp(_lse(user), Q, K)[1](g)
         # a second, differently shaped program (the rule runs again, but does not warn again)
-        fold.vjp(_lse(user, block=(3, 4)), (Q[:5], K[:7]), g[:5])
+        fold.vjp(_lse(user, block=(3, 4)), Q[:5], K[:7])[1](g[:5])
     ours = [w for w in caught if name in str(w.message)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     message = str(ours[0].message)
     assert "no d" in message and "M x N" in message, message
-    builtin = fold.vjp(_lse(fold.monoids.logaddexp), (Q, K), g)
+    builtin = fold.vjp(_lse(fold.monoids.logaddexp), Q, K)[1](g)
     for a, b in zip(grads, builtin, strict=True):
         _assert_rel(a, b, 1e-10, "fallback gradient vs built-in logaddexp")
     w = np.exp(Q @ K.T - np.log(np.exp(Q @ K.T).sum(1, keepdims=True))) * g[:, None]
@@ -544,7 +544,7 @@ def test_builtin_monoid_with_d_does_not_warn():
     Q, K, g = rng.standard_normal((M, 4)), rng.standard_normal((N, 4)), rng.standard_normal(M)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fold.vjp(_lse(fold.monoids.logaddexp, block=(4, 5)), (Q, K), g)
+        fold.vjp(_lse(fold.monoids.logaddexp, block=(4, 5)), Q, K)[1](g)
 
 
 def test_gradient_program_uses_the_blocked_backward():
@@ -585,7 +585,7 @@ def test_measured_peak_of_forward_and_vjp_is_far_below_m_by_n():
     full = BIG * BIG * Q.itemsize
     forward = fold.jit(_small_block_attention)
     forward(Q, K, V)  # trace and compile outside the measurement
-    fold.vjp(_small_block_attention, (Q, K, V), G)
+    fold.vjp(_small_block_attention, Q, K, V)[1](G)
 
     def peak(fn):
         gc.collect()
@@ -597,7 +597,7 @@ def test_measured_peak_of_forward_and_vjp_is_far_below_m_by_n():
             tracemalloc.stop()
 
     fwd_peak, out = peak(lambda: forward(Q, K, V))
-    vjp_peak, grads = peak(lambda: fold.vjp(_small_block_attention, (Q, K, V), G))
+    vjp_peak, grads = peak(lambda: fold.vjp(_small_block_attention, Q, K, V)[1](G))
     assert fwd_peak < 0.25 * full, f"forward peak {fwd_peak} >= 25% of {full}"
     assert vjp_peak < 0.25 * full, f"vjp peak {vjp_peak} >= 25% of {full}"
     # and the results are right (spot check against the naive formula on a few rows)
@@ -869,9 +869,9 @@ def test_inside_a_map_each_row_is_its_own_block_walk(backend):
     heads = lambda Q, K, V: fold.map(lambda q, v: head(q, K, v), Q, V)  # noqa: E731
     ct = rng.normal(size=(3, 5, 2))
     got = fold.jit(heads, backend=backend)(Q, K, V)
-    grads = fold.jit(lambda Q, K, V: fold.vjp(heads, (Q, K, V), ct), backend=backend)(Q, K, V)
+    grads = fold.jit(lambda Q, K, V: fold.vjp(heads, Q, K, V)[1](ct), backend=backend)(Q, K, V)
     want = np.stack([fold.run(head, Q[h], K, V[h], backend=backend) for h in range(3)])
-    per_head = [fold.jit(lambda q, k, v, c: fold.vjp(head, (q, k, v), c), backend=backend)(Q[h], K, V[h], ct[h])
+    per_head = [fold.jit(lambda q, k, v, c: fold.vjp(head, q, k, v)[1](c), backend=backend)(Q[h], K, V[h], ct[h])
                 for h in range(3)]
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(grads[0], np.stack([g[0] for g in per_head]), rtol=1e-12, atol=1e-14)

@@ -138,7 +138,7 @@ def test_a_hessian_vector_product_through_a_gemm_is_fused_prints_and_agrees() ->
     """jvp of grad: the gemm lifted to (value, tangent) pairs and its block sum run as one walk too."""
     x = _inputs()
     loss = lambda Q, K: fold.sum(fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, Q, K, block=BLOCK))  # noqa: E731
-    hvp = lambda Q, K, dQ, dK: fold.jvp(fold.grad(loss, argnums=(0, 1)), (Q, K), (dQ, dK))  # noqa: E731
+    hvp = lambda Q, K, dQ, dK: fold.jvp(fold.grad(loss, argnums=(0, 1)), (Q, K), (dQ, dK))[1]  # noqa: E731
     args = (x["Q"], x["K"], x["P"], x["C"])
     prepared = passes.prepare(fold.trace(hvp, *args), whole_arrays=True)
     assert "gemm_map_reduce_with_vjp[lifted to (value, tangent) pairs" in str(prepared)

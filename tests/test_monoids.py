@@ -334,10 +334,10 @@ def test_minus_inf_identity_in_operator_and_d(name: str, d: int | None) -> None:
     # the jvp and vjp of the operator itself at identities: no NaN
     t = _finite_element(name, d, 3)
     for a, b in ((e, e), (e, x), (x, e)):
-        assert _no_nan(fold.jvp(op, (a, b), (t, t)))
-        assert _no_nan(fold.vjp(op, (a, b), g))
+        assert _no_nan(fold.jvp(op, (a, b), (t, t))[1])
+        assert _no_nan(fold.vjp(op, a, b)[1](g))
     # and D agrees with the operator's own vjp where the total is not empty
-    vjp_a = fold.vjp(op, (e, x), g)[0]
+    vjp_a = fold.vjp(op, e, x)[1](g)[0]
     d_a = fold.run(lambda c, a, g_: m.d(c, a, g_), fold.run(op, e, x), e, g)
     _assert_tree_equal(d_a, vjp_a)
 
@@ -360,7 +360,7 @@ def test_minus_inf_entries_in_reduce_jvp_and_vjp(name: str, d: int | None) -> No
     neg_inf = np.array([True, False, True, False, False, True])
     f, args, ct, out = _log_reduce_case(name, d, 6, neg_inf)
     assert _no_nan(out) and np.all(np.isfinite(np.asarray(tree_flatten(out)[0][0])))
-    grads = {rule: fold.vjp(f, args, ct, reduce_rule=rule) for rule in ("auto", "generic", "monoid")}
+    grads = {rule: fold.vjp(f, *args, reduce_rule=rule)[1](ct) for rule in ("auto", "generic", "monoid")}
     for rule, g in grads.items():
         assert _no_nan(g), (rule, g)
         # the -inf entries have no influence on the total: their log-field cotangent is exactly 0
@@ -368,7 +368,7 @@ def test_minus_inf_entries_in_reduce_jvp_and_vjp(name: str, d: int | None) -> No
         for a, b in zip(tree_flatten(g)[0], tree_flatten(grads["generic"])[0], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     tangents = tuple(np.where(np.isfinite(a), 1.0, 0.0) * _rng("t", name).normal(size=a.shape) for a in args)
-    ydot = fold.jvp(f, args, tangents)
+    ydot = fold.jvp(f, args, tangents)[1]
     assert _no_nan(ydot), ydot
     # dot-product identity <ybar, J xdot> = <J^T ybar, xdot>, -inf entries included
     lhs = sum(float(np.vdot(np.asarray(a), np.asarray(b))) for a, b in zip(tree_flatten(ct)[0], tree_flatten(ydot)[0], strict=True))
@@ -376,7 +376,7 @@ def test_minus_inf_entries_in_reduce_jvp_and_vjp(name: str, d: int | None) -> No
     assert lhs == pytest.approx(rhs, rel=1e-10, abs=1e-12)
     # the same as the gradient of the reduce over the finite entries only
     kept = tuple(a[~neg_inf] for a in args)
-    reduced = fold.vjp(f, kept, ct, reduce_rule="monoid")
+    reduced = fold.vjp(f, *kept, reduce_rule="monoid")[1](ct)
     for g_full, g_kept in zip(grads["monoid"], reduced, strict=True):
         np.testing.assert_allclose(np.asarray(g_full)[~neg_inf], g_kept, rtol=1e-12, atol=1e-14)
 
@@ -388,7 +388,7 @@ def test_minus_inf_entries_second_derivatives(name: str, d: int | None) -> None:
     f, args, ct, _ = _log_reduce_case(name, d, 5, neg_inf)
     rng = _rng("hvp", name, d)
     tangents = tuple(np.where(np.isfinite(a), 1.0, 0.0) * rng.normal(size=a.shape) for a in args)
-    hvp = {rule: fold.jvp(lambda *xs, _r=rule: fold.vjp(f, xs, ct, reduce_rule=_r), args, tangents)
+    hvp = {rule: fold.jvp(lambda *xs, _r=rule: fold.vjp(f, *xs, reduce_rule=_r)[1](ct), args, tangents)[1]
            for rule in ("generic", "monoid")}
     assert _no_nan(hvp["generic"]) and _no_nan(hvp["monoid"]), hvp
     for a, b in zip(hvp["monoid"], hvp["generic"], strict=True):
@@ -405,13 +405,13 @@ def test_all_minus_inf_reduce_has_no_nan(name: str, d: int | None) -> None:
     if name == "logwsum":
         assert np.all(np.asarray(out["v"]) == 0.0)  # the empty weighted mean is the identity's v
     for rule in ("auto", "generic", "monoid"):
-        g = fold.vjp(f, args, ct, reduce_rule=rule)
+        g = fold.vjp(f, *args, reduce_rule=rule)[1](ct)
         assert _no_nan(g), (rule, g)
         assert all(np.all(np.isfinite(np.asarray(x))) for x in g), (rule, g)
     # the monoid rule: D is 0 where the total is -inf (documented in fold.monoids)
-    assert np.all(np.asarray(fold.vjp(f, args, ct, reduce_rule="monoid")[0]) == 0.0)
+    assert np.all(np.asarray(fold.vjp(f, *args, reduce_rule="monoid")[1](ct)[0]) == 0.0)
     tangents = tuple(np.ones_like(a) for a in args)
-    assert _no_nan(fold.jvp(f, args, tangents))
+    assert _no_nan(fold.jvp(f, args, tangents)[1])
 
 
 def test_minus_inf_with_large_magnitudes() -> None:
@@ -423,7 +423,7 @@ def test_minus_inf_with_large_magnitudes() -> None:
     np.testing.assert_allclose(out["v"], [0.25, 0.75], rtol=1e-12)
     lae = fold.run(lambda x: fold.reduce(M.logaddexp, x), z)
     np.testing.assert_allclose(lae, 1000.0 + np.log(4.0), rtol=1e-15)
-    g = fold.vjp(lambda x: fold.reduce(M.logaddexp, x), (z,), 1.0, reduce_rule="monoid")[0]
+    g = fold.vjp(lambda x: fold.reduce(M.logaddexp, x), z, reduce_rule="monoid")[1](1.0)[0]
     np.testing.assert_allclose(g, [0.25, 0.0, 0.75, 0.0], atol=1e-15)
 
 
@@ -571,7 +571,7 @@ def test_reduce_by_index_empty_log_bin_has_no_nan() -> None:
     out = fold.run(f, z, v)
     assert out["z"][1] == NINF and np.all(out["v"][1] == 0.0)
     ct = {"z": np.ones(3), "v": np.ones((3, 3))}
-    grads = {rule: fold.vjp(f, (z, v), ct, reduce_rule=rule) for rule in ("auto", "generic", "monoid")}
+    grads = {rule: fold.vjp(f, z, v, reduce_rule=rule)[1](ct) for rule in ("auto", "generic", "monoid")}
     for g in grads.values():
         assert _no_nan(g)
         for a, b in zip(g, grads["generic"], strict=True):
@@ -635,7 +635,7 @@ def test_user_monoid_everywhere() -> None:
         assert set(results) == {"auto", "generic", "monoid"}
         check_grads(f, (x,))
     # the monoid rule uses the user's d: the same numbers as the closed form x_i / ||x||
-    g = fold.vjp(lambda x: fold.reduce(HYPOT, x), (x,), 1.0, reduce_rule="monoid")[0]
+    g = fold.vjp(lambda x: fold.reduce(HYPOT, x), x, reduce_rule="monoid")[1](1.0)[0]
     np.testing.assert_allclose(g, x / np.sqrt((x * x).sum()), rtol=1e-13)
     assert "hypot" in str(fold.trace(lambda x: fold.reduce(HYPOT, x), x))
 
@@ -655,9 +655,8 @@ def test_user_record_monoid_everywhere() -> None:
         check_grads(f, (z, v))
     # the same gradient as the built-in logwsum
     ct = {"logit": 0.3, "value": np.array([1.0, -2.0, 0.5])}
-    mine = fold.vjp(lambda z, v: fold.reduce(SOFTMAX_MEAN, elems(z, v)), (z, v), ct, reduce_rule="monoid")
-    builtin = fold.vjp(lambda z, v: fold.reduce(M.logwsum, {"z": z, "v": v}), (z, v), {"z": 0.3, "v": ct["value"]},
-                       reduce_rule="monoid")
+    mine = fold.vjp(lambda z, v: fold.reduce(SOFTMAX_MEAN, elems(z, v)), z, v, reduce_rule="monoid")[1](ct)
+    builtin = fold.vjp(lambda z, v: fold.reduce(M.logwsum, {"z": z, "v": v}), z, v, reduce_rule="monoid")[1]({"z": 0.3, "v": ct["value"]})
     for a, b in zip(mine, builtin, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
 
@@ -666,13 +665,13 @@ def test_monoid_rule_without_d_or_commutativity_is_an_error() -> None:
     x = np.arange(1.0, 5.0)
     no_d = fold.Monoid(lambda a, b: a * b, 1.0, commutative=True, name="my_prod")
     with pytest.raises(fold.FoldError, match="my_prod.*no d"):
-        fold.vjp(lambda x: fold.reduce(no_d, x), (x,), 1.0, reduce_rule="monoid")
+        fold.vjp(lambda x: fold.reduce(no_d, x), x, reduce_rule="monoid")[1](1.0)
     not_comm = fold.Monoid(lambda a, b: a * b, 1.0, d=lambda c, a, g: g * c / a, name="my_prod2")
     with pytest.raises(fold.FoldError, match="my_prod2.*not commutative"):
-        fold.vjp(lambda x: fold.reduce(not_comm, x), (x,), 1.0, reduce_rule="monoid")
+        fold.vjp(lambda x: fold.reduce(not_comm, x), x, reduce_rule="monoid")[1](1.0)
     # the other rules still apply to both
     for m in (no_d, not_comm):
-        np.testing.assert_allclose(fold.vjp(lambda x: fold.reduce(m, x), (x,), 1.0, reduce_rule="generic")[0], 24.0 / x)
+        np.testing.assert_allclose(fold.vjp(lambda x: fold.reduce(m, x), x, reduce_rule="generic")[1](1.0)[0], 24.0 / x)
 
 
 # ------------------------------------------------------------------------------------------ documented limits of D, pinned
@@ -683,14 +682,14 @@ def test_prod_monoid_rule_with_a_zero_part_is_undefined_auto_is_exact() -> None:
     x = np.array([2.0, 0.0, 3.0, -1.5])
     f = lambda x: fold.reduce(M.prod, x)  # noqa: E731
     exact = np.array([0.0, 2.0 * 3.0 * -1.5, 0.0, 0.0])
-    np.testing.assert_array_equal(fold.vjp(f, (x,), 1.0, reduce_rule="auto")[0], exact)
-    np.testing.assert_array_equal(fold.vjp(f, (x,), 1.0, reduce_rule="generic")[0], exact)
-    monoid = fold.vjp(f, (x,), 1.0, reduce_rule="monoid")[0]
+    np.testing.assert_array_equal(fold.vjp(f, x, reduce_rule="auto")[1](1.0)[0], exact)
+    np.testing.assert_array_equal(fold.vjp(f, x, reduce_rule="generic")[1](1.0)[0], exact)
+    monoid = fold.vjp(f, x, reduce_rule="monoid")[1](1.0)[0]
     assert not np.all(np.isfinite(monoid[1])), monoid  # NaN (or inf): D is not defined at a zero part
     np.testing.assert_array_equal(monoid[[0, 2, 3]], 0.0)  # c = 0, so the other parts get g * 0 / a_i = 0
     # two zeros: every cotangent is 0 under auto
     two = np.array([0.0, 4.0, 0.0])
-    np.testing.assert_array_equal(fold.vjp(f, (two,), 1.0, reduce_rule="auto")[0], 0.0)
+    np.testing.assert_array_equal(fold.vjp(f, two, reduce_rule="auto")[1](1.0)[0], 0.0)
 
 
 @pytest.mark.parametrize("name", ["max", "min"])
@@ -700,8 +699,8 @@ def test_extremum_monoid_rule_at_ties_double_counts_auto_picks_lowest_index(name
     x = np.array([1.0, 3.0, -2.0, 3.0, 2.0])
     x = x if name == "max" else -x
     f = lambda x: fold.reduce(getattr(M, name), x)  # noqa: E731
-    np.testing.assert_array_equal(fold.vjp(f, (x,), 2.5, reduce_rule="auto")[0], [0.0, 2.5, 0.0, 0.0, 0.0])
-    np.testing.assert_array_equal(fold.vjp(f, (x,), 2.5, reduce_rule="monoid")[0], [0.0, 2.5, 0.0, 2.5, 0.0])
+    np.testing.assert_array_equal(fold.vjp(f, x, reduce_rule="auto")[1](2.5)[0], [0.0, 2.5, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(fold.vjp(f, x, reduce_rule="monoid")[1](2.5)[0], [0.0, 2.5, 0.0, 2.5, 0.0])
     # without ties the rules agree
     y = x.copy()
     y[3] -= 0.5 if name == "max" else -0.5
@@ -734,7 +733,7 @@ def test_compare_rules_logwsum() -> None:
     assert result["auto"].reduce_rules_used == ["monoid"]  # auto takes the shortcut for a qualifying monoid
     # the shortcut's program is smaller (one map, no scans), and the cotangents are those of vjp
     assert result["monoid"].program_size < result["generic"].program_size
-    want = fold.vjp(f, (z, v), {"z": 1.0, "v": np.ones(4)}, reduce_rule="generic")
+    want = fold.vjp(f, z, v, reduce_rule="generic")[1]({"z": 1.0, "v": np.ones(4)})
     for a, b in zip(result["monoid"].cotangents, want, strict=True):
         np.testing.assert_allclose(a, b, **RULE_TOL)
 
@@ -758,7 +757,7 @@ def test_compare_rules_runs_gemm_map_reduce_under_both_of_its_rules() -> None:
     _check_comparison(result, {"auto", "generic", "monoid", "gemm-blocks"})
     assert "gemm pairs" in result["auto"].reduce_rules_used and "gemm blocks" in result["gemm-blocks"].reduce_rules_used
     assert result["gemm-blocks"].program_size > result["auto"].program_size  # the block totals recomputed
-    want = fold.vjp(attention, (Q, K, V), G)
+    want = fold.vjp(attention, Q, K, V)[1](G)
     for a, b in zip(result["gemm-blocks"].cotangents, want, strict=True):
         np.testing.assert_allclose(a, b, **RULE_TOL)
 

@@ -90,7 +90,7 @@ def test_segmented_reduce_inside_a_map():
 def test_gradient_programs_run_unchanged():
     a, b = rng.uniform(0.5, 1.0, 5_000), rng.normal(size=5_000)
     ybar = rng.normal(size=5_000)
-    g = lambda a, b: fold.vjp(lambda a, b: fold.scan(compose, (a, b), identity=(1.0, 0.0))[1], (a, b), ybar)  # noqa: E731
+    g = lambda a, b: fold.vjp(lambda a, b: fold.scan(compose, (a, b), identity=(1.0, 0.0))[1], a, b)[1](ybar)  # noqa: E731
     assert_same(*both(g, a, b), rtol=1e-9)
     sq = fold.grad(lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda v: v * v, x)))
     assert_same(*both(sq, a))
@@ -181,7 +181,7 @@ def test_generic_scan_gradient_is_one_map_scan_kernel(elements, variant, kernel_
     from fold.runtime.numba_backend.scan_fusion import FusedMapScan
 
     f, args, ct = _scan_case(elements, COMPILE_FROM + 5, reverse=variant == "reverse", exclusive=variant == "exclusive")
-    g = lambda *a: fold.vjp(f, a, ct)  # noqa: E731
+    g = lambda *a: fold.vjp(f, *a)[1](ct)  # noqa: E731
     (fused,) = [s.prim for s in prepare(fold.trace(g, *args)).stmts if isinstance(s.prim, FusedMapScan)]
     assert fused.post is not None and len(fused.pre) == 1 and fused.live == [1]  # (matrix, vector): the vector alone
     with warnings.catch_warnings():
@@ -228,7 +228,7 @@ def test_small_fused_scans_are_compiled_once_their_numpy_time_adds_up(kernel_cal
 
     f, args, ct = _scan_case("pairs", n)
     pair_reduce = lambda a, b: fold.reduce(compose, (a, b), identity=(1.0, 0.0))  # noqa: E731
-    programs = [lambda *a: fold.vjp(f, a, ct), lambda *a: fold.vjp(pair_reduce, a, (1.0, -2.0), reduce_rule="generic")]
+    programs = [lambda *a: fold.vjp(f, *a)[1](ct), lambda *a: fold.vjp(pair_reduce, *a, reduce_rule="generic")[1]((1.0, -2.0))]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for g in programs:
@@ -251,7 +251,7 @@ def test_generic_reduce_gradient_is_one_scan_pair_kernel(elements, kernel_calls)
         f, args, ct = (lambda a, b: fold.reduce(compose, (a, b), identity=(1.0, 0.0))), (rng.uniform(0.99, 1.01, n), rng.normal(size=n)), (1.0, -2.0)
     else:
         f, args, ct = (lambda x: fold.reduce(matrix_product, x, identity=np.eye(2))), (np.eye(2) + 0.01 * rng.normal(size=(n, 2, 2)),), rng.normal(size=(2, 2))
-    g = lambda *a: fold.vjp(f, a, ct, reduce_rule="generic")  # noqa: E731
+    g = lambda *a: fold.vjp(f, *a, reduce_rule="generic")[1](ct)  # noqa: E731
     from fold.runtime.numba_backend.scan_pair_fusion import FusedScanPairMap, fuse_scan_pairs
     assert [type(s.prim) for s in fuse_scan_pairs(fold.trace(g, *args)).stmts if isinstance(s.prim, FusedScanPairMap)]
     with warnings.catch_warnings():
@@ -526,7 +526,7 @@ def test_gemm_blocks_run_their_elementwise_work_in_kernels(layer, kernel_calls):
         warnings.simplefilter("error")
         assert_same(*both(fn, *args), rtol=1e-10)
         forward_kernels = _elementwise_kernels(kernel_calls)
-        assert_same(*both(lambda *a: fold.vjp(fn, a, ct), *args), rtol=1e-9)
+        assert_same(*both(lambda *a: fold.vjp(fn, *a)[1](ct), *args), rtol=1e-9)
     assert forward_kernels >= 2 and _elementwise_kernels(kernel_calls) > forward_kernels, kernel_calls
 
 
@@ -781,7 +781,7 @@ def test_folds_recompute_the_cheap_values_they_share(zeros, kernel_calls):
     a[rng.choice(n, zeros, replace=False)] = 0.0
 
     def grad(a):
-        return fold.vjp(lambda a: fold.reduce(lambda p, q: p * q, a, identity=1.0), (a,), 1.0)
+        return fold.vjp(lambda a: fold.reduce(lambda p, q: p * q, a, identity=1.0), a)[1](1.0)
 
     prepared = prepare(fold.trace(grad, a), whole_arrays=True)
     kinds = [("fold" if s.prim.reduce is not None else "map") if isinstance(s.prim, FusedElementwise) else s.prim.name
@@ -832,7 +832,7 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
         warnings.simplefilter("error")
         assert_same(*both(kmeans_cost, points, centroids))
         assert kernel_calls == {"product_fold": 1}
-        assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, (p, c), 1.0), points, centroids))
+        assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, p, c)[1](1.0), points, centroids))
     # the gradient: the distances' minimum and its first position are one product kernel (first_extremes.py), and
     # its one-hot cotangents are scatter-adds (runtime/numba_backend/one_hots.py), not (points, 64) arrays
     # summed by column (at this size the scaled points are mapped by NumPy: see the test below for larger ones)
@@ -864,7 +864,7 @@ def test_k_means_gradient_reads_its_nearest_centroids_in_place(kernel_calls, gat
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, (p, c), 1.0), points, centroids))
+        assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, p, c)[1](1.0), points, centroids))
     assert kernel_calls["map_histogram"] == 1 and kernel_calls["histogram"] == 1, kernel_calls
     assert any(r is not None and sum(r) == 1 for r in gathered_maps), gathered_maps
 
@@ -880,15 +880,15 @@ def test_a_gathered_operand_of_a_run_is_read_in_place(gathered_maps):
         warnings.simplefilter("error")
         assert_same(*both(f, t, i, x))
         assert gathered_maps == [[True, False]]
-        assert_same(*both(lambda t, i, x: fold.vjp(lambda t, x: f(t, i, x), (t, x), np.ones((n, 16))), t, i, x))
+        assert_same(*both(lambda t, i, x: fold.vjp(lambda t, x: f(t, i, x), t, x)[1](np.ones((n, 16))), t, i, x))
         gathered_maps.clear()
         assert_same(*both(lambda t, i, x: (lambda g: (g, g * x + 1.0))(t[i]), t, i, x))
         assert gathered_maps == [None]  # the gathered rows are stored for the output: the run reads them
         gathered_maps.clear()
         from_the_end = i - 64  # the same rows, counted from the end as NumPy counts negative indices
-        expected = (t[i] * x + 1.0, fold.vjp(lambda t, x: f(t, i, x), (t, x), np.ones((n, 16))))
+        expected = (t[i] * x + 1.0, fold.vjp(lambda t, x: f(t, i, x), t, x)[1](np.ones((n, 16))))
         for backend in ("numpy", "numba"):
-            run = fold.jit(lambda t, i, x: (f(t, i, x), fold.vjp(lambda t, x: f(t, i, x), (t, x), np.ones((n, 16)))),
+            run = fold.jit(lambda t, i, x: (f(t, i, x), fold.vjp(lambda t, x: f(t, i, x), t, x)[1](np.ones((n, 16)))),
                            backend=backend)
             assert_same(run(t, from_the_end, x), expected)
         assert any(r is not None and r[0] for r in gathered_maps), gathered_maps  # read in place
@@ -971,7 +971,7 @@ def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_row
         kernel_calls.clear()
         assert_same(*both(cost, points, centroids), scaled=True)
         assert kernel_calls == {"segmented_reduce": 1, "product_fold": 1}
-        assert_same(*both(lambda p, c: fold.vjp(cost, (p, c), 1.0), points, centroids), scaled=True)
+        assert_same(*both(lambda p, c: fold.vjp(cost, p, c)[1](1.0), points, centroids), scaled=True)
 
     def body_of(f, *args):
         return next(s.prim for s in fold.trace(f, *args).stmts if isinstance(s.prim, Map))
@@ -1382,7 +1382,7 @@ def test_attention_blocks_scale_the_queries_not_the_scores():
 
     Q, K, V = rng.normal(size=(40, 16)), rng.normal(size=(60, 16)), rng.normal(size=(60, 8))
     fn = lambda Q, K, V: gemm_layers.attention(Q, K, V, block=(20, 30))  # noqa: E731
-    program = fold.trace(lambda Q, K, V: fold.vjp(fn, (Q, K, V), np.ones((40, 8))), Q, K, V)
+    program = fold.trace(lambda Q, K, V: fold.vjp(fn, Q, K, V)[1](np.ones((40, 8))), Q, K, V)
     blocks = [p for s in program.stmts if hasattr(s.prim, "blocks") for _, p in s.prim.blocks]
     assert len(blocks) == 2
     for block in blocks:

@@ -94,9 +94,9 @@ def test_gradients_flow_through_ufuncs_written_with_the_primitives() -> None:
 
 @pytest.mark.parametrize("f,message", [
     (lambda x: np.median(x), r"np\.median is not supported on traced arrays.*np\.sum"),
-    (lambda x: np.max(x), r"np\.max .*fold\.reduce\(fold\.monoids\.max"),
-    (lambda x: np.cumsum(x), r"np\.cumsum .*fold\.scan"),
-    (lambda x: np.sum(x, dtype=np.float32), r"np\.sum on a traced array takes \(a, axis, keepdims\).*dtype"),
+    (lambda x: np.max(x, where=x > 0), r"np\.max with where= needs initial="),
+    (lambda x: np.cumsum(x, out=np.zeros(12)), r"np\.cumsum\(\.\.\., out=\.\.\.\) on a traced array"),
+    (lambda x: np.var(x, axis=0, ddof=3), r"np\.var: 3 elements with ddof=3"),
     (lambda x: np.mean(x, out=None), r"np\.mean .*out"),
     (lambda x: np.where(x > 0), r"np\.where\(condition\) with one argument"),
     (lambda x: np.reshape(x, (4, 3), order="F"), r"order='C'"),
@@ -108,15 +108,15 @@ def test_gradients_flow_through_ufuncs_written_with_the_primitives() -> None:
     (lambda x: np.floor(x), r"np\.floor is not supported on traced arrays; the ufuncs fold traces .*log2.*fold\.reduce"),
     (lambda x: np.add.reduce(x), r"np\.add\.reduce is not supported"),
     (lambda x: np.reciprocal(np.ones(3, np.int64) + x[0, :3].astype(np.int64)), r"np\.reciprocal .*int64.*1\.0 / x"),
-    (lambda x: x.max(), r"x\.max\(\) is not supported on traced arrays; write fold\.reduce\(fold\.monoids\.max"),
+    (lambda x: np.sort(x), r"np\.sort is not supported on traced arrays"),
     (lambda x: np.sum(x, axis=2), r"np\.sum: axis 2 is out of range for an array of shape \(3, 4\)"),
     (lambda x: np.mean(x, axis=-3), r"np\.mean: axis -3 is out of range for an array of shape \(3, 4\)"),
     (lambda x: np.squeeze(x, axis=4), r"np\.squeeze: axis 4 is out of range for an array of shape \(3, 4\)"),
     (lambda x: x * np.size(x, 2), r"np\.size: axis 2 is out of range for an array of shape \(3, 4\)"),
     (lambda x: np.expand_dims(x, 5), r"np\.expand_dims: axis 5 .* 3 dimensions \(array shape \(3, 4\)\)"),
     (lambda x: x.astype(np.int64) ^ 3, r"xor: needs boolean arguments, got \['int64', 'int64'\]"),
-    (lambda x: x.std(), r"a traced array \(f64\[3,4\]\) has no attribute 'std'"),
-    (lambda x: np.linalg.norm(x), r"np\.linalg\.norm is not supported on traced arrays"),
+    (lambda x: x.median(), r"a traced array \(f64\[3,4\]\) has no attribute 'median'"),
+    (lambda x: np.linalg.norm(x, ord=2), r"np\.linalg\.norm on a traced matrix: ord=2 is not supported"),
     (lambda x: x.__setitem__(0, 1.0), r"cannot be assigned to \(x\[\.\.\.\] = v\).*fold\.where"),
 ])
 def test_unsupported_numpy_functions_and_options_are_named(f, message) -> None:
