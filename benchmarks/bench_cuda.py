@@ -155,7 +155,7 @@ def attention_cases(size: int, repeats: int) -> list[dict]:
     Q, K, V = (rng.normal(size=(size, 64)).astype(np.float32) for _ in range(3))
     G = rng.normal(size=(size, 64)).astype(np.float32)
     forward = fold.jit(attention, backend="cuda")
-    backward = fold.jit(lambda Q, K, V: fold.vjp(attention, (Q, K, V), G), backend="cuda")
+    backward = fold.jit(lambda Q, K, V: fold.vjp(attention, Q, K, V)[1](G), backend="cuda")
     fwd = gpu_seconds(lambda: forward(Q, K, V), repeats)
     bwd = gpu_seconds(lambda: backward(Q, K, V), repeats)
     records = [{"case": "fold_attention_forward", "M": size, "dtype": "float32", "fold_seconds": fwd},

@@ -84,7 +84,7 @@ def test_gradients_and_hessian_vector_products_of_natural_nests_fuse(case):
     tangent = rng.normal(size=args[0].shape)
 
     def hvp(*a):
-        return fold.jvp(grad, a, (tangent,) + tuple(np.zeros_like(x) for x in a[1:]))
+        return fold.jvp(grad, a, (tangent,) + tuple(np.zeros_like(x) for x in a[1:]))[1]
 
     for g in (grad, hvp):
         program, kernels = _nests(g, *args)
