@@ -83,6 +83,7 @@ _LAZY = {
     "value_and_grad": ("fold.ad", "value_and_grad"),
     "check_monoid": ("fold.ad.monoid_laws", "check_monoid"),
     "compare_rules": ("fold.ad.compare", "compare_rules"),
+    "shard": ("fold.runtime.dask_backend", "shard"),
 }
 
 
