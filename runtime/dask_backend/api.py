@@ -67,6 +67,7 @@ class Sharded:
         self._client = client
         self._plans: dict = {}
         self.last_call: CallReport | None = None
+        self.before_gather: Callable[[list], None] | None = None  # a test's hook: runs with the outputs' placements
 
     @property
     def client(self) -> Any:
@@ -100,6 +101,8 @@ class Sharded:
             warnings.simplefilter("ignore")  # Dask warns of large arguments: they are the inputs, sent once
             inputs = [_place(ctx, leaf, split, workers) for leaf, split in zip(leaves, splits, strict=True)]
             outs = run_sharded(ctx, program, inputs)
+        if self.before_gather is not None:
+            self.before_gather(outs)
         values = _gather(self.client, outs)
         self.last_call = CallReport(bytes_moved(self.client, prefix), sum(b for b, crossed in ctx.merges if crossed),
                                     len(ctx.merges), sum(crossed for _, crossed in ctx.merges), prefix,
