@@ -272,3 +272,12 @@ def test_a_worker_killed_mid_gradient_costs_a_rerun_not_the_result(client):
     close(value, value0), close(gx, gx0), close(gw, gw0)
     assert victim not in client.scheduler_info(n_workers=-1)["workers"]
     client.wait_for_workers(2, timeout=60)
+
+
+# ------------------------------------------------------------------ the examples, sharded on numba (the default)
+
+@pytest.mark.parametrize("name", ["megatron", "vocabulary_parallel", "kmeans"])
+def test_examples_run_sharded(client, name):
+    from helpers import load_example
+
+    assert getattr(load_example("sharded"), name)(client) < 1e-12
