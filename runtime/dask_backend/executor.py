@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fold.ir import Let, Program, Var
 
-from . import fold_rules, gemm_rules  # noqa: F401  (they register their rules)
+from . import fold_rules, gemm_rules, tasks  # noqa: F401  (fold_rules and gemm_rules register their rules)
 from .context import Context, literal
 from .placement import Rep, Split
 from .rules import refuse, shard_rules
@@ -29,6 +29,9 @@ def run_sharded(ctx: Context, program: Program, inputs: list) -> list:
 
 
 def _whole(ctx: Context, index: int, stmt: Let, args: list) -> list[Rep]:
+    if not any(isinstance(a, Var) for a in stmt.args) and not stmt.prim.bodies():  # iota, a literal's broadcast:
+        values = tasks.run_primitive(stmt.prim, *[a.value for a in args])  # made on the client, so a split use
+        return [Rep(v, out.aval) for v, out in zip(values, stmt.outs, strict=True)]  # sends each worker its piece
     worker = next((a.worker for a in args if a.worker), ctx.workers[0])
     futures = ctx.run(index, "whole", stmt.prim, stmt.args, [a.on(worker) for a in args], [a.aval for a in args],
                       worker, len(stmt.outs))
