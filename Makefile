@@ -15,7 +15,7 @@ PYTEST := $(PY) -m pytest tests -p no:cacheprovider -n auto --dist loadfile
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,plots]'
+	$(PY) -m pip install --quiet -e '.[test,plots,dist]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -89,6 +89,7 @@ _LAZY = {
     "vmap": ("fold.batching", "vmap"),
     "check_monoid": ("fold.ad.monoid_laws", "check_monoid"),
     "compare_rules": ("fold.ad.compare", "compare_rules"),
+    "shard": ("fold.runtime.dask_backend", "shard"),
 }
 
 

@@ -1,0 +1,82 @@
+"""One sharded call's bookkeeping: the client, the workers, task keys, and submitting a statement's work.
+
+Every task of a call gets a key with the call's prefix, so the bytes Dask moved for the call can be read
+back from the workers' own transfer logs (transfers.py). Shard programs are built once per sharded
+function and signature (`programs`, shared across calls) and compiled once per worker (tasks.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from fold.ir import Primitive, Var
+from fold.dtypes import ShapedArray
+
+from . import tasks
+from .placement import Rep, Split
+from .programs import statement_program
+
+
+class Context:
+    def __init__(self, client: Any, workers: Sequence[str], backend: str, prefix: str, plan_id: str, programs: dict):
+        self.client = client
+        self.workers = list(workers)
+        self.backend = backend
+        self.prefix = prefix
+        self.plan_id = plan_id
+        self.programs = programs  # (what, shapes) -> (key, Program), kept by the Sharded function
+        self.merges: list[tuple[int, bool]] = []  # per combine: (bytes of the right state, moved between workers)
+        self._count = itertools.count()
+        self._slices: dict = {}
+
+    def submit(self, fn: Callable, *args: Any, worker: str | None, name: str) -> Any:
+        """A task of this call, run on `worker` if it is alive (elsewhere if not: tasks are pure)."""
+        where = {"workers": [worker], "allow_other_workers": True} if worker else {}
+        return self.client.submit(fn, *args, key=f"{self.prefix}-{name}-{next(self._count)}", pure=False, **where)
+
+    def program(self, what: tuple, build: Callable) -> tuple[str, Any]:
+        """The shard program named by `what` (built on first use), with its per-worker cache key."""
+        entry = self.programs.get(what)
+        if entry is None:
+            entry = (f"{self.plan_id}-{len(self.programs)}", build())
+            self.programs[what] = entry
+        return entry
+
+    def run(self, index: int, tag: str, prim: Primitive, args: Sequence, values: list, avals: list[ShapedArray],
+            worker: str | None, n_out: int) -> list:
+        """Apply `prim` (the statement's, or its per-shard variant) to `values` on `worker`: a compiled fold
+        program when it has bodies (a fold), the NumPy reference for one elementwise or structural step.
+        `args` are the statement's atoms (literals are inlined into the program); `tag` names the variant."""
+        if prim.bodies():
+            shapes = tuple((a.shape, a.dtype.str) for a in avals)
+            key, program = self.program((index, tag, shapes),
+                                        lambda: statement_program(prim, args, avals, f"shard of statement {index} ({tag})"))
+            variables = [v for v, a in zip(values, args, strict=True) if isinstance(a, Var)]
+            packed = self.submit(tasks.run_program, key, program, self.backend, *variables, worker=worker, name=prim.name)
+        else:
+            packed = self.submit(tasks.run_primitive, prim, *values, worker=worker, name=prim.name)
+        return [self.submit(tasks.item, packed, i, worker=worker, name="item") for i in range(n_out)]
+
+    def sliced(self, rep: Rep, axis: int, chunks: tuple[int, ...], workers: Sequence[str]) -> list:
+        """A whole value cut to meet a split one (sliced where it lives, each piece sent to its chunk's worker)."""
+        cache_key = (id(rep), axis, chunks)
+        if cache_key not in self._slices:
+            offsets = np.cumsum((0,) + chunks)
+            if isinstance(rep.value, np.ndarray):
+                self._slices[cache_key] = [tasks.take(rep.value, axis, int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
+            else:
+                self._slices[cache_key] = [self.submit(tasks.take, rep.value, axis, int(a), int(b), worker=rep.worker, name="slice")
+                                           for a, b in zip(offsets[:-1], offsets[1:])]
+        return self._slices[cache_key]
+
+
+def literal(value: np.ndarray) -> Rep:
+    array = np.asarray(value)
+    return Rep(array, ShapedArray(array.shape, array.dtype))
+
+
+def split_like(parts: list, axis: int, template: Split, aval: ShapedArray) -> Split:
+    return Split(axis, template.chunks, tuple(parts), template.workers, aval)

@@ -1,0 +1,64 @@
+"""The functions that run on the workers. Each is pure (its result depends on its arguments alone), so a
+worker lost mid-run costs Dask a rerun of its tasks, never a wrong result.
+
+Compiled programs are cached per worker process under a key the client gives (stable across calls of one
+sharded function), so each shard program is compiled once per worker, not once per call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+_compiled: dict[str, Callable] = {}
+
+
+def run_program(key: str, program: Any, backend: str, *args: np.ndarray) -> tuple:
+    """Run a flat fold Program on `backend` (compiled on first use in this worker) and return its outputs."""
+    runner = _compiled.get(key)
+    if runner is None:
+        import fold
+        from fold.inline import inline_program
+
+        runner = fold.jit(lambda *xs: inline_program(program, list(xs)), backend=backend)
+        _compiled[key] = runner
+    return tuple(np.asarray(o) for o in runner(*args))
+
+
+def run_primitive(prim: Any, *args: np.ndarray) -> tuple:
+    """One elementwise or structural primitive, evaluated by the NumPy reference (nothing to compile)."""
+    from fold.runtime.eager import eval_primitive
+
+    return tuple(eval_primitive(prim, [np.asarray(a) for a in args]))
+
+
+def compiled_count() -> int:
+    """How many programs this worker has compiled (tests check each is compiled once per worker)."""
+    return len(_compiled)
+
+
+def item(values: tuple, i: int) -> np.ndarray:
+    return values[i]
+
+
+def whole(value: np.ndarray) -> np.ndarray:
+    """A value given to a task by the client: the task that holds it, so Dask can rerun it on loss."""
+    return np.asarray(value)
+
+
+def take(value: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of `value` along `axis`, as an array of its own (not a view of the whole)."""
+    index = [slice(None)] * value.ndim
+    index[axis] = slice(start, stop)
+    return np.array(value[tuple(index)])
+
+
+def pack(*values: np.ndarray) -> tuple:
+    """A shard's fold state as one value (the tuple of its leaves), to be combined with another."""
+    return tuple(values)
+
+
+def run_offset(key: str, program: Any, backend: str, consts: list, offset: tuple, ys: list) -> tuple:
+    """A chunk's local scan `ys` combined with the fold of the chunks before it (the scan's local pass)."""
+    return run_program(key, program, backend, *consts, *offset, *ys)

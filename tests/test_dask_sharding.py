@@ -1,0 +1,283 @@
+"""fold.shard on a LocalCluster of 2 worker processes: sharded results equal unsharded ones (float64, 1e-12
+relative) for every combinator, both reduce rules' gradients, on random chunkings (uneven, one chunk, more
+chunks than workers); clear errors for splits a program cannot run; bytes moved against the formula; a
+worker killed mid-gradient. Shard programs run on the numpy backend here (no per-worker compile for each
+random program); the examples' tests run them on numba, the default."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+import fold  # noqa: E402
+from fold.runtime.dask_backend import ShardingError  # noqa: E402
+
+RTOL = 1e-12
+FEW = settings(max_examples=6, deadline=None, derandomize=True)
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    c = Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+def chunkings(n: int, multiple: int = 1):
+    """Chunk sizes summing to n: uneven, one chunk, or more chunks than the 2 workers (multiples of `multiple`
+    except the last)."""
+    blocks = -(-n // multiple)
+
+    @st.composite
+    def draw(d):
+        cuts = sorted(set(d(st.lists(st.integers(1, blocks - 1), max_size=4)))) if blocks > 1 else []
+        edges = [0] + [c * multiple for c in cuts] + [n]
+        return tuple(b - a for a, b in zip(edges[:-1], edges[1:]))
+
+    return draw()
+
+
+def close(a, b):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=1e-13)
+
+
+def sharded(f, client, chunks, split=None):
+    return fold.shard(f, split=split or {0: 0}, chunks=chunks, client=client, backend="numpy")
+
+
+def matmul_op(a, b):
+    return a @ b
+
+
+# ------------------------------------------------------------------ forward: every combinator
+
+def dots_logsumexp(x, w):
+    return fold.reduce(fold.monoids.logaddexp, fold.map(lambda r: fold.reduce(fold.monoids.sum, r * w), x))
+
+
+@FEW
+@given(chunkings(11))
+def test_map_and_reduce(client, chunks):
+    x, w = np.random.default_rng(0).normal(size=(11, 3)), np.arange(3.0)
+    close(sharded(dots_logsumexp, client, chunks)(x, w), fold.run(dots_logsumexp, x, w))
+
+
+def product(x):
+    return fold.reduce(matmul_op, x, identity=np.eye(2))
+
+
+@FEW
+@given(chunkings(9))
+def test_non_commutative_reduce_keeps_order(client, chunks):
+    x = np.random.default_rng(1).normal(size=(9, 2, 2))
+    close(sharded(product, client, chunks)(x), fold.run(product, x))
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+@FEW
+@given(chunks=chunkings(8))
+def test_non_commutative_scan(client, chunks, exclusive, reverse):
+    def f(x):
+        return fold.scan(matmul_op, x, identity=np.eye(2), exclusive=exclusive, reverse=reverse)
+
+    x = np.random.default_rng(2).normal(size=(8, 2, 2))
+    close(sharded(f, client, chunks)(x), fold.run(f, x))
+
+
+@FEW
+@given(chunkings(13))
+def test_reduce_by_index(client, chunks):
+    def affine(p, q):  # composition of maps x -> a x + b: associative, not commutative
+        return (p[0] * q[0], p[1] * q[0] + q[1])
+
+    def f(idx, a, b):
+        return fold.reduce_by_index(affine, 4, idx, (a, b), identity=(1.0, 0.0))
+
+    rng = np.random.default_rng(3)
+    idx, a, b = rng.integers(-1, 5, size=13), rng.normal(size=13), rng.normal(size=13)  # -1, 4: out of range, ignored
+    got, want = sharded(f, client, chunks, {0: 0, 1: 0, 2: 0})(idx, a, b), fold.run(f, idx, a, b)
+    close(got[0], want[0]), close(got[1], want[1])
+
+
+def cross_entropy(P, C, t):
+    j = fold.iota(C.shape[0])
+    A = fold.gemm_map_reduce(fold.monoids.cross_entropy, lambda s, t, j: {"p": s, "n": fold.where(j == t, s, 0.0)},
+                             P, C, rows=(t,), cols=(j,), block=(4, 4))
+    return fold.sum(A["p"] - A["n"])
+
+
+def ce_rows(P, C, t):
+    j = fold.iota(C.shape[0])
+    A = fold.gemm_map_reduce(fold.monoids.cross_entropy, lambda s, t, j: {"p": s, "n": fold.where(j == t, s, 0.0)},
+                             P, C, rows=(t,), cols=(j,), block=(4, 4))
+    return A["p"] - A["n"]
+
+
+def ce_data():
+    rng = np.random.default_rng(4)
+    return rng.normal(size=(6, 3)), rng.normal(size=(14, 3)), rng.integers(0, 14, size=6)
+
+
+@FEW
+@given(chunkings(14, multiple=4))
+def test_gemm_map_reduce_over_columns(client, chunks):
+    P, C, t = ce_data()
+    close(sharded(ce_rows, client, chunks, {1: 0})(P, C, t), fold.run(ce_rows, P, C, t))
+
+
+@FEW
+@given(chunkings(6, multiple=4))
+def test_gemm_map_reduce_over_rows(client, chunks):
+    P, C, t = ce_data()
+    close(sharded(ce_rows, client, {0: chunks, 2: chunks}, {0: 0, 2: 0})(P, C, t), fold.run(ce_rows, P, C, t))
+
+
+# ------------------------------------------------------------------ gradients: both reduce rules
+
+@pytest.mark.parametrize("rule", ["monoid", "generic"])
+@FEW
+@given(chunks=chunkings(10))
+def test_reduce_gradient(client, chunks, rule):
+    x, w = np.random.default_rng(5).normal(size=(10, 3)), np.linspace(-1, 1, 3)
+    vg = fold.value_and_grad(dots_logsumexp, argnums=(0, 1), reduce_rule=rule)
+    value, (gx, gw) = sharded(vg, client, chunks)(x, w)
+    value0, (gx0, gw0) = vg(x, w)
+    close(value, value0), close(gx, gx0), close(gw, gw0)
+
+
+@FEW
+@given(chunkings(7))
+def test_scan_gradient(client, chunks):
+    def f(a, b):  # a linear recurrence: the scan of affine maps (associative, not commutative)
+        ys = fold.scan(lambda p, q: (p[0] * q[0], p[1] * q[0] + q[1]), (a, b), identity=(1.0, 0.0))
+        return fold.reduce(fold.monoids.sum, ys[1] * ys[1])
+
+    rng = np.random.default_rng(6)
+    a, b = rng.normal(size=7), rng.normal(size=7)
+    g = fold.grad(f, argnums=(0, 1))
+    got, want = sharded(g, client, chunks, {0: 0, 1: 0})(a, b), g(a, b)
+    close(got[0], want[0]), close(got[1], want[1])
+
+
+@FEW
+@given(chunkings(14, multiple=4))
+def test_cross_entropy_gradient_over_columns(client, chunks):
+    P, C, t = ce_data()
+    g = fold.grad(cross_entropy, argnums=(0, 1))
+    gP, gC = sharded(g, client, chunks, {1: 0})(P, C, t)
+    gP0, gC0 = g(P, C, t)
+    close(gP, gP0), close(gC, gC0)
+
+
+def test_matmul_megatron_split(client):
+    """Y = tanh(X A) B with A split by columns and B by rows: one all-reduce (a tree of partial sums)."""
+    def mlp(X, A, B):
+        return fold.tanh(X @ A) @ B
+
+    rng = np.random.default_rng(7)
+    X, A, B = rng.normal(size=(5, 4)), rng.normal(size=(4, 6)), rng.normal(size=(6, 3))
+    f = sharded(mlp, client, 2, {1: 1, 2: 0})
+    close(f(X, A, B), fold.run(mlp, X, A, B))
+    assert f.last_call.merges == 1
+
+
+# ------------------------------------------------------------------ errors
+
+def test_a_statement_without_a_sharded_rule_is_named(client):
+    def f(x, i):
+        return x[i]
+
+    with pytest.raises(ShardingError, match=r"statement 0 \(gather\) reads operand 0 \(f64\[6\]\) split on axis 0"):
+        sharded(f, client, 2)(np.ones(6), np.array([0, 5]))
+
+
+def test_a_map_capturing_a_split_value_is_refused(client):
+    def f(x, w):
+        return fold.map(lambda r: fold.reduce(fold.monoids.sum, r * w), x)
+
+    with pytest.raises(ShardingError, match=r"statement 0 \(map\) reads operand 0 \(f64\[3\]\) split on axis 0.*captures it"):
+        sharded(f, client, 2, {1: 0})(np.ones((4, 3)), np.ones(3))
+
+
+def test_a_fold_over_an_axis_that_is_not_split_is_refused(client):
+    with pytest.raises(ShardingError, match=r"statement 0 \(reduce\) reads operand 1 \(f64\[4,6\]\) split on axis 1"):
+        sharded(lambda x: fold.reduce(fold.monoids.sum, x), client, 2, {0: 1})(np.ones((4, 6)))
+
+
+def test_gemm_chunks_must_hold_whole_blocks(client):
+    P, C, t = ce_data()
+    with pytest.raises(ShardingError, match="multiples of 4"):
+        sharded(ce_rows, client, (3, 11), {1: 0})(P, C, t)
+
+
+def test_bad_split_specs(client):
+    with pytest.raises(ShardingError, match="names argument 3"):
+        sharded(product, client, 2, {3: 0})(np.ones((4, 2, 2)))
+    with pytest.raises(ShardingError, match="sum to the axis length 4"):
+        sharded(product, client, (1, 2))(np.ones((4, 2, 2)))
+
+
+# ------------------------------------------------------------------ bytes moved, compile once, faults
+
+def test_bytes_moved_match_the_combine_formula(client):
+    """Vocabulary-parallel cross-entropy forward, 2 chunks on 2 workers: one merge moves M x state bytes."""
+    rng = np.random.default_rng(8)
+    M, N = 64, 16
+    P, C, t = rng.normal(size=(M, 3)), rng.normal(size=(N, 3)), rng.integers(0, N, size=M)
+    f = sharded(ce_rows, client, 2, {1: 0})
+    close(f(P, C, t), fold.run(ce_rows, P, C, t))
+    report = f.last_call
+    assert report.cross_worker_merges == 1 and report.combine_bytes == M * 2 * 8
+    assert report.combine_bytes <= report.bytes_moved <= report.combine_bytes + 256  # + Dask's container sizes
+
+
+def test_each_shard_program_compiles_once_per_worker(client):
+    from fold.runtime.dask_backend import tasks
+
+    f = fold.shard(dots_logsumexp, chunks=4, client=client)  # numba, the default
+    x, w = np.random.default_rng(9).normal(size=(8, 3)), np.ones(3)
+    close(f(x, w), fold.run(dots_logsumexp, x, w))
+    before = client.run(tasks.compiled_count)
+    close(f(x, w), fold.run(dots_logsumexp, x, w))
+    assert client.run(tasks.compiled_count) == before
+
+
+def test_a_worker_killed_mid_gradient_costs_a_rerun_not_the_result(client):
+    rng = np.random.default_rng(10)
+    x, w = rng.normal(size=(40, 3)), rng.normal(size=3)
+    vg = fold.value_and_grad(dots_logsumexp, argnums=(0, 1), reduce_rule="generic")
+    f = sharded(vg, client, 6)
+    pids = client.run(os.getpid)
+    victim = sorted(pids)[1]
+
+    def kill(outs):  # every task is submitted and some are done: the worker holding chunks 3-5 dies
+        time.sleep(0.3)
+        os.kill(pids[victim], signal.SIGKILL)
+
+    f.before_gather = kill
+    value, (gx, gw) = f(x, w)
+    value0, (gx0, gw0) = vg(x, w)
+    close(value, value0), close(gx, gx0), close(gw, gw0)
+    assert victim not in client.scheduler_info(n_workers=-1)["workers"]
+    client.wait_for_workers(2, timeout=60)
+
+
+# ------------------------------------------------------------------ the examples, sharded on numba (the default)
+
+@pytest.mark.parametrize("name", ["megatron", "vocabulary_parallel", "kmeans"])
+def test_examples_run_sharded(client, name):
+    from helpers import load_example
+
+    assert getattr(load_example("sharded"), name)(client) < 1e-12
