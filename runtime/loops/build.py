@@ -31,7 +31,8 @@ from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMu
                              StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
-from .nest import Assign, Buffer, Loop, Node, Store
+from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
+from .nest import Assign, Buffer, If, Loop, Node, Store
 
 # The scalar language the backends share (runtime/numba_backend/codegen.py writes lambdas in it too).
 TEMPLATES = {
@@ -56,14 +57,22 @@ class Scalar:
     expr: str
     dtype: np.dtype
     shape: tuple = ()
+    zero_unless: str | None = None  # the value is 0 unless this condition (computed before) holds
 
 
 @dataclass(frozen=True)
 class Pull:
+    """An array computed where its elements are read, and what is known of it without computing it (facts.py)."""
+
     shape: tuple[int, ...]
     dtype: np.dtype
     element: Callable[["Writer", tuple[str, ...]], str]
     heavy: bool  # computing an element runs a loop
+    zero_unless: str | None = None  # every element is 0 unless this condition holds
+    onehot: tuple[int, str] | None = None  # element idx is 0 unless idx[axis] == this scalar
+    index_axis: int | None = None  # element idx equals idx[axis] (an iota, broadcast or reshaped)
+    splat: str | None = None  # every element equals this scalar
+    equals: tuple[int, str] | None = None  # element idx is (idx[axis] == this scalar)
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,29 @@ class Writer:
         fill(index)
         body = self.blocks.pop()
         self.emit(Loop(index, int(extent), tuple(body)))
+
+    def guarded(self, cond: str, fill: Callable[[], None]) -> None:
+        """fill() inside `if cond:`."""
+        self.blocks.append([])
+        fill()
+        body = self.blocks.pop()
+        self.emit(If(cond, tuple(body)))
+
+    def each_nonzero(self, value: Value, fill: Callable[[tuple[str, ...]], None]) -> None:
+        """fill(index) for every index of `value` that may hold a nonzero: all of them, or where `value` is
+        one-hot, those at its one index along its axis (none if that index is out of range)."""
+        onehot = getattr(value, "onehot", None)
+        if onehot is None:
+            self.each_index(value.shape, fill)
+            return
+        axis, s = onehot
+        rest = value.shape[:axis] + value.shape[axis + 1:]
+        at = self.assign(f"np.int64({s})", "h")
+
+        def inner(idx: tuple) -> None:
+            fill(idx[:axis] + (at,) + idx[axis:])
+
+        self.guarded(f"0 <= {at} < {value.shape[axis]}", lambda: self.each_index(rest, inner))
 
     def element(self, value: Value, index: Sequence[str]) -> str:
         if isinstance(value, Scalar):
@@ -202,7 +234,8 @@ def _elementwise(w: Writer, prim: Elementwise, args: list[Value], out_avals) -> 
     def element(w: Writer, idx: tuple) -> str:
         return wrap(template.format(*(w.element(a, idx if a.shape else ()) for a in args)))
 
-    return [_scalar_or_pull(w, out.shape, out.dtype, element, _heavy(*args))]
+    value = _scalar_or_pull(w, out.shape, out.dtype, element, _heavy(*args))
+    return [with_facts(value, elementwise_facts(prim.op, args, value))]
 
 
 @_rules.register(Convert)
@@ -214,7 +247,8 @@ def _convert(w: Writer, prim: Convert, args: list[Value], out_avals) -> list[Val
         e = w.element(x, idx)
         return f"({e} != 0)" if to == np.bool_ and x.dtype != np.bool_ else f"np.{to.name}({e})"
 
-    return [_scalar_or_pull(w, out.shape, to, element, _heavy(x))]
+    value = _scalar_or_pull(w, out.shape, to, element, _heavy(x))
+    return [value if to == np.bool_ else with_facts(value, elementwise_facts("convert", [x], value))]
 
 
 @_rules.register(StopGradient)
@@ -225,7 +259,7 @@ def _stop_gradient(w: Writer, prim, args: list[Value], out_avals) -> list[Value]
 @_rules.register(Iota)
 def _iota(w: Writer, prim: Iota, args, out_avals) -> list[Value]:
     dtype = np.dtype(prim.dtype)
-    return [Pull((prim.n,), dtype, lambda w, idx: f"np.{dtype.name}({idx[0]})", False)]
+    return [Pull((prim.n,), dtype, lambda w, idx: f"np.{dtype.name}({idx[0]})", False, index_axis=0)]
 
 
 @_rules.register(BroadcastTo)
@@ -236,7 +270,9 @@ def _broadcast(w: Writer, prim: BroadcastTo, args: list[Value], out_avals) -> li
     def element(w: Writer, idx: tuple) -> str:
         return w.element(x, tuple("0" if n == 1 else i for i, n in zip(idx[lead:], x.shape)))
 
-    return [Pull(shape, x.dtype, element, _heavy(x)) if shape else x]
+    if not shape:
+        return [x]
+    return [with_facts(Pull(shape, x.dtype, element, _heavy(x)), broadcast_facts(x, lead))]
 
 
 def _strides(shape: tuple[int, ...]) -> list[int]:
@@ -250,14 +286,16 @@ def _reshape(w: Writer, prim: Reshape, args: list[Value], out_avals) -> list[Val
         return [x]
     if math.prod(shape) == 1:  # to or from a single element
         one = w.element(x, ("0",) * len(x.shape))
-        return [Scalar(w.assign(one), x.dtype) if shape == () else Pull(shape, x.dtype, lambda w, idx: one, False)]
+        if shape == ():
+            return [Scalar(w.assign(one), x.dtype, zero_unless=x.zero_unless)]
+        return [Pull(shape, x.dtype, lambda w, idx: one, False, zero_unless=x.zero_unless)]
     out_strides, in_strides = _strides(shape), _strides(x.shape)
 
     def element(w: Writer, idx: tuple) -> str:
         flat = " + ".join(f"{i} * {s}" for i, s in zip(idx, out_strides) if s) or "0"
         return w.element(x, tuple(f"(({flat}) // {s}) % {n}" for s, n in zip(in_strides, x.shape)))
 
-    return [Pull(shape, x.dtype, element, _heavy(x))]
+    return [with_facts(Pull(shape, x.dtype, element, _heavy(x)), reshape_facts(x, shape))]
 
 
 @_rules.register(Transpose)
@@ -329,10 +367,14 @@ def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value
 
 
 def _row(w: Writer, x: Value, i: str) -> Value:
-    """Row `i` of x (a map's element)."""
+    """Row `i` of x (a map's element); a one-hot x's row is zero unless i is its index."""
+    onehot = getattr(x, "onehot", None)
+    zero_unless = f"({i} == {onehot[1]})" if onehot is not None and onehot[0] == 0 else None
     if x.shape[1:] == ():
-        return Scalar(w.assign(w.element(x, (i,))), x.dtype)
-    return Pull(x.shape[1:], x.dtype, lambda w, idx: w.element(x, (i,) + idx), _heavy(x))
+        return Scalar(w.assign(w.element(x, (i,))), x.dtype, zero_unless=zero_unless)
+    inner = (onehot[0] - 1, onehot[1]) if onehot is not None and onehot[0] > 0 else None
+    return Pull(x.shape[1:], x.dtype, lambda w, idx: w.element(x, (i,) + idx), _heavy(x), zero_unless=zero_unless,
+                onehot=inner)
 
 
 @_rules.register(Map)
@@ -344,13 +386,33 @@ def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
     if _has_loops(prim.body) and (len(out_avals) > 1 or any(len(a.shape) > 1 for a in out_avals)):
         return _stored_map(w, prim, consts, xs, out_avals)
 
+    vanishing = _vanishing_outputs(w, prim, consts, xs)
+
     def output(k: int, aval) -> Value:
         def element(w: Writer, idx: tuple) -> str:
             return w.element(map_row(w, prim.body, consts, xs, idx[0])[k], idx[1:])
 
-        return Pull(tuple(aval.shape), aval.dtype, element, heavy)
+        return Pull(tuple(aval.shape), aval.dtype, element, heavy, onehot=vanishing.get(k))
 
     return [output(k, aval) for k, aval in enumerate(out_avals)]
+
+
+_ROW = "__row__"
+
+
+def _vanishing_outputs(w: Writer, prim: Map, consts, xs) -> dict[int, tuple[int, str]]:
+    """The map's results that are one-hot along its axis because their rows vanish with a row of a one-hot
+    argument: the body written once for a placeholder row (the text thrown away) tells which."""
+    hot = [x.onehot[1] for x in xs if getattr(x, "onehot", None) is not None and x.onehot[0] == 0]
+    if not hot:
+        return {}
+    w.blocks.append([])
+    try:
+        outs = map_row(w, prim.body, consts, xs, _ROW)
+    finally:
+        w.blocks.pop()
+    conditions = {f"({_ROW} == {s})": s for s in hot}
+    return {k: (0, conditions[o.zero_unless]) for k, o in enumerate(outs) if getattr(o, "zero_unless", None) in conditions}
 
 
 def map_row(w: Writer, body: Program, consts: Sequence[Value], xs: Sequence[Value], i: str) -> list[Value]:

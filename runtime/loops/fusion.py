@@ -54,17 +54,16 @@ def _candidate(stmt: Let) -> bool:
 def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
     """The statements that fold over the map `stmt`'s rows, one reading all its results (a reduce) or one
     per result (sums over the map's axis), each result read by them alone; None if there are none such."""
-    if any(uses[v] != 1 for v in stmt.outs):
+    used = [v for v in stmt.outs if uses[v]]  # a result nothing reads (a jvp's primal beside its tangent) is dropped
+    if not used or any(uses[v] != 1 for v in used):
         return None
-    found = list(dict.fromkeys(readers.get(v) for v in stmt.outs))
-    if None in found:
-        return None
-    if all(isinstance(r.prim, SumAxes) and tuple(r.prim.axes) == (0,) for r in found) and len(found) == len(stmt.outs):
+    found = list(dict.fromkeys(readers.get(v) for v in used))
+    if all(isinstance(r.prim, SumAxes) and tuple(r.prim.axes) == (0,) for r in found) and len(found) == len(used):
         return found
     if len(found) == 1 and isinstance(found[0].prim, Reduce):
         reader = found[0]
         leaves = reader.args[reader.prim.num_consts + reader.prim.num_leaves:]
-        if (set(leaves) == set(stmt.outs) and all(v.aval.ndim == 1 for v in stmt.outs)
+        if (set(leaves) == set(used) and all(v.aval.ndim == 1 for v in used)
                 and nestable(reader.prim.body) is None):
             return found
     return None
@@ -199,7 +198,7 @@ def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: lis
         row, aval = by_var[reader.args[0]], reader.outs[0].aval
         state = State(w.fresh("state"), tuple(aval.shape), aval.dtype, output, stored=True)
         dt = aval.dtype.name
-        w.each_index(state.shape, lambda idx: w.emit(Store(
+        w.each_nonzero(row, lambda idx: w.emit(Store(
             state.name, idx, f"np.{dt}({_at(state.name, idx)} + {w.element(row, idx)})")))
         init += _fill(w, state, "0")
         w.blocks.append(merge)

@@ -50,7 +50,15 @@ class Store:
     expr: str
 
 
-Node = Union[Assign, Loop, Buffer, Store]
+@dataclass(frozen=True)
+class If:
+    """body, where cond holds (a one-hot array's index in range)."""
+
+    cond: str
+    body: tuple
+
+
+Node = Union[Assign, Loop, Buffer, Store, If]
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ def buffers(nodes: tuple) -> list[Buffer]:
     for node in nodes:
         if isinstance(node, Buffer):
             found.append(node)
-        elif isinstance(node, Loop):
+        elif isinstance(node, (Loop, If)):
             found += buffers(node.body)
     return found
 
@@ -160,6 +168,9 @@ def _describe_nodes(nodes: tuple, indent: int) -> list[str]:
             lines.append(f"{pad}{node.target}[{', '.join(node.index)}] = {node.expr}")
         elif isinstance(node, Buffer):
             lines.append(f"{pad}{node.name} = buffer {node.dtype.name}{list(node.shape)}")
+        elif isinstance(node, If):
+            lines.append(f"{pad}if {node.cond}:")
+            lines += _describe_nodes(node.body, indent + 2)
         else:
             lines.append(f"{pad}for {node.index} < {node.extent}:")
             lines += _describe_nodes(node.body, indent + 2)

@@ -1,8 +1,9 @@
 """Loop nests (runtime/loops) as Numba kernels: the outer traversal a prange, split into chunks for a fold.
 
-A ParallelMap is `for i in prange(extent)`. A ParallelFold runs `chunks` chunks of consecutive indices in a
-prange, each folding its elements into states of its own, and then folds the chunks' states in chunk order
-after the prange: the operator sees its operands in order, and the result does not depend on the threads.
+Both run `chunks` chunks of consecutive indices in a prange. A ParallelFold's chunk folds its elements into
+states of its own, and the chunks' states are folded in chunk order after the prange: the operator sees its
+operands in order, and the result does not depend on the threads. The small buffers an iteration uses are
+allocated once per chunk (every one is written before it is read within an iteration), not per index.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
-from fold.runtime.loops.nest import Assign, Buffer, Kernel, Loop, ParallelFold, ParallelMap, Store
+from fold.runtime.loops.nest import Assign, Buffer, If, Kernel, Loop, ParallelFold, ParallelMap, Store, buffers
 
 from . import scalar_helpers
 from .lowering import numba_impls
@@ -29,8 +30,9 @@ def kernel_source(kernel: Kernel) -> str:
     lines = [f"def kernel({', '.join(params)}):"]
     outer = kernel.outer
     if isinstance(outer, ParallelMap):
-        lines.append(f"    for {outer.index} in prange({outer.extent}):")
-        lines += _nodes(outer.body, 8)
+        lines += [f"    for chunk in prange(chunks):", *_chunk_bounds("chunk", outer.extent),
+                  *_allocations(outer.body, 8), f"        for {outer.index} in range(lo, hi):",
+                  *_nodes(outer.body, 12, hoisted=True)]
     else:
         lines += _fold_lines(outer)
     return "\n".join([
@@ -47,12 +49,10 @@ def _fold_lines(fold: ParallelFold) -> list[str]:
     for s in fold.states:
         shape = (s.shape or (1,)) if s.stored else ()
         lines.append(f"    {fold.partial}{s.name} = np.empty((chunks, {', '.join(map(str, shape))}), np.{s.dtype.name})")
-    lines += [f"    for {fold.chunk} in prange(chunks):",
-              f"        lo = ({fold.chunk} * {fold.extent}) // chunks",
-              f"        hi = (({fold.chunk} + 1) * {fold.extent}) // chunks"]
-    lines += _nodes(fold.init, 8)
+    lines += [f"    for {fold.chunk} in prange(chunks):", *_chunk_bounds(fold.chunk, fold.extent)]
+    lines += _nodes(fold.init, 8) + _allocations(fold.step, 8)
     lines.append(f"        for {fold.index} in range(lo, hi):")
-    lines += _nodes(fold.step, 12)
+    lines += _nodes(fold.step, 12, hoisted=True)
     for s in fold.states:
         lines.append(f"        {fold.partial}{s.name}[{fold.chunk}] = {s.name}")
     lines += _nodes(fold.init, 4)
@@ -63,7 +63,20 @@ def _fold_lines(fold: ParallelFold) -> list[str]:
     return lines
 
 
-def _nodes(nodes: tuple, indent: int) -> list[str]:
+def _chunk_bounds(chunk: str, extent: int) -> list[str]:
+    return [f"        lo = ({chunk} * {extent}) // chunks", f"        hi = (({chunk} + 1) * {extent}) // chunks"]
+
+
+def _allocations(nodes: tuple, indent: int) -> list[str]:
+    return [_allocation(b, indent) for b in buffers(nodes)]
+
+
+def _allocation(node: Buffer, indent: int) -> str:
+    return f"{' ' * indent}{node.name} = np.empty(({', '.join(map(str, node.shape or (1,)))},), np.{node.dtype.name})"
+
+
+def _nodes(nodes: tuple, indent: int, hoisted: bool = False) -> list[str]:
+    """The nodes' lines; `hoisted`: their buffers are allocated before (once per chunk)."""
     pad, lines = " " * indent, []
     for node in nodes:
         if isinstance(node, Assign):
@@ -71,10 +84,14 @@ def _nodes(nodes: tuple, indent: int) -> list[str]:
         elif isinstance(node, Store):
             lines.append(f"{pad}{node.target}[{', '.join(node.index) or '0'}] = {node.expr}")
         elif isinstance(node, Buffer):
-            lines.append(f"{pad}{node.name} = np.empty(({', '.join(map(str, node.shape or (1,)))},), np.{node.dtype.name})")
+            if not hoisted:
+                lines.append(_allocation(node, indent))
         elif isinstance(node, Loop):
             lines.append(f"{pad}for {node.index} in range({node.extent}):")
-            lines += _nodes(node.body, indent + 4) or [f"{pad}    pass"]
+            lines += _nodes(node.body, indent + 4, hoisted) or [f"{pad}    pass"]
+        elif isinstance(node, If):
+            lines.append(f"{pad}if {node.cond}:")
+            lines += _nodes(node.body, indent + 4, hoisted) or [f"{pad}    pass"]
     return lines
 
 

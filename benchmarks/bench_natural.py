@@ -1,0 +1,237 @@
+"""Programs written the obvious way, with nested map and reduce (issue 39): fold's numba backend against JAX
+jit of the same formulation (jax.vmap for each map) and against the best form in fold where one exists (the
+matrix-product form of k-means).
+
+Cases: the k-means cost (n points, k centroids, d dimensions: a map of a reduce(min) of a map of a
+reduce(sum)), its gradient with respect to the centroids and its Hessian-vector product; the negative
+log-likelihood of a Gaussian mixture with unit variances as a map over points of a logsumexp over components;
+a row-wise logsumexp; softmax cross-entropy written with map and reduce (a map over rows of the logits and
+one-hot targets); the minimum pairwise squared distance between two point sets; a three-deep nest whose
+innermost map captures a weight vector. Gradients are of the summed output with respect to the first argument.
+
+Each (case, implementation, mode) runs in a fresh process (`--worker`), with fold's freed-memory retention off
+(FOLD_KEEP_FREED_MEMORY=0) and glibc returning big buffers to the system at once (MALLOC_MMAP_THRESHOLD_,
+MALLOC_TRIM_THRESHOLD_), so that the peak RSS of the measured call (VmHWM, reset before it, less the RSS
+before it) is the call's own and not hidden by a warm-up call's retained heap. Times are warm medians.
+
+Targets (issue 39): fold's natural form no slower than JAX's same formulation and within 1.5x of fold's best
+form; gradient and Hessian-vector product peak memory at most 2x the inputs plus outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .bench_gemm import _current_rss_bytes, _peak_rss_bytes, _reset_peak_rss
+from .common import RESULTS_DIR, machine, plot_ratios, write_json
+
+MODES = ("primal", "grad", "hvp")
+
+
+def sizes(quick: bool) -> dict[str, dict[str, int]]:
+    if quick:
+        return {"kmeans": dict(n=2000, d=8, k=16), "gmm": dict(n=2000, d=8, k=8), "logsumexp": dict(n=200, m=100),
+                "cross_entropy": dict(n=200, m=100), "min_pairwise": dict(n=300, m=200, d=3),
+                "three_deep": dict(n=100, m=8, d=8)}
+    return {"kmeans": dict(n=10**6, d=16, k=64), "gmm": dict(n=2 * 10**5, d=16, k=32),
+            "logsumexp": dict(n=10**4, m=1000), "cross_entropy": dict(n=4096, m=8192),
+            "min_pairwise": dict(n=4096, m=4096, d=3), "three_deep": dict(n=10**4, m=16, d=16)}
+
+
+def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    if case == "kmeans":
+        return rng.normal(size=(s["k"], s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
+    if case == "gmm":
+        return rng.normal(size=(s["k"], s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
+            np.log(np.full(s["k"], 1.0 / s["k"], f32))
+    if case == "logsumexp":
+        return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
+    if case == "cross_entropy":
+        targets = rng.integers(0, s["m"], s["n"])
+        return rng.normal(size=(s["n"], s["m"])).astype(f32), np.eye(s["m"], dtype=f32)[targets]
+    if case == "min_pairwise":
+        return rng.normal(size=(s["n"], s["d"])).astype(f32), rng.normal(size=(s["m"], s["d"])).astype(f32)
+    return rng.normal(size=(s["n"], s["m"], s["d"])).astype(f32), rng.normal(size=s["d"]).astype(f32)
+
+
+def fold_natural(case: str) -> Callable:
+    import fold
+
+    M = fold.monoids
+    if case == "kmeans":
+        return lambda C, P: fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.map(
+            lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P))
+    if case == "gmm":
+        return lambda Mu, X, logw: -fold.reduce(M.sum, fold.map(lambda x: fold.reduce(M.logaddexp, fold.map(
+            lambda mu, lw: lw - 0.5 * fold.reduce(M.sum, (x - mu) * (x - mu)), Mu, logw)), X))
+    if case == "logsumexp":
+        return lambda X: fold.reduce(M.sum, fold.map(lambda r: fold.reduce(M.logaddexp, r), X))
+    if case == "cross_entropy":
+        return lambda L, T: fold.reduce(M.sum, fold.map(
+            lambda r, t: fold.reduce(M.logaddexp, r) - fold.reduce(M.sum, r * t), L, T))
+    if case == "min_pairwise":
+        return lambda A, B: fold.reduce(M.min, fold.map(lambda a: fold.reduce(M.min, fold.map(
+            lambda b: fold.reduce(M.sum, (a - b) * (a - b)), B)), A))
+    return lambda X, w: fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.max, fold.map(
+        lambda r: fold.reduce(M.logaddexp, fold.map(lambda x, v: fold.tanh(x * v), r, w)), m)), X))
+
+
+def fold_best(case: str) -> Callable | None:
+    """The matrix-product form, where there is one (k-means: |p|^2 - 2 C p + |c|^2)."""
+    if case != "kmeans":
+        return None
+    from .bench_numba import kmeans_matmul
+
+    return lambda C, P: kmeans_matmul(P, C)
+
+
+def jax_natural(case: str) -> Callable:
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy.special import logsumexp
+
+    vmap = jax.vmap
+    if case == "kmeans":
+        return lambda C, P: jnp.sum(vmap(lambda p: jnp.min(vmap(lambda c: jnp.sum((p - c) * (p - c)))(C)))(P))
+    if case == "gmm":
+        return lambda Mu, X, logw: -jnp.sum(vmap(lambda x: logsumexp(vmap(
+            lambda mu, lw: lw - 0.5 * jnp.sum((x - mu) * (x - mu)))(Mu, logw)))(X))
+    if case == "logsumexp":
+        return lambda X: jnp.sum(vmap(logsumexp)(X))
+    if case == "cross_entropy":
+        return lambda L, T: jnp.sum(vmap(lambda r, t: logsumexp(r) - jnp.sum(r * t))(L, T))
+    if case == "min_pairwise":
+        return lambda A, B: jnp.min(vmap(lambda a: jnp.min(vmap(lambda b: jnp.sum((a - b) * (a - b)))(B)))(A))
+    return lambda X, w: jnp.sum(vmap(lambda m: jnp.max(vmap(lambda r: logsumexp(jnp.tanh(r * w)))(m)))(X))
+
+
+def program(case: str, impl: str, mode: str, args: tuple) -> Callable[[], Any] | None:
+    """The timed call: f, its gradient with respect to the first argument, or a Hessian-vector product."""
+    tangent = np.random.default_rng(1).normal(size=args[0].shape).astype(args[0].dtype)
+    if impl == "jax":
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
+        f = jax_natural(case)
+        g = jax.grad(f)
+        fn = {"primal": f, "grad": g,
+              "hvp": lambda *a: jax.jvp(lambda x: g(x, *a[1:]), (a[0],), (tangent,))[1]}[mode]
+        jitted = jax.jit(fn)
+        return lambda: jax.block_until_ready(jitted(*args))
+    import fold
+
+    f = fold_natural(case) if impl == "fold" else fold_best(case)
+    if f is None:
+        return None
+    g = fold.grad(f)
+    zeros = tuple(np.zeros_like(a) for a in args[1:])
+    fn = {"primal": f, "grad": g, "hvp": lambda *a: fold.jvp(g, a, (tangent,) + zeros)[1]}[mode]
+    jitted = fold.jit(fn)
+    return lambda: jitted(*args)
+
+
+def worker(spec: dict) -> dict:
+    args = inputs(spec["case"], spec["sizes"])
+    call = program(spec["case"], spec["impl"], spec["mode"], args)
+    if call is None:
+        return {"skipped": "no such form"}
+    start = time.perf_counter()
+    result = call()
+    first = time.perf_counter() - start
+    samples = []
+    for _ in range(spec["repeats"]):
+        start = time.perf_counter()
+        result = call()
+        samples.append(time.perf_counter() - start)
+        if sum(samples) > spec["budget"]:
+            break
+    del result
+    before = _current_rss_bytes()
+    reset_ok = _reset_peak_rss()
+    result = call()
+    peak = _peak_rss_bytes(reset_ok) - before
+    out_bytes = sum(np.asarray(r).nbytes for r in (result if isinstance(result, (tuple, list)) else (result,)))
+    return {"seconds": float(np.median(samples)), "samples": samples, "first_call_seconds": first,
+            "peak_bytes": int(peak), "io_bytes": int(sum(a.nbytes for a in args) + out_bytes),
+            "peak_source": "VmHWM reset before the call" if reset_ok else "ru_maxrss"}
+
+
+def run_worker(spec: dict, timeout: float) -> dict:
+    env = dict(os.environ, FOLD_KEEP_FREED_MEMORY="0", MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    try:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.bench_natural", "--worker", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_natural", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default="", help="comma-separated cases")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per worker process")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return {}
+    chosen = [c for c in sizes(args.quick) if not args.only or c in args.only.split(",")]
+    records = []
+    for case in chosen:
+        s = sizes(args.quick)[case]
+        for mode in MODES:
+            row: dict[str, Any] = {"case": case, "mode": mode, "sizes": s}
+            for impl in ("fold", "jax", "fold_best"):
+                spec = {"case": case, "impl": impl, "mode": mode, "sizes": s, "repeats": args.repeats,
+                        "budget": 20.0}
+                row[impl] = run_worker(spec, args.timeout)
+            fold_s = row["fold"].get("seconds")
+            for ref in ("jax", "fold_best"):
+                ref_s = row[ref].get("seconds")
+                row[f"ratio_vs_{ref}"] = fold_s / ref_s if fold_s and ref_s else None
+            peak, io = row["fold"].get("peak_bytes"), row["fold"].get("io_bytes")
+            row["peak_over_io"] = peak / io if peak is not None and io else None
+            records.append(row)
+            print(_line(row), flush=True)
+    payload = {"machine": machine(), "quick": args.quick, "records": records}
+    name = "natural_quick" if args.quick else "natural"
+    write_json(RESULTS_DIR / f"{name}.json", payload)
+    bars = []
+    for r in records:
+        for ref, target in (("jax", 1.0), ("fold_best", 1.5)):
+            if r.get(f"ratio_vs_{ref}") is not None:
+                bars.append({"name": f"{r['case']} {r['mode']}", "reference": ref.replace("_", " "),
+                             "ratio": r[f"ratio_vs_{ref}"], "target": target,
+                             "passed": r[f"ratio_vs_{ref}"] <= target})
+    plot_ratios(RESULTS_DIR / f"{name}.png", bars, "natural nested programs: fold numba backend / reference (time)",
+                machine()["cpu"])
+    return payload
+
+
+def _line(row: dict) -> str:
+    def ms(r: dict) -> str:
+        return f"{1e3 * r['seconds']:.1f} ms" if "seconds" in r else r.get("error", r.get("skipped", "?"))[:60]
+
+    def mb(r: dict) -> str:
+        return f"{r['peak_bytes'] / 2**20:.0f} MB" if "peak_bytes" in r else "-"
+
+    return (f"{row['case']:>14} {row['mode']:>6}: fold {ms(row['fold'])} ({mb(row['fold'])}), jax {ms(row['jax'])} "
+            f"({mb(row['jax'])}), best {ms(row['fold_best'])}; peak/io {row['peak_over_io'] or 0:.2f}")
+
+
+if __name__ == "__main__":
+    main()

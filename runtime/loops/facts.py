@@ -1,0 +1,107 @@
+"""What is known of a value without computing it: where it must be zero.
+
+A gradient often makes an array that is zero but at one index: a min or max reduction's cotangent goes to
+the first index where the extremum is attained, `where(iota(k) == first, ct, 0)`. A nest that added up such
+an array element by element would do k times the work it needs. These facts let the consumers skip it:
+
+- `index_axis`: the element at idx is idx[axis] (an iota, broadcast or reshaped);
+- `splat`: every element is one scalar (a broadcast scalar);
+- `equals`: the element at idx is (idx[axis] == s), from comparing the two above;
+- `onehot`: the element at idx is 0 unless idx[axis] == s: `where(equals, x, 0)`, kept by products, negation,
+  conversion, and by a map whose rows vanish with such a row;
+- `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
+  what products and sums of such rows make.
+
+A consumer that adds up a one-hot array (a sum over the map's axis, a sum over the one-hot axis, a matrix
+product contracting it) reads the one index s instead of all of them, and none when s is out of range. As
+in a sparse product, 0 * inf at the skipped indices is taken as 0 where the dense sum would give NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+_PRODUCTS = {"mul"}
+_KEEPS = {"neg", "convert"}  # f(0) == 0 for these unary operations
+_SUMS = {"add", "sub"}
+
+
+def with_facts(value: Any, facts: dict) -> Any:
+    """`value` with the facts that apply to its kind (a Scalar carries only zero_unless)."""
+    allowed = {f.name for f in dataclasses.fields(value)}
+    facts = {k: v for k, v in facts.items() if k in allowed and v is not None}
+    return dataclasses.replace(value, **facts) if facts else value
+
+
+def _fact(value: Any, name: str) -> Any:
+    return getattr(value, name, None)
+
+
+def _splat(value: Any) -> str | None:
+    """The scalar every element of `value` equals, where that is known."""
+    if value.shape == () and hasattr(value, "expr"):
+        return value.expr
+    return _fact(value, "splat")
+
+
+def is_zero(value: Any) -> bool:
+    from .build import literal
+
+    return value.shape == () and hasattr(value, "expr") and value.expr in (literal(0, value.dtype), literal(0.0, value.dtype))
+
+
+def elementwise_facts(op: str, args: list, out: Any) -> dict:
+    """The facts of `op`'s result from its arguments'."""
+    if op == "eq":
+        for x, y in ((args[0], args[1]), (args[1], args[0])):
+            axis, s = _fact(x, "index_axis"), _splat(y)
+            if axis is not None and s is not None:
+                return {"equals": (axis, s)}
+        return {}
+    if op == "where":
+        cond, a, b = args
+        if not is_zero(b):
+            return {}
+        onehot = _fact(cond, "equals") or _fact(a, "onehot")
+        return {"onehot": onehot, "zero_unless": _fact(a, "zero_unless")}
+    if op in _KEEPS:
+        return {"onehot": _fact(args[0], "onehot"), "zero_unless": _fact(args[0], "zero_unless")}
+    if op in _PRODUCTS:
+        return {"onehot": _fact(args[0], "onehot") or _fact(args[1], "onehot"),
+                "zero_unless": _fact(args[0], "zero_unless") or _fact(args[1], "zero_unless")}
+    if op in _SUMS:
+        same = {name: _fact(args[0], name) for name in ("onehot", "zero_unless")
+                if _fact(args[0], name) is not None and _fact(args[0], name) == _fact(args[1], name)}
+        return same
+    return {}
+
+
+def broadcast_facts(x: Any, lead: int) -> dict:
+    """A broadcast adds `lead` axes in front: axis facts move with it, and a scalar becomes a splat."""
+    def moved(fact):  # an axis of length 1 that the broadcast stretches no longer holds one index apart
+        return None if fact is None or x.shape[fact[0]] == 1 else (fact[0] + lead,) + tuple(fact[1:])
+
+    facts = {"zero_unless": _fact(x, "zero_unless"), "onehot": moved(_fact(x, "onehot")),
+             "equals": moved(_fact(x, "equals")), "splat": _splat(x)}
+    axis = _fact(x, "index_axis")
+    if axis is not None and x.shape[axis] != 1:
+        facts["index_axis"] = axis + lead
+    return facts
+
+
+def reshape_facts(x: Any, shape: tuple[int, ...]) -> dict:
+    """A reshape that only adds or drops axes of length 1 keeps the axis facts, renumbered."""
+    kept = [n for n in x.shape if n != 1]
+    if kept != [n for n in shape if n != 1]:
+        return {"zero_unless": _fact(x, "zero_unless"), "splat": _fact(x, "splat")}
+    old = [j for j, n in enumerate(x.shape) if n != 1]
+    new = [j for j, n in enumerate(shape) if n != 1]
+    where = dict(zip(old, new))
+
+    def moved(fact):
+        return None if fact is None or fact[0] not in where else (where[fact[0]],) + tuple(fact[1:])
+
+    axis = _fact(x, "index_axis")
+    return {"zero_unless": _fact(x, "zero_unless"), "splat": _fact(x, "splat"), "onehot": moved(_fact(x, "onehot")),
+            "equals": moved(_fact(x, "equals")), "index_axis": where.get(axis) if axis is not None else None}
