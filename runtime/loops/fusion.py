@@ -58,6 +58,8 @@ def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
     if not used or any(uses[v] != 1 for v in used):
         return None
     found = list(dict.fromkeys(readers.get(v) for v in used))
+    if None in found:  # a result the program returns
+        return None
     if all(isinstance(r.prim, SumAxes) and tuple(r.prim.axes) == (0,) for r in found) and len(found) == len(used):
         return found
     if len(found) == 1 and isinstance(found[0].prim, Reduce):
