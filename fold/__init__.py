@@ -82,6 +82,7 @@ _LAZY = {
     "grad": ("fold.ad", "grad"),
     "value_and_grad": ("fold.ad", "value_and_grad"),
     "check_monoid": ("fold.ad.monoid_laws", "check_monoid"),
+    "check_operator": ("fold.ad.monoid_laws", "check_operator"),
     "compare_rules": ("fold.ad.compare", "compare_rules"),
 }
 

@@ -17,6 +17,7 @@ from fold.ir import Program
 from fold.tracing import Tracer, current_scope
 
 from .backends import get_backend
+from .operator_checks import check_identities, check_mode, has_user_folds
 
 
 def _finish(outs: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -162,7 +163,8 @@ class Jitted:
         backend = get_backend(self.backend)
         key = (backend.name, signature)
         entry = self._compiled.get(key)
-        if entry is None:
+        first_call = entry is None
+        if first_call:
             start = time.perf_counter()
             program = trace_signature(self.f, signature)
             entry = (program, backend.compile(dce(program)))  # what the outputs do not need is never run
@@ -173,6 +175,8 @@ class Jitted:
             self._by_arrays[(backend.name, arrays)] = entry
         program, compiled = entry
         inputs = [np.asarray(leaf) for leaf in leaves]
+        if first_call and check_mode() and has_user_folds(program):
+            check_identities(dce(program), inputs)  # check mode: identities checked on the data, once per signature
         return program.out_tree.unflatten(_finish(compiled(inputs), inputs))
 
 
