@@ -208,3 +208,65 @@ def test_check_operator_judges_the_identity_on_the_data_given():
     assert fold.check_operator(op, 0.0, np.linspace(0.5, 3.0, 20)).ok
     report = fold.check_operator(op, 0.0, -np.linspace(0.5, 3.0, 20))
     assert not report["left identity"].holds and float(report["left identity"].counterexample["a"]) < 0, report
+
+
+# --- concurrency ------------------------------------------------------------------------------------------
+
+def test_two_processes_compiling_into_one_cache_both_get_the_answer(tmp_path):
+    env = {"FOLD_CACHE_DIR": str(tmp_path / "fold"), "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "FOLD_BACKEND": "numba"}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, "normal"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1]) == {"y": 120.0, "warnings": []}, out
+    assert _child(tmp_path) == {"y": 120.0, "warnings": []}  # what they left is whole
+    assert not list((tmp_path / "fold" / "kernels").glob("*.tmp"))
+
+
+def test_threads_calling_one_jitted_function_agree():
+    f = fold.jit(lambda a: fold.scan(lambda p, q: p + q * 1.0, a, identity=0.0), backend="numba")
+    x = np.random.default_rng(1).standard_normal((8, 2000))
+    want = [np.asarray(fold.jit(lambda a: fold.scan(lambda p, q: p + q * 1.0, a, identity=0.0),
+                                backend="numpy")(row)) for row in x]
+    got: dict[int, np.ndarray] = {}
+
+    def call(i: int) -> None:
+        got[i] = np.asarray(f(x[i]))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(x))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(len(x)):
+        np.testing.assert_allclose(got[i], want[i], rtol=1e-12, atol=1e-12)
+
+
+# --- huge allocations -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [lambda x: fold.replicate(10**12, x), lambda x: fold.iota(10**12) * 0.0 + x],
+                         ids=["replicate", "iota"])
+def test_an_allocation_too_large_is_a_fold_error_naming_the_size(make):
+    with pytest.raises(fold.FoldRuntimeError, match=r"1000000000000"):
+        fold.run(make, np.float64(1.0))
+
+
+# --- non-finite inputs at the monoids' edges --------------------------------------------------------------
+
+@pytest.mark.parametrize("rule", ["auto", "generic", "monoid"])
+def test_logaddexp_gradient_at_plus_inf_is_the_inf_elements(rule):
+    """d/dx_i logaddexp(x) = exp(x_i - total): [0, 1] for [1, inf] (it was [0, nan] by the monoid's D)."""
+    g = fold.grad(lambda x: fold.reduce(fold.monoids.logaddexp, x), reduce_rule=rule)(np.array([1.0, np.inf]))
+    np.testing.assert_array_equal(g, [0.0, 1.0])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("monoid, data, want", [
+    ("logaddexp", [-np.inf, -np.inf], -np.inf), ("logaddexp", [np.inf, 1.0], np.inf),
+    ("max", [-np.inf, np.nan, 1.0], np.nan), ("min", [np.inf, np.inf], np.inf), ("sum", [np.inf, -np.inf], np.nan),
+    ("prod", [0.0, np.inf], np.nan)])
+def test_monoids_at_their_edges_agree_with_numpy(backend, monoid, data, want):
+    got = float(fold.jit(lambda x: fold.reduce(getattr(fold.monoids, monoid), x), backend=backend)(np.array(data)))
+    assert got == want or (np.isnan(want) and np.isnan(got)), (monoid, data, got)
