@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -94,19 +93,12 @@ SOURCE_DAMAGE = {
 }
 
 
-@pytest.fixture(scope="module")
-def filled_once(tmp_path_factory):
-    path = tmp_path_factory.mktemp("filled")
-    first = _child(path)
-    assert first == {"y": 120.0, "warnings": []}, first
-    return path
-
-
 @pytest.fixture
-def filled(filled_once, tmp_path):
-    """A cache filled by one process (once per module), copied for each test to damage."""
-    for name in ("fold", "numba"):
-        shutil.copytree(filled_once / name, tmp_path / name)
+def filled(tmp_path):
+    """A cache filled by one process (not copied from another test's: Numba's entries are keyed on the
+    path of the source file)."""
+    first = _child(tmp_path)
+    assert first == {"y": 120.0, "warnings": []}, first
     return tmp_path
 
 
