@@ -25,6 +25,8 @@ demo: $(STAMP)
 # and the tests comparing a backend with numpy directly do not depend on the choice and run once. The cuda
 # backend's tests run on Numba's CUDA simulator unless told otherwise (NUMBA_ENABLE_CUDASIM=0 on a GPU).
 test: export NUMBA_ENABLE_CUDASIM ?= 1
+# check mode: each fold's identity is checked on a sample of its input at a program's first call (runtime/operator_checks.py)
+test: export FOLD_CHECK ?= 1
 test: $(STAMP)
 	FOLD_BACKEND=numba $(PYTEST)
 	FOLD_BACKEND=numpy $(PYTEST) --ignore=tests/test_kernels.py --ignore=tests/test_numba_backend.py --ignore=tests/test_vector_math.py --ignore=tests/test_gemm_backward_fusion.py --ignore=tests/test_product_fold.py --ignore=tests/test_wide_kernels.py --ignore=tests/test_one_hots.py --ignore=tests/test_first_extremes.py --ignore=tests/test_numba_captures.py --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_ptx.py

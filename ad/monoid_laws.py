@@ -31,6 +31,7 @@ class MonoidReport:
     monoid: str
     laws: list[LawResult]
     tolerance: float
+    checker: str = "check_monoid"
 
     @property
     def ok(self) -> bool:
@@ -40,7 +41,7 @@ class MonoidReport:
         return next(result for result in self.laws if result.law == law)
 
     def __str__(self) -> str:
-        lines = [f"check_monoid({self.monoid}): {'all laws hold' if self.ok else 'LAWS FAIL'} (tolerance {self.tolerance:g})"]
+        lines = [f"{self.checker}({self.monoid}): {'all laws hold' if self.ok else 'LAWS FAIL'} (tolerance {self.tolerance:g})"]
         for r in self.laws:
             lines.append(f"  {r.law:<16} {'ok  ' if r.holds else 'FAIL'}  worst relative error {r.worst_error:.3g}")
             if not r.holds:
@@ -182,3 +183,67 @@ class _LawChecker:
 
     def sample(self, batch: list, i: int) -> Any:
         return self.treedef.unflatten([np.asarray(x)[i] for x in batch])
+
+
+def check_operator(op: Any, identity: Any, sample: Any, *, strict: bool = False, samples: int = 64,
+                   tolerance: float | None = None) -> MonoidReport:
+    """Check that `op` is associative and `identity` an identity of it, on elements drawn from `sample`.
+
+    `sample` is a pytree of arrays whose leading axis holds example elements (your data, or a part of it):
+    hypothesis draws triples of them for associativity and single ones for the identity, so the laws are
+    tested on the range the fold will meet, not on a fixed interval. Returns the report of `check_monoid`;
+    with `strict=True` a failing law raises `fold.MonoidLawError` naming the law, the elements and the error.
+
+    >>> import numpy as np, fold
+    >>> fold.check_operator(lambda p, q: p + q + p * q * q, 0.0, np.linspace(-2.0, 2.0, 50)).ok
+    False
+    """
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import strategies as st
+        from hypothesis.extra.numpy import arrays
+    except ImportError as err:  # pragma: no cover - hypothesis is a test extra
+        raise FoldTypeError("fold.check_operator needs hypothesis (pip install 'fold[test]')") from err
+    if isinstance(op, Monoid) or not callable(op):
+        raise FoldTypeError(f"fold.check_operator: op must be a two-argument callable (for a fold.Monoid use "
+                            f"fold.check_monoid), got {type(op).__name__}")
+    leaves, treedef = tree_flatten(sample)
+    leaves = [np.asarray(x) for x in leaves]
+    if not leaves or any(x.ndim == 0 or x.shape[0] != leaves[0].shape[0] for x in leaves) or leaves[0].shape[0] == 0:
+        raise StructureError("fold.check_operator: sample must be arrays with one leading axis of the same, "
+                             f"non-zero length (the example elements), got shapes {[x.shape for x in leaves]}")
+    name = getattr(op, "__name__", type(op).__name__)
+    m = Monoid(op, identity, commutative=False, name=name)
+    dtype = np.result_type(*[x.dtype for x in leaves])
+    tol = tolerance if tolerance is not None else (1e-9 if dtype == np.float64 else 1e-4)
+    laws = ["associativity", "left identity", "right identity"]
+    worst = {law: LawResult(law, True) for law in laws}
+    checker = _LawChecker(m, treedef, [x[0] for x in leaves])
+    count = leaves[0].shape[0]
+
+    def record(law: str, errors: np.ndarray, named: dict) -> None:
+        i = int(np.argmax(errors))
+        if errors[i] > worst[law].worst_error or np.isnan(errors[i]):
+            worst[law] = LawResult(law, bool(errors[i] <= tol), float(errors[i]),
+                                   {k: checker.sample(v, i) for k, v in named.items()})
+
+    picks = arrays(np.intp, (3, samples), elements=st.integers(0, count - 1))
+
+    @settings(max_examples=8, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(picks)
+    def run(rows):
+        a, b, c = ([x[r] for x in leaves] for r in rows)
+        checker._n = samples
+        record("associativity", _rel_error(checker.op(checker.op(a, b), c), checker.op(a, checker.op(b, c))),
+               {"a": a, "b": b, "c": c})
+        e = checker.identity()
+        record("left identity", _rel_error(checker.op(e, a), a), {"a": a})
+        record("right identity", _rel_error(checker.op(a, e), a), {"a": a})
+
+    run()
+    report = MonoidReport(f"{name}, identity {identity!r}", [worst[law] for law in laws], tol, "check_operator")
+    if strict and not report.ok:
+        failing = ", ".join(r.law for r in report.laws if not r.holds)
+        raise MonoidLawError(f"operator {name} with identity {identity!r} breaks: {failing}\n{report}", report)
+    return report

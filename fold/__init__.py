@@ -88,6 +88,7 @@ _LAZY = {
     "linearize": ("fold.ad", "linearize"),
     "vmap": ("fold.batching", "vmap"),
     "check_monoid": ("fold.ad.monoid_laws", "check_monoid"),
+    "check_operator": ("fold.ad.monoid_laws", "check_operator"),
     "compare_rules": ("fold.ad.compare", "compare_rules"),
     "shard": ("fold.runtime.dask_backend", "shard"),
 }

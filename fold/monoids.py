@@ -36,9 +36,10 @@ from .monoid import Monoid
 
 
 def exp_weight(a, c):
-    """exp(a - c), and 0 where c = -inf (then a = -inf too): no NaN, and no NaN in its derivatives."""
+    """exp(a - c), and 0 where c = -inf (then a = -inf too), 1 where a = c (+inf included, where a - c is NaN:
+    the total is the +inf element's, dc/da = 1): no NaN, and no NaN in its derivatives."""
     empty = c == -np.inf
-    return ops.where(empty, 0.0, ops.exp(ops.where(empty, 0.0, a - c)))
+    return ops.where(empty, 0.0, ops.exp(ops.where(empty | (a == c), 0.0, a - c)))
 
 
 def _inner(x, y):

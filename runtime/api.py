@@ -11,12 +11,13 @@ import numpy as np
 from fold.api import captured_consts, keywords_as_positional, signature_of, trace_signature
 from fold.dtypes import is_static_int
 from fold.dce import dce
-from fold.errors import FoldTypeError
+from fold.errors import FoldRuntimeError, FoldTypeError
 from fold.inline import inline_program
 from fold.ir import Program
 from fold.tracing import Tracer, current_scope
 
 from .backends import get_backend
+from .operator_checks import check_identities, check_mode, has_user_folds
 
 
 def _finish(outs: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -25,9 +26,19 @@ def _finish(outs: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray
     finished: list[np.ndarray] = []
     for o in outs:
         if not (o.flags.writeable and o.flags.c_contiguous) or _shares_memory(o, [*inputs, *finished]):
-            o = np.array(o, order="C")
+            o = _own_copy(o)
         finished.append(o)
     return finished
+
+
+def _own_copy(o: np.ndarray) -> np.ndarray:
+    """A C-ordered copy; a copy too large to make is a FoldRuntimeError naming its size, as for any statement
+    (a broadcast output, replicate(10**12, x), is a view of one element until it is copied for the caller)."""
+    try:
+        return np.array(o, order="C")
+    except MemoryError as err:
+        raise FoldRuntimeError(f"the output {o.dtype.name}{list(o.shape)} ({o.nbytes / 2**30:.3g} GiB) cannot be "
+                               f"allocated: {err}") from err
 
 
 def _shares_memory(o: np.ndarray, others: list[np.ndarray]) -> bool:
@@ -163,7 +174,8 @@ class Jitted:
         backend = get_backend(self.backend)
         key = (backend.name, signature)
         entry = self._compiled.get(key)
-        if entry is None:
+        first_call = entry is None
+        if first_call:
             start = time.perf_counter()
             program = trace_signature(self.f, signature)
             entry = (program, backend.compile(dce(program)))  # what the outputs do not need is never run
@@ -174,6 +186,8 @@ class Jitted:
             self._by_arrays[(backend.name, arrays)] = entry
         program, compiled = entry
         inputs = [np.asarray(leaf) for leaf in leaves]
+        if first_call and check_mode() and has_user_folds(program):
+            check_identities(dce(program), inputs)  # check mode: identities checked on the data, once per signature
         return program.out_tree.unflatten(_finish(compiled(inputs), inputs))
 
 

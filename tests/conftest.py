@@ -3,6 +3,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+# check mode (runtime/operator_checks.py) is on in the suite, also where pytest is run without make
+os.environ.setdefault("FOLD_CHECK", "1")
+
 # CI draws the same examples every run (derandomize), so a red CI is never a roll of the dice; "dev" explores
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=100, deadline=None)

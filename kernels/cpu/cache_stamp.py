@@ -12,13 +12,17 @@ undone.
 `install()` puts cache locators in front of Numba's own for exactly those functions (files under kernels/
 and runtime/numba_backend/, and the generated modules), which behave as Numba's but stamp each entry with
 a digest of all of those source files too, so that a change to any of them makes every such entry stale.
-It uses Numba's locator classes (numba.core.caching), which are not a public API: if they are missing, the
+Numba falls back to the folder beside the source, then to its user-wide one (~/.cache/numba), when the
+configured one cannot be written; fold's locators never leave NUMBA_CACHE_DIR when it is set, and never
+put a generated module's code in the user-wide folder (kernels/cpu/checked_cache.py then compiles in
+memory). It uses Numba's locator classes (numba.core.caching), which are not a public API: if they are missing, the
 locators are not installed and a warning says that the cache must be cleared by hand after changing fold.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -46,14 +50,53 @@ def is_stamped(py_file: str) -> bool:
 
 class _StampedLocator:
     """Mixed in before one of Numba's locators: the same cache folder, a stamp that also covers fold's
-    kernel sources, and only for the files `is_stamped` names (Numba's own locators take the rest)."""
+    kernel sources, and only for the files `is_stamped` names (Numba's own locators take the rest). A folder
+    that exists but cannot be written is accepted for loading (a read-only cache still serves what it has;
+    kernels/cpu/checked_cache.py does not save there)."""
 
     def get_source_stamp(self):
         return (super().get_source_stamp(), sources_digest())
 
+    def ensure_cache_path(self):
+        try:
+            super().ensure_cache_path()
+        except OSError:
+            path = self.get_cache_path()
+            if not (os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK)):
+                raise
+
     @classmethod
     def from_function(cls, py_func, py_file):
-        return super().from_function(py_func, py_file) if is_stamped(py_file) else None
+        return super().from_function(py_func, py_file) if cls.takes(py_file) else None
+
+    @classmethod
+    def takes(cls, py_file: str) -> bool:
+        return is_stamped(py_file)
+
+
+class _StampedUnconfigured(_StampedLocator):
+    """A folder Numba picks when NUMBA_CACHE_DIR is not set (beside the source): never when it is set, so
+    that a process given a cache folder caches nowhere else (if that folder cannot be written,
+    kernels/cpu/checked_cache.py compiles in memory)."""
+
+    @classmethod
+    def takes(cls, py_file: str) -> bool:
+        return is_stamped(py_file) and not os.environ.get("NUMBA_CACHE_DIR")
+
+
+class _StampedUserWide(_StampedUnconfigured):
+    """Numba's user-wide folder (~/.cache/numba): for fold's own kernel files only, never for a generated
+    module, which lives in the cache folder fold was given (FOLD_CACHE_DIR) and is cached beside it or not
+    at all."""
+
+    @classmethod
+    def takes(cls, py_file: str) -> bool:
+        return super().takes(py_file) and not Path(py_file).name.startswith(GENERATED_PREFIX)
+
+
+def is_stamped_locator(locator: object) -> bool:
+    """Whether Numba picked one of fold's locators (not one of its own, which would cache elsewhere)."""
+    return isinstance(locator, _StampedLocator)
 
 
 def cache_impl() -> type:
@@ -79,6 +122,7 @@ def install() -> bool:
         return False
     if any(issubclass(c, _StampedLocator) for c in impl._locator_classes):
         return True
-    stamped = [type(f"Stamped{base.__name__}", (_StampedLocator, base), {}) for base in bases]
+    mixins = (_StampedLocator, _StampedUnconfigured, _StampedUserWide)
+    stamped = [type(f"Stamped{base.__name__}", (mixin, base), {}) for mixin, base in zip(mixins, bases, strict=True)]
     impl._locator_classes = stamped + list(impl._locator_classes)
     return True

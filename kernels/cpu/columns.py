@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import host
+from .checked_cache import cached_njit
 
 
 def _column_sums_source(T, x, partial):
@@ -31,7 +32,7 @@ def _column_sums_source(T, x, partial):
     return out
 
 
-_KERNEL = njit(parallel=True, cache=True, error_model="numpy")(_column_sums_source)
+_KERNEL = cached_njit(_column_sums_source, parallel=True, error_model="numpy")
 
 
 def column_sums(x: np.ndarray, *, chunks: int | None = None) -> np.ndarray:

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import host, simd, vector_math
+from .checked_cache import cached_njit
 from .modules import variant
 
 SUB = 2048  # elements per sub-block: 16 KiB of float64, read again from L1 when a sub-block goes the exact way
@@ -151,8 +152,8 @@ _sum_exp = njit(inline="always")(_sum_exp)
 _sum_exp_and_max = njit(_sum_exp_and_max)
 _with_block = njit(_with_block)
 _chunk = njit(inline="always")(_chunk)
-_KERNELS = {parallel: njit(parallel=parallel, cache=True, error_model="numpy")(
-    variant(_kernel_source, "parallel" if parallel else "serial")) for parallel in (False, True)}
+_KERNELS = {parallel: cached_njit(variant(_kernel_source, "parallel" if parallel else "serial"),
+                                   parallel=parallel, error_model="numpy") for parallel in (False, True)}
 
 
 def logsumexp(x: np.ndarray, *, chunks: int | None = None, vector: bool | None = None) -> np.floating:

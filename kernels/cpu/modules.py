@@ -4,8 +4,9 @@ what it compiled from them between processes.
 Numba's `cache=True` keys a compiled function on its source file and bytecode, not on the functions it
 calls. A module here is named `fold_gen_<hash of its text>` and calls only what it defines, what libraries
 provide, and what it imports from other such modules, so its text fixes its behaviour: a cached compilation
-found for it can belong to no other code. `load_module` writes the file once (atomically), imports it, and
-njit-compiles the functions named in `jit` with `cache=True`. Those options are written into the text as its
+found for it can belong to no other code. `load_module` writes the file once (atomically), checks it against
+its name whenever it is loaded (rewriting it if it differs), runs the checked text, and njit-compiles the
+functions named in `jit` with a checked disk cache (kernels/cpu/checked_cache.py). Those options are written into the text as its
 last line, so they name the module too: Numba's cache does not key on them (a serial and a parallel
 compilation of one function would share one entry), and one name is one module per process.
 
@@ -17,9 +18,9 @@ disk cache off: modules are then made in memory and compiled in every process.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import linecache
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -28,6 +29,8 @@ from types import FunctionType, ModuleType
 from typing import Any
 
 from numba import njit
+
+from .checked_cache import cached_njit, warn_once
 
 PREFIX = "fold_gen_"
 _LOCK = threading.RLock()
@@ -64,20 +67,19 @@ def load_module(source: str, jit: dict[str, dict[str, Any]]) -> ModuleType:
         if module is not None:
             return module
         folder = cache_dir()
-        path = _write_once(folder, name, source) if folder is not None else None
+        path = cached_source(folder, name, source) if folder is not None else None
+        module = ModuleType(name)
+        filename = str(path) if path is not None else f"<{name}>"
         if path is None:
-            module = ModuleType(name)
-            filename = f"<{name}>"
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-            sys.modules[name] = module  # before running it: it may import others of its kind
-            exec(compile(source, filename, "exec"), module.__dict__)
         else:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
+            module.__file__ = filename
+        sys.modules[name] = module  # before running it: it may import others of its kind
+        # the text checked against the name, not the file read again: what runs is what the hash names
+        exec(compile(source, filename, "exec"), module.__dict__)
         for fn_name, options in jit.items():
-            setattr(module, fn_name, njit(cache=path is not None, **options)(getattr(module, fn_name)))
+            fn = getattr(module, fn_name)
+            setattr(module, fn_name, cached_njit(fn, **options) if path is not None else njit(**options)(fn))
         module.__fold_content_addressed__ = True
         return module
 
@@ -90,19 +92,37 @@ def _options_line(jit: dict[str, dict[str, Any]]) -> str:
                                   for fn, options in sorted(jit.items()))
 
 
-def _write_once(folder: Path, name: str, source: str) -> Path | None:
-    """The module's file, written if absent; None if the folder cannot be written (then: no disk cache)."""
+def cached_source(folder: Path, name: str, source: str) -> Path | None:
+    """The module's file, holding exactly `source`: written if absent, and rewritten if what is there differs
+    (a flipped bit, a truncation, garbage, a directory in its place), with one warning per process; None if
+    the folder cannot be written and the file is not already right (then: no disk cache for this module)."""
     path = folder / f"{name}.py"
     try:
-        if not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-            os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
-        return path
-    except OSError:
+        if path.read_text() == source:
+            return path
+        problem = "its text does not match the hash in its name"
+    except FileNotFoundError:
+        problem = None
+    except (OSError, UnicodeDecodeError) as err:
+        problem = f"{type(err).__name__}: {err}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            aside = Path(tempfile.mkdtemp(dir=folder, suffix=".discarded"))
+            os.replace(path, aside / "old")  # moved aside first: another process may be doing the same
+            shutil.rmtree(aside, ignore_errors=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
+    except OSError as err:
+        warn_once("no-cache-folder", f"fold: the kernel cache folder {folder} cannot be written ({err}); "
+                                     f"kernels are compiled in memory in every process")
         return None
+    if problem is not None:
+        warn_once("generated-source", f"fold: the cached kernel source {path} could not be used ({problem}); "
+                                      f"it was written again")
+    return path
 
 
 def file_digest(module: ModuleType) -> str:

@@ -3,12 +3,15 @@
 A fold program allocates a new array for most statements and frees it after its last use. glibc's malloc
 serves every allocation over 32 MiB with a fresh mmap and returns it to the system on free, so each such
 array is faulted in page by page again, at the cost of writing it once more: at 10^7 float64 elements a
-fifth to a third of the generic scan gradient's time went to page faults. The numba backend therefore asks
-malloc, when it is first used, to take every allocation from its heap and to keep freed memory there
+fifth to a third of the generic scan gradient's time went to page faults. With FOLD_KEEP_FREED_MEMORY=1 the
+numba backend asks malloc, when it is first used, to take every allocation from its heap and to keep freed memory there
 (M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2 GiB). The cost: freed memory stays with the process (all of it
 inside the heap, up to 2 GiB at its top), as with JAX's and PyTorch's caching allocators; a threshold of
-"never" kept so much that a long benchmark process ran short of memory. FOLD_KEEP_FREED_MEMORY=0 leaves
-malloc as it is; on a system without glibc's mallopt nothing changes.
+"never" kept so much that a long benchmark process ran short of memory. It is opt-in: malloc's settings
+belong to the whole process (every library in it, and memory that fold never allocated), they cannot be
+read back to be restored after a call, and a process that frees large arrays to make room for something
+else would keep up to 2 GiB it did not ask for. By default (or FOLD_KEEP_FREED_MEMORY=0) malloc is left as
+it is; on a system without glibc's mallopt nothing changes.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def keep_freed_memory() -> bool:
 
 
 def _apply() -> bool:
-    if os.environ.get("FOLD_KEEP_FREED_MEMORY", "1") == "0":
+    if os.environ.get("FOLD_KEEP_FREED_MEMORY", "0") != "1":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
