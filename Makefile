@@ -10,7 +10,7 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 # compiling the suite's many small lambdas and kernels, which is single-threaded per process
 PYTEST := $(PY) -m pytest tests -p no:cacheprovider -n auto --dist loadfile
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,20 @@ test: export NUMBA_ENABLE_CUDASIM ?= 1
 test: export FOLD_CHECK ?= 1
 test: $(STAMP)
 	FOLD_BACKEND=numba $(PYTEST)
-	FOLD_BACKEND=numpy $(PYTEST) --ignore=tests/test_kernels.py --ignore=tests/test_numba_backend.py --ignore=tests/test_vector_math.py --ignore=tests/test_gemm_backward_fusion.py --ignore=tests/test_product_fold.py --ignore=tests/test_wide_kernels.py --ignore=tests/test_one_hots.py --ignore=tests/test_first_extremes.py --ignore=tests/test_numba_captures.py --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_ptx.py
+	FOLD_BACKEND=numpy $(PYTEST) --ignore=tests/test_kernels.py --ignore=tests/test_numba_backend.py --ignore=tests/test_vector_math.py --ignore=tests/test_gemm_backward_fusion.py --ignore=tests/test_product_fold.py --ignore=tests/test_wide_kernels.py --ignore=tests/test_one_hots.py --ignore=tests/test_first_extremes.py --ignore=tests/test_numba_captures.py --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_ptx.py --ignore=tests/test_wheel.py --ignore=tests/test_cli.py --ignore=tests/test_compile_feedback.py
+
+# the docs site, built --strict into site/ (git-ignored); the docs extra is installed on first use
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: export NO_MKDOCS_2_WARNING = 1
+docs: $(DOCS_STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .numba_cache .fold_cache .hypothesis
+	rm -rf $(VENV) .numba_cache .fold_cache .hypothesis site build/api_source

@@ -74,6 +74,7 @@ from .verify import check_program
 _LAZY = {
     "run": ("fold.runtime.api", "run"),
     "jit": ("fold.runtime.api", "jit"),
+    "precompile": ("fold.runtime.precompile", "precompile"),
     "lowered": ("fold.runtime.lowered", "lowered"),
     "memory": ("fold.runtime.memory", "memory"),
     "use_backend": ("fold.runtime.backends", "use_backend"),

@@ -178,7 +178,10 @@ class Jitted:
         if first_call:
             start = time.perf_counter()
             program = trace_signature(self.f, signature)
-            entry = (program, backend.compile(dce(program)))  # what the outputs do not need is never run
+            compiled = backend.compile(dce(program))  # what the outputs do not need is never run
+            if hasattr(compiled, "label"):  # a backend that reports its compiles names the function in them
+                compiled.label = self.__name__
+            entry = (program, compiled)
             self._trace_seconds += time.perf_counter() - start
             self._trace_count += 1
             self._compiled[key] = entry

@@ -27,7 +27,7 @@ def test_docs_code_blocks_run(code):
     exec(compile(code, "<docs>", "exec"), {})
 
 
-@pytest.mark.parametrize("module", ["fold.api", "fold.combinators", "fold.monoid", "fold.gemm", "fold.runtime.api", "fold.ad.api", "fold.ad.monoid_laws", "fold.ad.compare"])
+@pytest.mark.parametrize("module", ["fold.api", "fold.combinators", "fold.monoid", "fold.gemm", "fold.runtime.api", "fold.runtime.precompile", "fold.ad.api", "fold.ad.monoid_laws", "fold.ad.compare"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0

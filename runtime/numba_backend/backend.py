@@ -23,20 +23,25 @@ from .lowering import numba_impls
 class CompiledNumbaProgram:
     """A fused program run with the numba lowerings. Kernels compile (or load from the disk cache) when a
     call first needs them, for the dtypes it brings; `compile_seconds` is the time Numba spent on that,
-    which `fold.jit` reports apart from run time."""
+    which `fold.jit` reports apart from run time. A call that compiles says so (`label` names the program in
+    the messages; runtime/compile_feedback.py)."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, label: str = "a program"):
         self.program = prepare(program, whole_arrays=True)
         self.compile_seconds = 0.0
+        self.label = label
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-        outer = getattr(_clock.local, "program", None)
-        _clock.local.program = self
+        local = _clock.local
+        outer, outer_feedback = getattr(local, "program", None), getattr(local, "feedback", None)
+        local.program, local.feedback = self, None
         try:
             with lowering(numba_impls):
                 return eval_program(self.program, list(args))
         finally:
-            _clock.local.program = outer
+            if local.feedback is not None:
+                local.feedback.finish()
+            local.program, local.feedback = outer, outer_feedback
 
 
 class NumbaBackend:
