@@ -6,18 +6,26 @@ numba-cuda that compiles (see the README's GPU notes) and CuPy; torch and JAX ar
 
 Cases (each from one run, the GPU named in the JSON):
 
-- `kernel_reduce_sum`: fold.kernels.cuda.reduce of a + b over 10^8 float64 on the device, against
-  cupy.sum; the bound is reading the 800 MB once at the bandwidth a device-to-device copy reaches.
+- `kernel_reduce_sum`: fold.kernels.cuda.reduce of a + b over 10^8 float64 on the device (commutative:
+  the grid-stride first level; the result left on the device, as cupy.sum's is), against cupy.sum; the
+  bound is reading the 800 MB once at the bandwidth a device-to-device copy reaches.
+  `kernel_reduce_sum_in_order`: the same without `commutative` (the in-order tiles any operator gets).
 - `kernel_scan_affine`: fold.kernels.cuda.scan of affine pairs (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2)
   over 10^8 float64 pairs, against JAX's associative_scan of the same operator where JAX runs; the bound is
   reading and writing the pairs once.
-- `fold_pairwise_reduce`, `fold_pairwise_grad`, `fold_affine_scan_grad`: programs through fold.jit on
-  NumPy inputs (10^7), the cuda backend against the numba backend.
+- `fold_pairwise_reduce`, `fold_pairwise_grad`, `fold_affine_scan_grad`: programs through fold.jit (10^7),
+  the cuda backend with its inputs already on the device and `results="device"` against the numba backend;
+  each record has the host<->device copies of one call (`transfers`, counted by
+  fold.runtime.cuda_backend.counting_transfers) and the time of the call on NumPy inputs returning NumPy
+  (`fold_seconds_numpy_io`).
 - `fold_attention`: gemm_map_reduce attention (M = N = 4096, F = D = 64, float32) on the cuda backend,
   forward and gradient, against torch's scaled_dot_product_attention.
 
 GPU times are medians of wall-clock time around a call followed by a device synchronisation, after a
 warm-up call (so compilation is excluded).
+
+Without CuPy (Numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1, where `--quick` is a smoke test at tiny sizes)
+the CuPy columns are left out and the device arrays are Numba's; the times then mean nothing.
 """
 
 from __future__ import annotations
@@ -57,17 +65,39 @@ def gpu_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(samples)
 
 
-def gpu_name() -> str:
-    import cupy
+def _cupy():
+    """CuPy, or None where it is not installed (the simulator)."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
 
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    name = props["name"]
+
+def simulated() -> bool:
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def gpu_name() -> str:
+    if simulated():
+        return "Numba CUDA simulator"
+    cupy = _cupy()
+    if cupy is None:
+        from numba import cuda
+
+        name = cuda.get_current_device().name
+    else:
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def copy_bandwidth(nbytes: int, repeats: int) -> float:
-    """Bytes per second a device-to-device copy moves, counting bytes read and written."""
-    import cupy
+def copy_bandwidth(nbytes: int, repeats: int) -> float | None:
+    """Bytes per second a device-to-device copy moves, counting bytes read and written (None without CuPy)."""
+    cupy = _cupy()
+    if cupy is None:
+        return None
 
     src = cupy.ones(nbytes // 8, dtype=cupy.float64)
     dst = cupy.empty_like(src)
@@ -75,35 +105,47 @@ def copy_bandwidth(nbytes: int, repeats: int) -> float:
     return 2 * src.nbytes / seconds
 
 
-def kernel_cases(n: int, repeats: int, bandwidth: float) -> list[dict]:
-    import cupy
+def kernel_cases(n: int, repeats: int, bandwidth: float | None) -> list[dict]:
     from numba import cuda
 
     import fold.kernels.cuda as kc
 
     add = cuda.jit(device=True)(lambda a, b: a + b)
     affine = cuda.jit(device=True)(lambda a0, a1, b0, b1: (a0 * b0, b0 * a1 + b1))
-    rng = cupy.random.default_rng(0)
-    x = rng.uniform(-1.0, 1.0, n)
-    xs = [cuda.as_cuda_array(x)]
-    ours = gpu_seconds(lambda: kc.reduce(add, 1, (0.0,), xs), repeats)
-    reference = gpu_seconds(lambda: x.sum(), repeats)
-    got, want = float(kc.reduce(add, 1, (0.0,), xs)[0]), float(x.sum())
-    records = [{"case": "kernel_reduce_sum", "n": n, "dtype": "float64", "fold_seconds": ours,
-                "reference": "cupy.sum", "reference_seconds": reference, "ratio": ours / reference,
-                "bound_seconds": x.nbytes / bandwidth, "agrees": abs(got - want) <= 1e-9 * max(1.0, abs(want))}]
+    cupy = _cupy()
+    rng = np.random.default_rng(0)
+    host_x = rng.uniform(-1.0, 1.0, n)
+    x = cupy.asarray(host_x) if cupy is not None else cuda.to_device(host_x)
+    xs = [cuda.as_cuda_array(x) if cupy is not None else x]
+    want = float(host_x.sum())
+    records = []
+    for case, commutative in (("kernel_reduce_sum", True), ("kernel_reduce_sum_in_order", False)):
+        ours = gpu_seconds(lambda c=commutative: kc.reduce(add, 1, (0.0,), xs, commutative=c, keep_on_device=True), repeats)
+        got = float(kc.reduce(add, 1, (0.0,), xs, commutative=commutative)[0])
+        record = {"case": case, "n": n, "dtype": "float64", "fold_seconds": ours,
+                  "agrees": abs(got - want) <= 1e-9 * max(1.0, abs(want))}
+        if cupy is not None:
+            reference = gpu_seconds(lambda: x.sum(), repeats)
+            record.update(reference="cupy.sum", reference_seconds=reference, ratio=ours / reference,
+                          bound_seconds=x.nbytes / bandwidth)
+        records.append(record)
 
-    a, b = rng.uniform(0.999, 1.001, n), rng.uniform(-1.0, 1.0, n)
-    pairs = [cuda.as_cuda_array(a), cuda.as_cuda_array(b)]
+    host_a, host_b = rng.uniform(0.999, 1.001, n), rng.uniform(-1.0, 1.0, n)
+    if cupy is not None:
+        a, b = cupy.asarray(host_a), cupy.asarray(host_b)
+        pairs = [cuda.as_cuda_array(a), cuda.as_cuda_array(b)]
+    else:
+        pairs = [cuda.to_device(host_a), cuda.to_device(host_b)]
     ours = gpu_seconds(lambda: kc.scan(affine, 2, (1.0, 0.0), pairs), repeats)
-    record = {"case": "kernel_scan_affine", "n": n, "dtype": "float64", "fold_seconds": ours,
-              "bound_seconds": 4 * a.nbytes / bandwidth}
+    record = {"case": "kernel_scan_affine", "n": n, "dtype": "float64", "fold_seconds": ours}
+    if bandwidth is not None:
+        record["bound_seconds"] = 4 * host_a.nbytes / bandwidth
     try:
         import jax
         import jax.numpy as jnp
 
         jax.config.update("jax_enable_x64", True)
-        ja, jb = jnp.asarray(cupy.asnumpy(a)), jnp.asarray(cupy.asnumpy(b))
+        ja, jb = jnp.asarray(host_a), jnp.asarray(host_b)
         scan = jax.jit(lambda a, b: jax.lax.associative_scan(lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1]), (a, b)))
         jax_seconds = gpu_seconds(lambda: jax.block_until_ready(scan(ja, jb)), repeats)
         record.update(reference="jax.lax.associative_scan", reference_seconds=jax_seconds, ratio=ours / jax_seconds)
@@ -137,13 +179,25 @@ def fold_cases(n: int, repeats: int) -> list[dict]:
         "fold_pairwise_grad": (fold.grad(pairwise, argnums=(0, 1)), small),
         "fold_affine_scan_grad": (fold.grad(affine_scan_sum, argnums=(0, 1)), (p, 1e-3 * s)),
     }
+    from fold.runtime.cuda_backend import counting_transfers, device
+
     records = []
     for case, (f, args) in programs.items():
-        on = {backend: fold.jit(f, backend=backend) for backend in ("cuda", "numba")}
-        seconds = {backend: gpu_seconds(lambda g=g: g(*args), repeats) for backend, g in on.items()}
-        records.append({"case": case, "n": n, "dtype": "float64", "fold_seconds": seconds["cuda"],
-                        "reference": "fold numba backend (this machine's CPUs)", "reference_seconds": seconds["numba"],
-                        "ratio": seconds["cuda"] / seconds["numba"]})
+        on_numba = fold.jit(f, backend="numba")
+        on_cuda = fold.jit(f, backend="cuda")
+        resident = fold.jit(f, backend="cuda", results="device")
+        on_device = [device.to_device(a) for a in args]
+        seconds = gpu_seconds(lambda: resident(*on_device), repeats)
+        with counting_transfers() as copies:
+            resident(*on_device)
+        with counting_transfers() as numpy_io_copies:
+            on_cuda(*args)
+        numba_seconds = gpu_seconds(lambda: on_numba(*args), repeats)
+        records.append({"case": case, "n": n, "dtype": "float64", "fold_seconds": seconds,
+                        "fold_seconds_numpy_io": gpu_seconds(lambda: on_cuda(*args), repeats),
+                        "transfers": copies.as_dict(), "transfers_numpy_io": numpy_io_copies.as_dict(),
+                        "reference": "fold numba backend (this machine's CPUs)", "reference_seconds": numba_seconds,
+                        "ratio": seconds / numba_seconds})
     return records
 
 
@@ -196,6 +250,8 @@ def main(argv: list[str] | None = None) -> Path:
     if args.plot:
         return plot(args.plot)
     big, medium, attention_size = (10**5, 10**4, 256) if args.quick else (10**8, 10**7, 4096)
+    if simulated():  # every simulated thread is a Python thread: a smoke test of the code paths only
+        big, medium, attention_size = 1000, 300, 16
     bandwidth = copy_bandwidth(min(big * 8, 2 * 10**9), args.repeats)
     records: list[dict] = []
     for name, run in (("kernels", lambda: kernel_cases(big, args.repeats, bandwidth)),

@@ -12,10 +12,12 @@ from .errors import MissingRuleError
 
 
 class RuleTable:
-    """A registry `primitive type -> rule`, filled with the `register` decorator."""
+    """A registry `primitive type -> rule`, filled with the `register` decorator. A `default` rule, if given,
+    is what `get` returns for a primitive without one of its own (a backend that must see every statement)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, default: Callable | None = None):
         self.name = name
+        self.default = default
         self._rules: dict[type, Callable] = {}
 
     def register(self, *prim_types: type) -> Callable[[Callable], Callable]:
@@ -36,8 +38,9 @@ class RuleTable:
         return rule
 
     def get(self, prim: object) -> Callable | None:
-        """The rule for `prim`'s type, or None (lookup without the error, for tables tried in turn)."""
-        return self._rules.get(type(prim))
+        """The rule for `prim`'s type, else the default (None if there is none): lookup without the error,
+        for tables tried in turn."""
+        return self._rules.get(type(prim), self.default)
 
     def __contains__(self, prim_type: type) -> bool:
         return prim_type in self._rules

@@ -14,6 +14,7 @@ from fold.dce import dce
 from fold.errors import FoldRuntimeError, FoldTypeError
 from fold.inline import inline_program
 from fold.ir import Program
+from fold.pytree import tree_flatten
 from fold.tracing import Tracer, current_scope
 
 from .backends import get_backend
@@ -64,11 +65,14 @@ class Jitted:
     """
 
     def __init__(self, f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = (),
-                 static_argnames: str | Sequence[str] = ()):
+                 static_argnames: str | Sequence[str] = (), results: str = "numpy"):
         if not callable(f):
             raise FoldTypeError(f"fold.jit: expected a function, got {type(f).__name__}")
+        if results not in RESULTS:
+            raise FoldTypeError(f"fold.jit: results must be one of {', '.join(map(repr, RESULTS))}, got {results!r}")
         self.f = f
         self.backend = backend
+        self.results = results
         self.static_argnums = tuple(dict.fromkeys(_argnums(static_argnums) + _argnames(f, static_argnames)))
         self._per_static: dict = {}  # static argument values, or keyword names -> the Jitted that binds them
         self._compiled: dict = {}
@@ -116,7 +120,7 @@ class Jitted:
                 return self.f(*[static[i] if i in static else next(rest) for i in range(count)])
 
             with_statics.__name__ = self.__name__
-            bound = self._per_static[key] = Jitted(with_statics, self.backend)
+            bound = self._per_static[key] = Jitted(with_statics, self.backend, results=self.results)
         return bound, tuple(a for i, a in enumerate(args) if i not in positions)
 
     def _placed(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -155,11 +159,13 @@ class Jitted:
                 count = len(args)
                 statics = tuple(i % count for i in self.static_argnums)  # all among the positional ones (_placed)
                 per_names = self._per_static[(count, names)] = Jitted(keywords_as_positional(self.f, count, names),
-                                                                      self.backend, statics)
+                                                                      self.backend, statics, results=self.results)
             return per_names(*args, *(kwargs[k] for k in names))
         if self.static_argnums:
             bound, dynamic = self._bound(args)
             return bound(*dynamic)
+        if self.results == "device" or _has_device_leaf(args):
+            return self._call_on_device(args)
         arrays = _array_key(args)
         if arrays is not None and current_scope() is None:  # the common warm call, without flattening a pytree
             entry = self._by_arrays.get((get_backend(self.backend).name, arrays))
@@ -194,8 +200,54 @@ class Jitted:
         return program.out_tree.unflatten(_finish(compiled(inputs), inputs))
 
 
+    def _call_on_device(self, args: tuple) -> Any:
+        """A call on a backend that keeps values on a device (cuda): device arrays among the arguments are
+        taken as they are, and the results are device arrays where `results="device"`, else NumPy arrays."""
+        backend = get_backend(self.backend)
+        is_device = getattr(backend, "is_device_value", None)
+        if is_device is None:
+            raise FoldTypeError(f"fold.jit({self.__name__}): the {backend.name} backend keeps no values on a device; "
+                                f"results='device' and device-array arguments need backend='cuda'")
+        if current_scope() is not None:
+            raise FoldTypeError(f"fold.jit({self.__name__}): results='device' cannot be used inside a trace")
+        leaves, treedef = tree_flatten(args)
+        stand_ins = tuple(_stand_in(leaf) if is_device(leaf) else leaf for leaf in leaves)
+        _, signature = signature_of(treedef.unflatten(list(stand_ins)), f"fold.jit({self.__name__})")
+        key = (backend.name, signature)
+        entry = self._compiled.get(key)
+        if entry is None:
+            start = time.perf_counter()
+            program = trace_signature(self.f, signature)
+            entry = (program, backend.compile(dce(program)))
+            self._trace_seconds += time.perf_counter() - start
+            self._trace_count += 1
+            self._compiled[key] = entry
+        program, compiled = entry
+        inputs = [leaf if is_device(leaf) else np.asarray(leaf) for leaf in leaves]
+        if self.results == "device":
+            return program.out_tree.unflatten(compiled.on_device(inputs))
+        return program.out_tree.unflatten(_finish(compiled(inputs), [i for i in inputs if isinstance(i, np.ndarray)]))
+
+
+RESULTS = ("numpy", "device")
+
+
+def _has_device_leaf(args: tuple) -> bool:
+    """Whether an argument is an array that lives on a GPU (it has __cuda_array_interface__, or is Numba's
+    simulated device array): checked without importing numba or CuPy."""
+    if all(type(a) is np.ndarray for a in args):  # the common call: nothing to flatten
+        return False
+    return any(type(leaf) is not np.ndarray and (hasattr(leaf, "__cuda_array_interface__") or
+                                                  hasattr(leaf, "__cuda_ndarray__")) for leaf in tree_flatten(args)[0])
+
+
+def _stand_in(leaf: Any) -> np.ndarray:
+    """A NumPy array of the device array's shape and dtype that holds no memory: what tracing needs of it."""
+    return np.lib.stride_tricks.as_strided(np.zeros((), leaf.dtype), tuple(leaf.shape), (0,) * len(leaf.shape))
+
+
 def jit(f: Callable[..., Any], backend: str | None = None, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = ()) -> Jitted:
+        static_argnames: str | Sequence[str] = (), results: str = "numpy") -> Jitted:
     """`f` as a function that is traced once per input signature and runs on `backend`.
 
     `static_argnums`: the positions of arguments that are not traced but passed to `f` as they are (sizes,
@@ -203,13 +255,16 @@ def jit(f: Callable[..., Any], backend: str | None = None, static_argnums: int |
     `static_argnames`: the same by parameter name (a parameter that may be passed by position or keyword).
     Transformations pass such values on untraced: `fold.jit(fold.grad(f), static_argnums=2)` works where `f`
     uses its third argument as a loop count.
+    `results`: "numpy" (the default) returns NumPy arrays; "device" (backend="cuda" only) leaves them on the
+    GPU as device arrays (CuPy's on a GPU). On the cuda backend, device arrays may also be passed as
+    arguments: they are used where they are, not copied.
 
     >>> import numpy as np, fold
     >>> g = fold.jit(lambda x: fold.reduce(fold.monoids.sum, x * x))
     >>> float(g(np.arange(4.0)))
     14.0
     """
-    return Jitted(f, backend, static_argnums, static_argnames)
+    return Jitted(f, backend, static_argnums, static_argnames, results)
 
 
 def _argnames(f: Callable[..., Any], names: str | Sequence[str]) -> tuple[int, ...]:

@@ -105,6 +105,45 @@ def test_reduce_with_the_default_launch(n):
     assert got == ((nonzero[0] if nonzero.size else 0),) and got[0].dtype == np.int32
 
 
+@cuda.jit(device=True)
+def add(a, b):
+    return a + b
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce_walks_many_tiles_per_block_in_order(n, blocks):
+    """A bounded grid: with 3 blocks of 8-element tiles, 200 elements are 25 tiles, 9 a block, each block
+    folding its tiles first to last; the 3 totals are then folded by one block (exactly two launches)."""
+    leaves = affine_leaves(n)
+    got = kc.reduce(affine, 2, (1.0, 0.0), leaves, threads=4, items=2, blocks=blocks)
+    _, expected = python_scan(py(affine), (1.0, 0.0), leaves)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("items", [1, 3])
+@pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.parametrize("n", SIZES)
+def test_a_commutative_reduce_reads_in_grid_stride_order_and_misses_nothing(n, blocks, items):
+    """Integers: the grid-stride sum is exact, so one element read twice or missed changes the answer."""
+    x = rng.integers(-1000, 1000, n).astype(np.int64)
+    got = kc.reduce(add, 1, (0,), [x], threads=4, items=items, blocks=blocks, commutative=True)
+    assert got == (x.sum(),)
+
+
+def test_reduce_can_leave_its_result_on_the_device(monkeypatch):
+    """keep_on_device: one-element device arrays, no copy to the host (copy_to_host is never called)."""
+    x = rng.integers(-1000, 1000, 100).astype(np.int64)
+    on_device = [cuda.to_device(x)]
+    for n, commutative in ((100, True), (100, False), (0, True)):
+        got = kc.reduce(add, 1, (0,), [a[:n] for a in on_device], threads=4, items=2, commutative=commutative,
+                        keep_on_device=True)
+        assert len(got) == 1 and not isinstance(got[0], np.ndarray) and tuple(got[0].shape) == (1,)
+        assert got[0].copy_to_host()[0] == x[:n].sum()
+    with pytest.raises(ValueError, match="keep_on_device: the leaves are NumPy arrays"):
+        kc.reduce(add, 1, (0,), [x], keep_on_device=True)
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("n", SIZES)

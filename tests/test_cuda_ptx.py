@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent('''
     import fold
     from fold.primitives import Map, Reduce
     from fold.kernels.cuda import host
-    from fold.kernels.cuda.fold import _block_totals_source
+    from fold.kernels.cuda.fold import _block_totals_source, _strided_source, _tiled_source
     from fold.kernels.cuda.histogram import _ATOMIC_ADD_SOURCE, _FILL_SOURCE, _merge_source, _private_source
     from fold.kernels.cuda.map import _map_source
     from fold.kernels.cuda.scan import _block_scan_source
@@ -100,6 +100,9 @@ SCRIPT = textwrap.dedent('''
             kernels.append((f"{name} segmented scan reverse={reverse}",
                             _segmented_scan_source(tuple(dtypes), shape.threads, reverse, reverse),
                             combine, (*rows, *idents, types.int64, *rows)))
+        for label, grid_source in (("tiled", _tiled_source), ("grid-stride", _strided_source)):
+            kernels.append((f"{name} {label} reduce", grid_source(tuple(dtypes), shape), combine,
+                            (*leaves, *idents, types.int64, types.int64, *leaves)))
         kernels.append((f"{name} segmented reduce", _segmented_source(tuple(dtypes), shape.threads),
                         combine, (*rows, *idents, types.int64, *leaves)))
         kernels.append((f"{name} private histograms", _private_source(len(dtypes)), combine,

@@ -1,7 +1,8 @@
 """Numba CUDA kernel templates and their host drivers; see `kernels` for the contract they share with
 kernels.cpu, and the differences below.
 
-    reduce(combine, k, identity, leaves, *, threads=None, items=None)            -> k scalars
+    reduce(combine, k, identity, leaves, *, threads=None, items=None, blocks=None, commutative=False,
+           keep_on_device=False)                                                 -> k scalars (or k device arrays (1,))
     scan(combine, k, identity, leaves, exclusive=False, reverse=False, *, threads=None, items=None)
                                                                                  -> k arrays (n,)
     segmented_reduce(combine, k, identity, leaves, *, threads=None)             -> k arrays (rows,)
@@ -29,8 +30,11 @@ Differences from kernels.cpu:
   may differ from NumPy's separately rounded ones in the last bit; the simulator computes as NumPy does.
 
 Order: each thread folds `items` consecutive elements, a block's threads combine their partials pairwise
-in order in shared memory, and the block totals are folded (or scanned) the same way, recursively, so a
-non-commutative operator is applied with its operands in order, a before b, everywhere.
+in order in shared memory, and the block totals are folded (or scanned) the same way, so a non-commutative
+operator is applied with its operands in order, a before b, everywhere. A reduce runs exactly two launches:
+a bounded grid (`blocks`, default enough to fill the GPU) each of whose blocks walks a contiguous run of
+tiles in order, then one block for their totals; with `commutative=True` (the caller's promise) the first
+level instead reads the elements in a coalesced grid-stride order (see fold.py).
 """
 
 from .fold import reduce

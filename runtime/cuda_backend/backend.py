@@ -1,10 +1,12 @@
 """The cuda backend: a program interpreted statement by statement, with the folds and maps that
 lowering.py lowers run as Numba CUDA kernels, and every other statement on the numpy implementation.
 
-Values live on the host (NumPy arrays) between statements: each lowered statement copies its inputs to the
-GPU and its results back. That keeps the backend exactly as general as the numpy one, and makes it a
-correct but not yet a fast way to run a program on a GPU; the kernels themselves take device arrays
-(CuPy's or Numba's) and leave results there, for a runtime that keeps values on the device.
+Values live on the device from the first statement to the last (device.py: CuPy arrays on a GPU, the
+simulator's device arrays under NUMBA_ENABLE_CUDASIM=1): NumPy inputs are copied to the device once when a
+call starts, lowered statements take and return device arrays, and the results are copied to the host at
+the end, or left on the device (`fold.jit(f, backend="cuda", results="device")`). A statement that is not
+lowered runs on the host, its inputs copied there and its results back (residency.py). Every copy is
+counted: `with fold.runtime.cuda_backend.counting_transfers() as t: ...`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fold.ir import Program
 
 from .. import numpy_impl  # noqa: F401  (the reference implementations it falls back to)
 from ..interpreter import eval_program, lowering
+from . import device
 from .lowering import cuda_impls
 
 
@@ -77,9 +80,37 @@ class CudaBackend:
         if problem is not None:
             raise FoldRuntimeError(problem)
 
-    def compile(self, program: Program):
-        def run(args: Sequence[np.ndarray]) -> list[np.ndarray]:
-            with lowering(cuda_impls):
-                return eval_program(program, list(args))
+    def compile(self, program: Program) -> "CudaProgram":
+        return CudaProgram(program)
 
-        return run
+    @staticmethod
+    def is_device_value(x: object) -> bool:
+        """Whether `x` is a device array this backend takes as an argument as it is (no copy)."""
+        return device.is_device(x)
+
+
+class CudaProgram:
+    """A program compiled for the cuda backend. Called on arrays (NumPy or device), it returns NumPy arrays;
+    `on_device` returns device arrays instead. Each call copies its NumPy inputs to the device once."""
+
+    def __init__(self, program: Program):
+        self.program = program
+
+    def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return device.on_host(self.on_device(args))
+
+    def on_device(self, args: Sequence[object]) -> list:
+        """The program's outputs as device arrays (an output that is a literal, or an input, is copied: a
+        result is never an argument itself)."""
+        inputs = device.on_device(args)
+        with lowering(cuda_impls):
+            outs = eval_program(self.program, inputs)
+        seen: set[int] = {id(a) for a in args}
+        finished = []
+        for o in outs:
+            o = device.to_device(o)
+            if id(o) in seen:
+                o = device.copy(o)
+            seen.add(id(o))
+            finished.append(o)
+        return finished

@@ -5,9 +5,15 @@ the top level of a program and one map deep (a fold per row: the segmented kerne
 top level, and top-level maps whose body is written as a scalar function. An operator capturing a few
 scalars, the same for every fold, carries them as element fields (runtime/numba_backend/captured_operands.py).
 
-A rule returns the statement's outputs, or None, and the numpy implementation then runs, on the host: after
-one warning naming the primitive and why where a fold cannot be lowered; silently where a map's body is not
-a scalar function (it runs batched, as elementwise code does, with its folds lowered where they can be).
+Values may be device arrays (the top level of a program, residency.py) or NumPy arrays (the bodies that the
+numpy implementation runs batched): a rule copies host elements to the device (counted, device.py), runs
+its kernel on device arrays, and leaves the results where the elements were. The small arguments a kernel
+takes as scalars (identities, captured values) are read on the host, copied (counted) if on the device.
+
+A rule returns the statement's outputs, or None, and residency.py then runs the numpy implementation on
+the host: after one warning naming the primitive and why where a fold cannot be lowered; silently where a
+map's body is not a scalar function (it runs batched, as elementwise code does, with its folds lowered
+where they can be).
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from fold.primitives import Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 from fold.runtime.numba_backend.captured_operands import capture_problem
-from fold.runtime.numba_backend.lowering import _element_shapes, _identity, _join, _split, decline, with_captures_as_operands
+from fold.runtime.numba_backend.lowering import (_element_shapes, _identity, components_of, decline, is_commutative,
+                                                 with_captures_as_operands)
 
+from . import device
 from .device_functions import device_function
+from .residency import resident, small_arguments_on_host
 
-cuda_impls = RuleTable("cuda backend")
+cuda_impls = RuleTable("cuda backend", default=resident(None))
 
 
 def _decline(prim, reason: str) -> None:
@@ -68,32 +77,77 @@ def _fold_setup(prim, args: list, depth: int, deepest: int = 0) -> tuple[Callabl
 
 def _fold(prim, args: list, depth: int, kernel: str, **options):
     """A reduce or scan as kernels.cuda.<kernel> at the top level, or one map deep (a fold per row) as
-    segmented_<kernel>; the results joined back into the elements' shapes."""
+    segmented_<kernel>; the results joined back into the elements' shapes, where the elements were."""
     setup = _fold_setup(prim, args, depth, deepest=1)
     if setup is None:
         return None
     combine, ident = setup
     shapes, xs = _element_shapes(prim), args[prim.num_consts + prim.num_leaves:]
+    stays = any(device.is_device(x) for x in xs)
+    xs = device.on_device(xs)
     if depth:
-        rows = np.broadcast_shapes(*[x.shape[:1] for x in xs])[0]
-        xs, kernel = [np.broadcast_to(x, (rows,) + x.shape[1:]) for x in xs], f"segmented_{kernel}"
-    parts = _run(prim, kernel, combine, len(ident), ident, _split(xs, shapes, depth + 1), **options)
-    return None if parts is None else _join(list(parts), shapes)
+        rows = np.broadcast_shapes(*[tuple(x.shape[:1]) for x in xs])[0]
+        xs, kernel = [device.broadcast_to(x, (rows,) + tuple(x.shape[1:])) for x in xs], f"segmented_{kernel}"
+    elif kernel == "reduce":
+        options.update(keep_on_device=True, commutative=is_commutative(prim))
+    parts = _run(prim, kernel, combine, len(ident), ident, _columns(xs, shapes, depth + 1), **options)
+    if parts is None:
+        return None
+    parts = [device.adopt(p) for p in parts]
+    if kernel == "reduce":
+        parts = [device.reshape(p, ()) for p in parts]
+    return _placed(_leaves(parts, shapes), stays)
+
+
+def _columns(leaves: list, shapes: list[tuple], lead: int) -> list:
+    """Each device leaf (lead dims + element shape) as its element's scalar components: strided views,
+    which the kernels read in place, as Numba arrays."""
+    out = []
+    for x, shape in zip(leaves, shapes, strict=True):
+        if shape == ():
+            out.append(device.for_kernel(x))
+            continue
+        flat = device.reshape(x, tuple(x.shape[:lead]) + (components_of(shape),))
+        out += [device.for_kernel(flat[..., c]) for c in range(components_of(shape))]
+    return out
+
+
+def _leaves(parts: list, shapes: list[tuple]) -> list:
+    """The inverse of `_columns` on device results: component arrays back into leaves of the element shapes."""
+    out, pos = [], 0
+    for shape in shapes:
+        c = components_of(shape)
+        group = parts[pos: pos + c]
+        pos += c
+        out.append(group[0] if shape == () else
+                   device.reshape(device.stack_last(group), tuple(group[0].shape) + tuple(shape)))
+    return out
+
+
+def _placed(leaves: list, on_device: bool) -> list:
+    """The results on the device, or copied to the host (counted) where the statement's inputs were there."""
+    return leaves if on_device else device.on_host(leaves)
 
 
 @cuda_impls.register(Reduce)
+@resident
+@small_arguments_on_host(lambda prim: prim.num_consts + prim.num_leaves)
 @with_captures_as_operands(deepest=1, backend="cuda")
 def _reduce(prim: Reduce, args: list, depth: int):
     return _fold(prim, args, depth, "reduce")
 
 
 @cuda_impls.register(Scan)
+@resident
+@small_arguments_on_host(lambda prim: prim.num_consts + prim.num_leaves)
 @with_captures_as_operands(deepest=1, backend="cuda")
 def _scan(prim: Scan, args: list, depth: int):
     return _fold(prim, args, depth, "scan", exclusive=prim.exclusive, reverse=prim.reverse)
 
 
 @cuda_impls.register(ReduceByIndex)
+@resident
+@small_arguments_on_host(lambda prim: prim.num_consts + prim.num_leaves)
 @with_captures_as_operands(deepest=0, backend="cuda")
 def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
     """The histogram kernel, at the top level: a recognised + of scalars adds atomically."""
@@ -102,14 +156,18 @@ def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
         return None
     combine, ident = setup
     shapes, k = _element_shapes(prim), prim.num_leaves
-    indices = np.ascontiguousarray(args[prim.num_consts + k], dtype=np.int64)
+    xs = args[prim.num_consts + k + 1:]
+    stays = any(device.is_device(x) for x in xs)
+    indices = device.astype(device.to_device(args[prim.num_consts + k]), np.int64)
     operator = recognize_binary_op(prim.body, prim.num_consts)
-    parts = _run(prim, "histogram", combine, len(ident), ident, prim.n, indices,
-                 _split(args[prim.num_consts + k + 1:], shapes, 1), operator=operator)
-    return None if parts is None else _join(list(parts), shapes)
+    parts = _run(prim, "histogram", combine, len(ident), ident, prim.n, device.for_kernel(indices),
+                 _columns(device.on_device(xs), shapes, 1), operator=operator)
+    return None if parts is None else _placed(_leaves([device.adopt(p) for p in parts], shapes), stays)
 
 
 @cuda_impls.register(Map)
+@resident
+@small_arguments_on_host(lambda prim: prim.num_consts)
 def _map(prim: Map, args: list, depth: int):
     """A map at the top level whose body is written as a scalar function: one thread per row, captured
     values passed to every thread as scalars. Another body runs batched (silently, as elementwise code does)."""
@@ -120,11 +178,14 @@ def _map(prim: Map, args: list, depth: int):
     if mapper is None:
         return None  # the body runs batched, as on numpy, with the folds inside it lowered where they can be
     shapes = [v.aval.shape for v in prim.body.inputs[prim.num_consts:]]
-    inputs = _split(xs, shapes, 1)
     out_avals = list(prim.body.out_avals)
     out_dtypes = [a.dtype for a in out_avals for _ in range(a.size)]
-    if not inputs or not out_dtypes:
+    if not out_dtypes or not any(components_of(shape) for shape in shapes):
         return None  # rows or results of no scalars: nothing to compute
+    stays = any(device.is_device(x) for x in xs)
+    inputs = _columns(device.on_device(xs), shapes, 1)
     scalars = [v for c in consts for v in np.asarray(c).reshape(-1)]
     columns = _run(prim, "map", mapper, inputs, out_dtypes, consts=scalars)
-    return None if columns is None else _join(list(columns), [a.shape for a in out_avals])
+    if columns is None:
+        return None
+    return _placed(_leaves([device.adopt(c) for c in columns], [a.shape for a in out_avals]), stays)

@@ -74,7 +74,7 @@ def carrying_args(prim, args: list, depth: int) -> list:
     consts, identity, rest = args[:nc], args[nc: nc + k], args[nc + k:]
     between = 1 if isinstance(prim, ReduceByIndex) else 0
     xs = rest[between:]
-    n = np.shape(xs[0])[depth]
+    n = xs[0].shape[depth]  # (not np.shape: the cuda backend's device arrays refuse NumPy)
     per_element = [_along_elements(_batched(np.asarray(c), v.aval.shape, depth), depth, n)
                    for c, v in zip(consts, prim.body.inputs[:nc], strict=True)]
     return list(identity) + list(consts) + list(rest[:between]) + list(xs) + per_element
