@@ -54,6 +54,7 @@ class CallReport:
     cross_worker_merges: int
     prefix: str
     seconds: float
+    tasks: int = 0  # the Dask tasks the call submitted (inputs' chunks, shard programs, combines, gathers)
 
 
 class Sharded:
@@ -94,6 +95,9 @@ class Sharded:
         program, programs, plan_id = self._plan(args)
         leaves = [np.asarray(leaf) for leaf in tree_flatten(args)[0]]
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        if not workers:  # a cluster between a lost worker and its restart: wait for one rather than fail
+            self.client.wait_for_workers(1, timeout=120)
+            workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         splits = leaf_splits(args, self.split, self.chunks, len(workers))
         prefix = f"fold-{uuid.uuid4().hex[:12]}"
         ctx = Context(self.client, workers, self.backend, prefix, plan_id, programs)
@@ -103,22 +107,24 @@ class Sharded:
             outs = run_sharded(ctx, program, inputs)
         if self.before_gather is not None:
             self.before_gather(outs)
-        values = _gather(self.client, outs)
+        values = _gather(ctx, outs)
         self.last_call = CallReport(bytes_moved(self.client, prefix), sum(b for b, crossed in ctx.merges if crossed),
                                     len(ctx.merges), sum(crossed for _, crossed in ctx.merges), prefix,
-                                    time.perf_counter() - start)
+                                    time.perf_counter() - start, ctx.tasks)
         return program.out_tree.unflatten(values)
 
 
 def _place(ctx: Context, leaf: np.ndarray, split: tuple[int, tuple[int, ...]] | None, workers: list[str]) -> Rep | Split:
-    """An input on the workers, each piece made by a task holding it (so Dask can remake it if a worker is
-    lost): whole on every worker, or chunk k on worker k * workers // chunks (chunks in contiguous runs)."""
+    """An input on the workers. A whole one is scattered once to every worker (broadcast: a replica on each,
+    so losing a worker loses no copy the others need) and read by the shard programs as one future; chunk k
+    is made by a task holding it (so Dask can remake it if its worker is lost), on worker
+    k * workers // chunks (chunks in contiguous runs)."""
     from fold.dtypes import ShapedArray
 
     aval = ShapedArray(leaf.shape, leaf.dtype)
     if split is None:
-        copies = {w: ctx.submit(tasks.whole, leaf, worker=w, name="input") for w in workers}
-        return Rep(copies[workers[0]], aval, workers[0], copies)
+        future = ctx.client.scatter(leaf, broadcast=True, hash=False)
+        return Rep(future, aval, None, {}, host=leaf)
     axis, chunks = split
     offsets = np.cumsum((0,) + chunks)
     owners = tuple(workers[k * len(workers) // len(chunks)] for k in range(len(chunks)))
@@ -127,9 +133,9 @@ def _place(ctx: Context, leaf: np.ndarray, split: tuple[int, tuple[int, ...]] | 
     return Split(axis, chunks, parts, owners, aval)
 
 
-def _gather(client: Any, outs: list) -> list[np.ndarray]:
-    futures = [o.value if isinstance(o, Rep) else list(o.parts) for o in outs]
-    got = client.gather(futures)
+def _gather(ctx: Context, outs: list) -> list[np.ndarray]:
+    futures = ctx.force([o.value if isinstance(o, Rep) else list(o.parts) for o in outs])
+    got = ctx.client.gather(futures)
     return [np.asarray(g) if isinstance(o, Rep) else np.concatenate([np.asarray(x) for x in g], axis=o.axis)
             for o, g in zip(outs, got, strict=True)]
 

@@ -17,6 +17,7 @@ from fold.dtypes import ShapedArray
 
 from . import tasks
 from .placement import Rep, Split
+from .fusion import Elem, LazyOut, ShardBuilder
 from .programs import statement_program
 
 
@@ -31,9 +32,66 @@ class Context:
         self.merges: list[tuple[int, bool]] = []  # per combine: (bytes of the right state, moved between workers)
         self._count = itertools.count()
         self._slices: dict = {}
+        self._builders: dict[tuple, ShardBuilder] = {}  # the open shard program of each (chunking, chunk)
+        self.tasks = 0
+
+    # ------------------------------------------------------------ shard-local work: recorded, fused on flush
+
+    def shard_node(self, group: tuple, worker: str | None, what: tuple, program: Any, inputs: Sequence[Any]) -> list[LazyOut]:
+        """Record `program` applied to `inputs` in the open shard program of chunk `group` (on `worker`)."""
+        builder = self._builders.get(group)
+        if builder is None or builder.closed:
+            builder = self._builders[group] = ShardBuilder(worker, f"chunk {group[0]}")
+        return builder.add(what, program, inputs)
+
+    def run_shard(self, index: int, tag: str, prim: Primitive, args: Sequence, values: list, avals: list[ShapedArray],
+                  worker: str | None, group: tuple, n_out: int) -> list[LazyOut]:
+        """Apply `prim` to shard `group`'s `values`, as a node of that chunk's shard program (not a task)."""
+        shapes = tuple((a.shape, a.dtype.str) for a in avals)
+        what = (index, tag, shapes)
+        _, program = self.program(what, lambda: statement_program(prim, args, avals, f"shard of statement {index} ({tag})"))
+        variables = [v for v, a in zip(values, args, strict=True) if isinstance(a, Var)]
+        return self.shard_node(group, worker, what, program, variables)
+
+    def elem(self, lazy: LazyOut) -> Elem:
+        """Where `lazy` lives once computed: its shard program is submitted if it has not been yet."""
+        if lazy.elem is None:
+            lazy.builder.flush(self)
+        return lazy.elem
+
+    def force(self, x: Any) -> Any:
+        """`x` with every LazyOut / Elem (in lists and tuples too) replaced by a future of its value alone."""
+        if isinstance(x, LazyOut):
+            if x.future is None:
+                e = self.elem(x)
+                x.future = self._submit(tasks.item, e.packed, e.j, worker=x.builder.worker, name="item")
+            return x.future
+        if isinstance(x, Elem):
+            return self._submit(tasks.item, x.packed, x.j, worker=None, name="item")
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.force(v) for v in x)
+        return x
+
+    def pack(self, values: Sequence[Any], worker: str | None) -> Any:
+        """A future of the tuple of `values` (a chunk's fold state): one `select` task when they all come out
+        of one shard program, instead of a task per value."""
+        elems = [self.elem(v) if isinstance(v, LazyOut) else v for v in values]
+        if elems and all(isinstance(e, Elem) for e in elems) and len({id(e.packed) for e in elems}) == 1:
+            return self.submit(tasks.select, elems[0].packed, [e.j for e in elems], worker=worker, name="pack")
+        return self.submit(tasks.pack, *values, worker=worker, name="pack")
+
+    def flush_all(self) -> None:
+        """Submit every open shard program (at the end of a call, so every task is submitted)."""
+        for builder in list(self._builders.values()):
+            builder.flush(self)
 
     def submit(self, fn: Callable, *args: Any, worker: str | None, name: str) -> Any:
-        """A task of this call, run on `worker` if it is alive (elsewhere if not: tasks are pure)."""
+        """A task of this call, run on `worker` if it is alive (elsewhere if not: tasks are pure). Lazy shard
+        values among `args` are computed first (their shard programs submitted)."""
+        return self._submit(fn, *self.force(list(args)), worker=worker, name=name)
+
+    def _submit(self, fn: Callable, *args: Any, worker: str | None, name: str) -> Any:
+        self.tasks += 1
         where = {"workers": [worker], "allow_other_workers": True} if worker else {}
         return self.client.submit(fn, *args, key=f"{self.prefix}-{name}-{next(self._count)}", pure=False, **where)
 
@@ -65,8 +123,9 @@ class Context:
         cache_key = (id(rep), axis, chunks)
         if cache_key not in self._slices:
             offsets = np.cumsum((0,) + chunks)
-            if isinstance(rep.value, np.ndarray):
-                self._slices[cache_key] = [tasks.take(rep.value, axis, int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
+            host = rep.value if isinstance(rep.value, np.ndarray) else rep.host
+            if host is not None:
+                self._slices[cache_key] = [tasks.take(host, axis, int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
             else:
                 self._slices[cache_key] = [self.submit(tasks.take, rep.value, axis, int(a), int(b), worker=rep.worker, name="slice")
                                            for a, b in zip(offsets[:-1], offsets[1:])]

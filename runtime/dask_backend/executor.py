@@ -14,6 +14,7 @@ from .rules import refuse, shard_rules
 def run_sharded(ctx: Context, program: Program, inputs: list) -> list:
     """The placements of `program`'s outputs, its inputs placed as `inputs` (Rep or Split each)."""
     env = dict(zip(program.inputs, inputs, strict=True))
+    last_use = _last_uses(program)
     for index, stmt in enumerate(program.stmts):
         args = [env[a] if isinstance(a, Var) else literal(a.value) for a in stmt.args]
         split = next((i for i, a in enumerate(args) if isinstance(a, Split)), None)
@@ -25,7 +26,25 @@ def run_sharded(ctx: Context, program: Program, inputs: list) -> list:
                 raise refuse(index, stmt, split, args[split], f"{stmt.prim.name} has no sharded rule")
             outs = rule(ctx, index, stmt, args)
         env.update(zip(stmt.outs, outs, strict=True))
-    return [env[a] if isinstance(a, Var) else literal(a.value) for a in program.outputs]
+        for var in [v for v in env if last_use.get(v, -1) <= index]:  # dead: its shard values need not leave
+            del env[var]                                                # their shard program (fusion.py)
+        del args, outs
+    outputs = [env[a] if isinstance(a, Var) else literal(a.value) for a in program.outputs]
+    ctx.flush_all()
+    return outputs
+
+
+def _last_uses(program: Program) -> dict:
+    """Per variable, the index of the last statement reading it (the program's outputs: never dead)."""
+    last: dict = {}
+    for index, stmt in enumerate(program.stmts):
+        for a in stmt.args:
+            if isinstance(a, Var):
+                last[a] = index
+    for a in program.outputs:
+        if isinstance(a, Var):
+            last[a] = len(program.stmts)
+    return last
 
 
 def _whole(ctx: Context, index: int, stmt: Let, args: list) -> list[Rep]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from fold.primitives.combinators import Map, Reduce, ReduceByIndex, Scan
 
-from . import tasks
 from .combine import Partial, exclusive_prefix
 from .placement import Rep, Split
 from .programs import offset_program
-from .rules import as_split, combined, common_split, per_shard, refuse, shard_rules
+from .fusion import Elem
+from .rules import as_split, chunk_group, combined, common_split, per_shard, refuse, shard_rules
 
 
 def _whole_consts(index, stmt, args, count: int, what: str) -> None:
@@ -66,8 +66,8 @@ def _scan(ctx, index, stmt, args):
     consts = [a.on(None) for a in args[:nc]]
     total = Reduce(prim.body, nc, prim.monoid)
     totals = per_shard(ctx, index, stmt, args, split, sliced, lambda _: total, "chunk total")
-    totals = [Partial(ctx.submit(tasks.pack, *t[:k], worker=split.workers[s], name="pack"), split.workers[s]) for s, t in enumerate(totals)]
-    locals_ = per_shard(ctx, index, stmt, args, split, sliced, tag="local scan")
+    locals_ = per_shard(ctx, index, stmt, args, split, sliced, tag="local scan")  # same shard program as the totals
+    totals = [Partial(ctx.pack(t[:k], split.workers[s]), split.workers[s]) for s, t in enumerate(totals)]
     identity = Partial(tuple(a.value for a in args[nc: nc + k]), None)
     elem_avals = [a.aval for a in args[nc: nc + k]]
     offsets = exclusive_prefix(ctx, (index, "prefix"), prim.body, nc, consts, elem_avals, identity, totals, prim.reverse)
@@ -78,8 +78,8 @@ def _scan(ctx, index, stmt, args):
             parts.append(local)
             continue
         n = split.chunks[s]
-        key, program = ctx.program((index, "offset", n), lambda n=n: offset_program(prim.body, nc, elem_avals, n, prim.reverse))
-        packed = ctx.submit(tasks.run_offset, key, program, ctx.backend, consts, offsets[s].packed, local,
-                            worker=split.workers[s], name="scan offset")
-        parts.append([ctx.submit(tasks.item, packed, j, worker=split.workers[s], name="item") for j in range(k)])
+        what = (index, "offset", n)
+        _, program = ctx.program(what, lambda n=n: offset_program(prim.body, nc, elem_avals, n, prim.reverse))
+        offset = [Elem(offsets[s].packed, j) for j in range(k)]  # the local pass: a node of the chunk's next program
+        parts.append(ctx.shard_node(chunk_group(split, s), split.workers[s], what, program, consts + offset + list(local)))
     return as_split(stmt, parts, split, [0] * k)

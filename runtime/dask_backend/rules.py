@@ -72,14 +72,21 @@ def shard_values(ctx: Context, args: Sequence, split: Split, k: int, sliced: dic
     return values, avals
 
 
+def chunk_group(split: Split, k: int) -> tuple:
+    """Names chunk k of `split`'s chunking: the shard-local work of one group is fused into one program."""
+    return (k, split.chunks, split.workers)
+
+
 def per_shard(ctx: Context, index: int, stmt: Let, args: Sequence, split: Split, sliced: dict[int, int],
               prim_for=None, tag: str = "shard") -> list[list]:
-    """Run the statement (or `prim_for(k)`) on every shard; per shard, the futures of its outputs."""
+    """Run the statement (or `prim_for(k)`) on every shard; per shard, its outputs (LazyOuts: recorded in
+    the chunk's shard program, fused with the shard-local statements around it, see fusion.py)."""
     results = []
     for k in range(len(split.chunks)):
         values, avals = shard_values(ctx, args, split, k, sliced)
         prim = prim_for(k) if prim_for else stmt.prim
-        results.append(ctx.run(index, tag, prim, stmt.args, values, avals, split.workers[k], len(stmt.outs)))
+        results.append(ctx.run_shard(index, tag, prim, stmt.args, values, avals, split.workers[k], chunk_group(split, k),
+                                     len(stmt.outs)))
     return results
 
 
@@ -91,7 +98,7 @@ def as_split(stmt: Let, results: list[list], split: Split, axes: Sequence[int]) 
 def combined(ctx: Context, index: int, stmt: Let, results: list[list], split: Split, op, num_consts: int,
              consts: list, mapped: bool) -> list[Rep]:
     """Outputs from per-shard partial states: combined in a tree with `op`, in order."""
-    parts = [Partial(ctx.submit(tasks.pack, *r, worker=split.workers[k], name="pack"), split.workers[k]) for k, r in enumerate(results)]
+    parts = [Partial(ctx.pack(r, split.workers[k]), split.workers[k]) for k, r in enumerate(results)]
     total = tree_combine(ctx, (index,), op, num_consts, consts, [o.aval for o in stmt.outs], parts, mapped)
     return [Rep(ctx.submit(tasks.item, total.packed, j, worker=total.worker, name="item"), o.aval, total.worker)
             for j, o in enumerate(stmt.outs)]
@@ -102,7 +109,7 @@ def summed(ctx: Context, index: int, stmt: Let, results: list[list], split: Spli
     reps = {}
     for j in outs:
         aval = stmt.outs[j].aval
-        parts = [Partial(ctx.submit(tasks.pack, r[j], worker=split.workers[k], name="pack"), split.workers[k]) for k, r in enumerate(results)]
+        parts = [Partial(ctx.pack([r[j]], split.workers[k]), split.workers[k]) for k, r in enumerate(results)]
         total = tree_combine(ctx, (index, j, "add"), _adder(aval), 0, [], [aval], parts, False)
         reps[j] = Rep(ctx.submit(tasks.item, total.packed, 0, worker=total.worker, name="item"), aval, total.worker)
     return reps

@@ -26,6 +26,17 @@ def run_program(key: str, program: Any, backend: str, *args: np.ndarray) -> tupl
     return tuple(np.asarray(o) for o in runner(*args))
 
 
+def run_fused(key: str, program: Any, backend: str, sources: list, slots: list) -> tuple:
+    """A fused shard program (fusion.py): input m is `sources[s]`, or its element j, for (s, j) = slots[m]."""
+    args = [sources[s] if j is None else sources[s][j] for s, j in slots]
+    return run_program(key, program, backend, *args)
+
+
+def select(values: tuple, positions: list) -> tuple:
+    """The elements at `positions` of a task's tuple result: a fold's per-chunk state out of a shard program."""
+    return tuple(values[p] for p in positions)
+
+
 def run_primitive(prim: Any, *args: np.ndarray) -> tuple:
     """One elementwise or structural primitive, evaluated by the NumPy reference (nothing to compile)."""
     from fold.runtime.eager import eval_primitive
