@@ -254,6 +254,41 @@ def test_each_shard_program_compiles_once_per_worker(client):
     assert client.run(tasks.compiled_count) == before
 
 
+def chain(steps: int):
+    """`steps` elementwise statements per row, then a sum over the split axis (one combine)."""
+    def f(x, w):
+        y = x * w
+        for i in range(steps):
+            y = fold.tanh(y) + 0.5 * y - float(i)
+        return fold.reduce(fold.monoids.logaddexp, fold.map(lambda r: fold.reduce(fold.monoids.sum, r), y))
+
+    return f
+
+
+def test_tasks_per_call_scale_with_chunks_and_combines_not_statements(client):
+    """A run of shard-local statements is one task per chunk (fusion.py): 3 or 30 chained elementwise
+    statements before the reduce submit the same tasks, O(chunks x combine levels), and the scheduler's
+    task stream shows the same count ran."""
+    from distributed import get_task_stream
+
+    chunks, rng = 4, np.random.default_rng(11)
+    x, w = rng.normal(size=(12, 3)), rng.normal(size=3)
+    counts = []
+    for steps in (3, 30):
+        f = sharded(chain(steps), client, chunks)
+        close(f(x, w), fold.run(chain(steps), x, w))
+        with get_task_stream(client) as stream:
+            close(f(x, w), fold.run(chain(steps), x, w))
+        ran = [t for t in stream.data if str(t["key"]).startswith(f.last_call.prefix)]
+        counts.append((f.last_call.tasks, len(ran)))
+    (few, few_ran), (many, many_ran) = counts
+    assert few == many and few_ran == many_ran, counts
+    # per chunk: its input, its shard program, its state's select, its slice of w broadcast to x's shape;
+    # w's broadcast (a whole statement) and its item; chunks - 1 merges; the total's item
+    assert many == chunks * 4 + 2 + (chunks - 1) + 1, counts
+    assert many_ran == many, counts  # nothing submitted that did not run, nothing ran unaccounted
+
+
 def test_a_worker_killed_mid_gradient_costs_a_rerun_not_the_result(client):
     rng = np.random.default_rng(10)
     x, w = rng.normal(size=(40, 3)), rng.normal(size=3)
