@@ -182,3 +182,21 @@ def test_random_nests_and_their_gradients_match_the_numpy_backend(spec):
     loss = lambda X, w: fold.reduce(M.sum, f(X, w))  # noqa: E731
     got, want = _both(fold.grad(loss, argnums=(0, 1)), X, w)
     _close(got, want, 1e-8)
+
+
+def test_a_long_map_body_is_written_once_as_straight_line_code():
+    """A body of more than LONG_BODY statements runs as a nest (the older expansion compiled in time growing
+    faster than the body: 100 statements took a minute), with the reference's results."""
+    from fold.runtime.loops.fusion import LONG_BODY
+
+    def body(x):
+        y = x
+        for j in range(LONG_BODY // 2 + 1):
+            y = fold.tanh(y) * 0.5 + x * (0.01 * (j + 1))
+        return y
+
+    X = rng.normal(size=500)
+    program, kernels = _nests(lambda X: fold.map(body, X), X)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest"] and not buffers(kernels[0].outer.body)
+    got, want = _both(lambda X: fold.map(body, X), X)
+    _close(got, want, 1e-12)

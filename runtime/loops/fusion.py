@@ -46,9 +46,19 @@ def _nests_a_map(program: Program) -> bool:
     return any(isinstance(s.prim, Map) or any(_nests_a_map(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
+# A map body of more statements than this is written once as straight-line code in a nest: the older
+# per-statement expansion compiles in time that grows faster than its length (100 statements took a minute).
+LONG_BODY = 64
+
+
+def _statement_count(program: Program) -> int:
+    return sum(1 + sum(_statement_count(b) for b in s.prim.bodies()) for s in program.stmts)
+
+
 def _candidate(stmt: Let) -> bool:
-    return (isinstance(stmt.prim, Map) and _nests_a_map(stmt.prim.body) and nestable(stmt.prim.body) is None
-            and stmt.outs[0].aval.shape[0] > 0)
+    return (isinstance(stmt.prim, Map) and stmt.outs[0].aval.shape[0] > 0
+            and (_nests_a_map(stmt.prim.body) or _statement_count(stmt.prim.body) > LONG_BODY)
+            and nestable(stmt.prim.body) is None)
 
 
 def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
