@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, save_figure, write_json
+from benchmarks.common import (RESULTS_DIR, benchmark_parser, machine, machine_line, median_seconds, parse_benchmark_args,
+                               save_figure, write_json)
 
 BANDWIDTH = 10e9   # bytes/s between workers in the model (a 100 Gb/s network, roughly)
 LATENCY = 50e-6    # seconds per message in the model
@@ -43,13 +43,7 @@ def _peak_rss(dask_worker=None) -> int:
 
 
 def _timed(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
+    return float(median_seconds(fn, repeats)[0])
 
 
 def _sharded_run(n_workers: int, chunks: int, fns: dict, args: tuple, repeats: int) -> dict:

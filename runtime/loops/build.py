@@ -31,21 +31,10 @@ from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMu
                              StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
+from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, Loop, Node, Store
 
-# The scalar language the backends share (runtime/numba_backend/codegen.py writes lambdas in it too).
-TEMPLATES = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
-    "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})",
-    "logaddexp": "_logaddexp({0}, {1})", "neg": "(-{0})", "abs": "abs({0})", "sign": "_sign({0})",
-    "exp": "math.exp({0})", "log": "_log({0})", "log1p": "_log1p({0})", "expm1": "math.expm1({0})",
-    "sin": "math.sin({0})", "cos": "math.cos({0})", "tanh": "math.tanh({0})", "sqrt": "_sqrt({0})",
-    "sigmoid": "_sigmoid({0})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
-    "eq": "({0} == {1})", "ne": "({0} != {1})", "and": "({0} and {1})", "or": "({0} or {1})", "not": "(not {0})",
-    "where": "({1} if {0} else {2})",
-}
-_UNWRAPPED = {"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"}  # give Python bools, as NumPy's do
 
 
 class NotNestable(Exception):

@@ -27,20 +27,12 @@ from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Iot
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.kernels.cpu import lanes, simd, vector_math
 from fold.kernels.cpu.modules import file_digest, load_module
+from fold.runtime.loops.scalar_language import COMPARISONS, TEMPLATES
 from fold.runtime.numpy_impl.structural import index_key
 
 from . import scalar_helpers
 
-_TEMPLATES = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
-    "mod": "_mod({0}, {1})", "floordiv": "_floordiv({0}, {1})", "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})",
-    "logaddexp": "_logaddexp({0}, {1})", "neg": "(-{0})", "abs": "abs({0})", "sign": "_sign({0})",
-    "exp": "math.exp({0})", "log": "_log({0})", "log1p": "_log1p({0})", "expm1": "math.expm1({0})",
-    "sin": "math.sin({0})", "cos": "math.cos({0})", "tanh": "math.tanh({0})", "sqrt": "_sqrt({0})",
-    "sigmoid": "_sigmoid({0})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
-    "eq": "({0} == {1})", "ne": "({0} != {1})", "and": "({0} and {1})", "or": "({0} or {1})", "not": "(not {0})",
-    "where": "({1} if {0} else {2})",
-}
+_TEMPLATES = TEMPLATES
 
 
 MAX_COMPONENTS = 64
@@ -55,7 +47,7 @@ MAX_INLINED_PARAMETERS = 30
 # operator at many sites (scan_pair_map's interleaved segments: 18) compiles its body that many times. A
 # larger function is an ordinary call, which LLVM may still inline, at a fraction of the compile time.
 MAX_INLINED_STATEMENTS = int(os.environ.get("FOLD_MAX_INLINED_STATEMENTS", "48"))
-_COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
+_COMPARISONS = COMPARISONS
 
 
 def compile_problem(program: Program) -> str | None:
