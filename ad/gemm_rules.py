@@ -15,7 +15,9 @@ extreme (one more pass over the blocks counts them): D gives g to every tied pai
 (two identical rows of rhs, where the function is smooth) would otherwise double the gradient.
 
 For a monoid without d the nested map/reduce the primitive abbreviates is differentiated instead, with the
-generic rule, after one warning: that materialises M x N values.
+generic rule, after one warning, in row blocks of whole rows (a GemmBlockSum of N-column blocks): each
+holds about a forward block's pairs, at least one row's N, times the map's values per pair (|h|, D for a
+vector payload), never M x N x |h|.
 
 jvp: the same primitive over (value, tangent) pairs — block programs replaced by their jvp, the operator
 lifted to pairs, exactly as for reduce.
@@ -202,7 +204,7 @@ def _blocks_backward(prim, program, d):
 
 
 def _nested(prim, consts, rows, cols):
-    """The nested map/reduce that gemm_map_reduce abbreviates (materialises M x N)."""
+    """The nested map/reduce that gemm_map_reduce abbreviates (materialises rows x N x |h|: called per row block)."""
     npairs = _pairs(prim)
     ls, row_data = rows[:npairs], rows[npairs:]
     rs, col_data = cols[:npairs], cols[npairs:]
@@ -229,17 +231,50 @@ def _pairs(prim) -> int:
 
 
 def _nested_vjp(prim, args, cts, why: str):
+    """The gradient of the nested map/reduce the primitive abbreviates (the generic reduce rules), walked in
+    row blocks: a GemmBlockSum whose blocks are `_nested_rows` whole rows by all N columns.
+
+    Row i's total depends only on row i's operands (and all columns), so the rows' gradients are independent:
+    each row block's nested vjp gives its rows' cotangents, and the column and whole operands' cotangents
+    are sums over the row blocks. Differentiated over all M rows at once, the generic rule held several
+    arrays of M x N x |h| (the map's values per pair, the prefix and suffix scans of the row folds): with a
+    vector payload of D entries that is M x N x D (26.8 GiB at M = N = 30000, D = 4, float64), more than
+    the M x N the docs promise. Per row block it holds row-block x N x |h|."""
     name = prim.monoid.name if prim.monoid is not None else "operator"
     if name not in _warned:
         _warned.add(name)
         warnings.warn(f"gemm_map_reduce: monoid {name} {why}, so its gradient differentiates the nested "
-                      f"map/reduce with the reduce rules, which holds M x N intermediates", stacklevel=3)
+                      f"map/reduce with the reduce rules, a block of whole rows at a time (never M x N x |h| values at once)", stacklevel=3)
     consts, identity, rows, cols = split_gemm_args(prim, list(args))
-    nc, nr = len(consts), len(rows)
-    diff = [i for i, a in enumerate(args) if hasattr(a, "aval") and differentiable(aval_of(a))]
-    arg_cts = vjp_of_function(lambda *xs: _nested(prim, list(xs[:nc]), list(xs[nc + len(identity): nc + len(identity) + nr]),
-                                                  list(xs[nc + len(identity) + nr:])), list(args), cts)
-    return [arg_cts[i] if i in diff else Zero(aval_of(a)) for i, a in enumerate(args)]
+    nc, nr, ncol = len(consts), len(rows), len(cols)
+    m, n = aval_of(rows[0]).shape[0], aval_of(cols[0]).shape[0]
+    per_block = _nested_rows(prim, m, n)
+    shapes = sorted({min(per_block, m - i0) for i0 in range(0, m, per_block)})
+
+    def block_program(ri: int):
+        def fn(*flat):
+            operands, block_cts = list(flat[: nc + nr + ncol]), list(flat[nc + nr + ncol:])
+            got = vjp_of_function(lambda *xs: _nested(prim, list(xs[:nc]), list(xs[nc: nc + nr]), list(xs[nc + nr:])),
+                                  operands, block_cts)
+            return [instantiate(c, aval_of(x)) for c, x in zip(got, operands, strict=True)]
+
+        with_rows = lambda xs: [aval_of(x).update(shape=(ri,) + aval_of(x).shape[1:]) for x in xs]  # noqa: E731
+        avals = [aval_of(x) for x in consts] + with_rows(rows) + [aval_of(x) for x in cols] + with_rows(cts)
+        return dce(trace_body(fn, avals, f"gemm nested vjp block {ri}x{n}").program)
+
+    in_roles = ("whole",) * nc + ("row",) * nr + ("col",) * ncol
+    backward = GemmBlockSum(tuple(((ri, n), block_program(ri)) for ri in shapes), (per_block, n),
+                            in_roles + ("row",) * len(cts), in_roles, f"gemm_map_reduce_nested_vjp[{name}]")
+    results = bind(backward, *consts, *rows, *cols, *cts)
+    arg_cts = results[:nc] + [Zero(aval_of(i)) for i in identity] + results[nc:]
+    return [ct if hasattr(a, "aval") and differentiable(aval_of(a)) else Zero(aval_of(a)) for a, ct in zip(args, arg_cts, strict=True)]
+
+
+def _nested_rows(prim, m: int, n: int) -> int:
+    """Rows per block of the nested gradient: about as many pairs as a forward block (prim.block, sized by
+    the memory budget for the forward's per-pair intermediates), and at least one whole row of N pairs."""
+    bi, bj = prim.block
+    return max(1, min(m, (bi * bj) // max(n, 1)))
 
 
 def _paired(program, in_groups: list[int], out_groups: list[int], label: str):

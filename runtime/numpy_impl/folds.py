@@ -17,12 +17,14 @@ from fold.primitives import Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
+from ..wide_operators import WIDE, widened_operator
 from .accumulation import chain_dtype, reduce_dtype
 from .batching import concat_broadcast, expand_for_body, fit_axis, take_axis
 
 Leaves = list[np.ndarray]
 Combine = Callable[[Leaves, Leaves], Leaves]
 
+SELECTING = ("maximum", "minimum")  # operators returning one of their operands: nothing to round
 _UFUNCS = {"add": np.add, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum, "logaddexp": np.logaddexp}
 
 # Switched off by benchmarks and tests that exercise the generic tree algorithms.
@@ -36,16 +38,42 @@ def _fast_ufunc(prim) -> np.ufunc | None:
     return _UFUNCS.get(op) if op else None
 
 
-def _combiner(prim, consts: Leaves, axis: int) -> Combine:
-    """The operator as a function of two lists of leaves batched along `axis` (= the depth)."""
+def _combiner(prim, consts: Leaves, axis: int, body=None) -> Combine:
+    """The operator (`body`, default the fold's own) as a function of two lists of leaves batched along
+    `axis` (= the depth)."""
     body_consts = [expand_for_body(c, axis) for c in consts]
+    body = prim.body if body is None else body
 
     def combine(a: Leaves, b: Leaves) -> Leaves:
         size = a[0].shape[axis]
-        outs = eval_program(prim.body, body_consts + a + b, depth=axis + 1)
+        outs = eval_program(body, body_consts + a + b, depth=axis + 1)
         return [fit_axis(o, axis, size) for o in outs]
 
     return combine
+
+
+def _carried(prim, consts: Leaves, identity: Leaves, xs: Leaves):
+    """(the operator traced again on float64, consts, identity, xs with float32 in float64) for a fold of
+    float32 leaves under an operator not recognised as +, *, max, min or logaddexp (those take NumPy's own
+    folds; see accumulation.py), or None: other dtypes, a selecting operator (max, min: nothing to round),
+    or an operator that cannot be traced again (one holding a fold.map), which folds in float32.
+
+    Each combine of the tree rounded to float32 before: a float32 product of 10^5 factors near 1, or an
+    affine scan's pairs, came out hundreds of ulp from the exact fold, and a * b + b 4 ulp, where the
+    numba backend (which carries these folds in float64, runtime/numba_backend/wide_folds.py) was within
+    half an ulp. Carried in float64 and rounded once, both are (tests/test_float32_accuracy.py)."""
+    if not any(np.asarray(x).dtype == np.float32 for x in xs) or recognize_binary_op(prim.body, prim.num_consts) in SELECTING:
+        return None
+    body = widened_operator(prim.body)
+    if body is None:
+        return None
+    wide = lambda vs: [v.astype(WIDE) if np.asarray(v).dtype == np.float32 else v for v in map(np.asarray, vs)]  # noqa: E731
+    return body, wide(consts), wide(identity), wide(xs)
+
+
+def _rounded(outs: Leaves, like: Leaves) -> Leaves:
+    """Results carried in float64 rounded once to their leaves' dtypes."""
+    return [o.astype(x.dtype, copy=False) for o, x in zip(outs, like, strict=True)]
 
 
 def _split(prim, args: list) -> tuple[Leaves, Leaves, Leaves]:
@@ -122,6 +150,10 @@ def _reduce(prim: Reduce, args: list, depth: int) -> list:
     if ufunc is not None:  # float32 in float64 where NumPy would chain float32 (accumulation.py)
         x = xs[0]
         return [ufunc.reduce(x, axis=depth, dtype=reduce_dtype(ufunc, x, (depth,))).astype(x.dtype, copy=False)]
+    carried = _carried(prim, consts, identity, xs)
+    if carried is not None:
+        body, wide_consts, _, wide_xs = carried
+        return _rounded(tree_reduce(wide_xs, depth, _combiner(prim, wide_consts, depth, body)), xs)
     return tree_reduce(xs, depth, _combiner(prim, consts, depth))
 
 
@@ -151,6 +183,11 @@ def _scan(prim: Scan, args: list, depth: int) -> list:
             if out is not None:
                 return [np.flip(out, depth) if prim.reverse else out]
         return _scan_with(inclusive, xs, identity, depth, accumulate, prim.exclusive, prim.reverse)
+    carried = _carried(prim, consts, identity, xs)
+    if carried is not None:
+        body, wide_consts, wide_identity, wide_xs = carried
+        return _rounded(scan_leaves(wide_xs, wide_identity, depth, _combiner(prim, wide_consts, depth, body),
+                                    prim.exclusive, prim.reverse), xs)
     return scan_leaves(xs, identity, depth, _combiner(prim, consts, depth), prim.exclusive, prim.reverse)
 
 
@@ -202,12 +239,17 @@ def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int) -> list:
         ufunc.at(bins, keys, vals[0] if wide is None else vals[0].astype(wide))
         out[0] = bins.astype(out[0].dtype, copy=False)
     elif keys.size:
-        _segmented_reduce(prim, consts, depth, batch, keys, rows, vals, out)
+        carried = _carried(prim, consts, identity, vals)
+        if carried is None:
+            _segmented_reduce(prim, prim.body, consts, depth, batch, keys, rows, vals, out)
+        else:  # float32 bins folded in float64, rounded once as they are written
+            _segmented_reduce(prim, carried[0], carried[1], depth, batch, keys, rows, carried[3], out)
     return [o.reshape(batch + (prim.n,) + o.shape[1:]) for o in out]
 
 
-def _segmented_reduce(prim, consts, depth, batch, keys, rows, vals, out) -> None:
-    """Combine the values of each bin in their original order: stable sort by bin, then a segmented scan."""
+def _segmented_reduce(prim, body, consts, depth, batch, keys, rows, vals, out) -> None:
+    """Combine the values of each bin in their original order with the operator `body`: stable sort by bin,
+    then a segmented scan."""
     order = np.argsort(keys, kind="stable")
     keys, rows, vals = keys[order], rows[order], [v[order] for v in vals]
     starts = np.ones(keys.shape, dtype=bool)
@@ -219,7 +261,7 @@ def _segmented_reduce(prim, consts, depth, batch, keys, rows, vals, out) -> None
     def combine(a: Leaves, b: Leaves) -> Leaves:
         # leaves: [segment-start flag, consts of the element..., values...]
         fa, fb = a[0], b[0]
-        combined = eval_program(prim.body, b[1: 1 + nc] + a[1 + nc:] + b[1 + nc:], depth=1)
+        combined = eval_program(body, b[1: 1 + nc] + a[1 + nc:] + b[1 + nc:], depth=1)
         picked = [np.where(fb.reshape(fb.shape + (1,) * (c.ndim - 1)), vb, c)
                   for vb, c in zip(b[1 + nc:], combined, strict=True)]
         return [fa | fb] + b[1: 1 + nc] + picked
