@@ -71,15 +71,18 @@ def row_max(x):
 def _log_weights(z):
     """(row totals, e = exp(z - row max), the rows' sums of e, whether each row is empty) of a (bi, bj)
     block. A row of -inf is empty: it gives (-inf, 0, 0, True). A NaN gives its row a NaN total and a +inf a
-    +inf one, as the nested logaddexp fold does (no shift by an infinite maximum, and only a weight of exactly
-    0 counts as empty: NaN > 0 is false)."""
+    +inf one, as the nested logaddexp fold does (only a weight of exactly 0 counts as empty: NaN > 0 is
+    false); in a row whose maximum is +inf, each +inf element weighs 1 and every other 0."""
     m = ops.stop_gradient(row_max(z))  # the shift cancels, so its derivative is zero: do not compute it
     m_safe = ops.where(ops.abs(m) == np.inf, 0.0, m)
-    e = ops.exp(z - _column_vector(m_safe))
+    m_col = _column_vector(m)
+    # a +inf element weighs 1 and the finite ones 0, as monoids.exp_weight says (inf - inf would be NaN)
+    at_infinite_max = (z == m_col) & (m_col == np.inf)
+    e = ops.exp(ops.where(at_infinite_max, 0.0, z - ops.where(m_col == np.inf, m_col, _column_vector(m_safe))))
     total_weight = ops.sum(e, axis=1)
     empty = total_weight == 0
     safe_weight = ops.where(empty, 1.0, total_weight)
-    total = ops.where(empty, -np.inf, m_safe + ops.log(safe_weight))
+    total = ops.where(empty, -np.inf, ops.where(m == np.inf, np.inf, m_safe + ops.log(safe_weight)))
     return total, e, empty, safe_weight
 
 

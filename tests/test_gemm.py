@@ -482,6 +482,8 @@ def test_a_nan_or_infinite_product_reaches_its_rows_totals_as_in_the_nested_fold
     if bad == -np.inf:  # the column has no weight
         p = np.exp(A @ np.delete(B, 1, 0).T - want[:, None])
         np.testing.assert_allclose(out["v"], p @ np.delete(V, 1, 0), rtol=1e-12)
+    elif bad == np.inf:  # the +inf column weighs 1, the others 0 (monoids.exp_weight), in every row
+        np.testing.assert_array_equal(out["v"], np.broadcast_to(V[1], out["v"].shape))
     else:
         assert np.isnan(out["v"]).all()
 
