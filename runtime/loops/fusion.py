@@ -85,8 +85,13 @@ def fuse_loop_nests(program: Program) -> Program:
     """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised."""
     found = _fused.get(program)
     if found is None:
-        found = _fused[program] = _fuse(program)
-    return found
+        found = _fuse(program)
+        # an unchanged program is not stored as its own value: the entry would keep its key alive
+        _fused[program] = _UNCHANGED if found is program else found
+    return program if found is _UNCHANGED else found
+
+
+_UNCHANGED = object()
 
 
 _fused: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictionary()

@@ -39,7 +39,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     found = per_program.get(whole_arrays)
     if found is None:
         given = program
-        program = fuse_loop_nests(program) if whole_arrays else program
+        program = fuse_loop_nests(program) if whole_arrays and loop_nests_on() else program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         program = sparse_one_hots(program)
         staged = hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))
@@ -50,6 +50,15 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
 
 
 _UNCHANGED = object()
+
+
+def loop_nests_on() -> bool:
+    """Loop nests (runtime/loops) are opt-in for now (FOLD_LOOP_NESTS=1): with them on, nine tests of the
+    older passes and the random-program test failed in the last full run (a kernel that Numba could not
+    type among them), and those are to be fixed before they become the default."""
+    import os
+
+    return os.environ.get("FOLD_LOOP_NESTS", "0") == "1"
 
 
 def _whole_array_fusions(program: Program) -> Program:
