@@ -36,10 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # One process: times each case (median of argv[2] repeats after a warm-up) and prints the medians as JSON.
 CHILD = r"""
-import json, statistics, sys, time
+import json, sys
 import numpy as np
 import fold
 from benchmarks.bench_numba import kmeans_matmul
+from benchmarks.common import median_seconds
 
 n, repeats = int(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)
@@ -52,13 +53,7 @@ cases = {"long inner product": lambda: product(a, b),
          "k-means HVP": lambda: hvp(points, centroids, np.ones_like(centroids))}
 out = {}
 for name, fn in cases.items():
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    out[name] = statistics.median(samples)
+    out[name] = median_seconds(fn, repeats)[0]
 print(json.dumps(out))
 """
 
