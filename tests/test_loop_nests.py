@@ -206,3 +206,40 @@ def test_a_long_map_body_is_written_once_as_straight_line_code():
     assert [s.prim.name for s in program.stmts] == ["loop_nest"] and not buffers(kernels[0].outer.body)
     got, want = _both(lambda X: fold.map(body, X), X)
     _close(got, want, 1e-12)
+
+
+def test_a_sum_over_rows_of_scalars_folds_one_scalar_state():
+    """sum[axes=(0,)] of a map's scalar results (a gradient's contribution to a captured scalar) is a fold of
+    a 0-d state: its chunks' partial states are merged element by element (a Numba typing error before)."""
+    X = rng.normal(size=(40, 6))
+
+    def f(X):
+        return fold.sum(fold.map(lambda r: fold.reduce(M.max, fold.map(lambda e: e * e, r)), X), axis=0)
+
+    program, kernels = _nests(f, X)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
+    assert [s.shape for s in kernels[0].outer.states] == [()]
+    got, want = _both(f, X)
+    _close(got, want, 1e-12)
+
+
+def _chain_source_length(n: int) -> int:
+    from fold.runtime.numba_backend.loop_nests import kernel_source
+
+    def body(r):
+        x = r
+        for _ in range(n):
+            x = x * x + x * 0.5  # each statement reads the one before twice
+        return fold.reduce(M.sum, x)
+
+    X = rng.normal(size=(10, 4))
+    _, kernels = _nests(lambda X: fold.reduce(M.sum, fold.map(body, X)), X)
+    return len(kernel_source(kernels[0]))
+
+
+def test_the_kernel_text_grows_linearly_with_the_body():
+    """An element read twice is written once where it is still in scope, and a long chain is stored now and
+    then: the kernel's text grows in proportion to the body (it doubled with every statement before, and a
+    chain of a few hundred statements overflowed Python's recursion)."""
+    short, long = _chain_source_length(100), _chain_source_length(400)
+    assert long < 5 * short, (short, long)

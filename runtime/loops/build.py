@@ -37,6 +37,10 @@ from .nest import Assign, Buffer, If, Loop, Node, Store
 
 
 
+# the most pulled statements an element is written through before the array is stored
+MAX_CHAIN = 48
+
+
 class NotNestable(Exception):
     """A statement the loop nest has no rule for; the message says which and why."""
 
@@ -93,6 +97,10 @@ class Writer:
         self.blocks: list[list[Node]] = [[]]
         self._names = itertools.count()
         self.constant = constant  # an array literal -> the name of the kernel argument holding it
+        # (id of a Pull, index) -> (the name holding that element, the block it was assigned in, the Pull):
+        # an element read again where that block is still open is not written again. Without this, a chain of
+        # statements that each read the one before twice writes 2^length expressions.
+        self._elements: dict[tuple, tuple[str, list, Pull]] = {}
 
     def fresh(self, prefix: str = "t") -> str:
         return f"{prefix}{next(self._names)}"
@@ -141,7 +149,14 @@ class Writer:
             return value.expr
         if isinstance(value, Stored):
             return f"{value.name}[{', '.join(index)}]" if value.shape else f"{value.name}[0]"
-        return value.element(self, tuple(index))
+        key = (id(value), tuple(index))
+        found = self._elements.get(key)
+        if found is not None and any(block is found[1] for block in self.blocks):
+            return found[0]
+        expr = value.element(self, tuple(index))
+        name = expr if expr.isidentifier() else self.assign(expr, "e")
+        self._elements[key] = (name, self.blocks[-1], value)
+        return name
 
     def materialise(self, value: Value) -> Value:
         """`value` in a Buffer (its elements computed once, here), unless it is not an array or is stored."""
@@ -165,15 +180,20 @@ class Writer:
         """Write `program` applied to `inputs` here; its outputs."""
         env: dict[Var, Value] = dict(zip(program.inputs, inputs, strict=True))
         uses = _uses(program)
+        chain: Counter = Counter()  # how many pulled statements an array's element is written through
         for stmt in program.stmts:
             args = [self.value(a, env) for a in stmt.args]
             rule = _rules.get(stmt.prim)
             if rule is None:
                 raise NotNestable(f"{stmt.prim.name} has no loop-nest rule")
             outs = rule(self, stmt.prim, args, [v.aval for v in stmt.outs])
+            depth = 1 + max((chain[a] for a in stmt.args if isinstance(a, Var)), default=0)
             for var, out in zip(stmt.outs, outs, strict=True):
-                if isinstance(out, Pull) and out.heavy and uses[var] > 1:
+                # a heavy array read twice is stored, not recomputed; so is the end of a long chain, whose
+                # element would otherwise be written by recursion as deep as the chain
+                if isinstance(out, Pull) and ((out.heavy and uses[var] > 1) or depth > MAX_CHAIN):
                     out = self.materialise(out)
+                chain[var] = depth if isinstance(out, Pull) else 0
                 env[var] = out
         return [self.value(a, env) for a in program.outputs]
 

@@ -220,7 +220,7 @@ def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: lis
         init += _fill(w, state, "0")
         w.blocks.append(merge)
         w.each_index(state.shape, lambda idx: w.emit(Store(
-            state.name, idx, f"np.{dt}({_at(state.name, idx)} + {_at('partial_' + state.name, ('chunk',) + idx)})")))
+            state.name, idx, f"np.{dt}({_at(state.name, idx)} + {_at('partial_' + state.name, ('chunk',) + (idx or ('0',)))})")))
         w.blocks.pop()
         states.append(state)
     step = tuple(w.blocks.pop())
