@@ -257,7 +257,7 @@ def _missing_attribute(self: Tracer, name: str) -> Any:
         raise AttributeError(name)
     from .numpy_reductions import METHODS
 
-    methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "shape", "dtype", "ndim", "size", *_METHODS, *METHODS]))
+    methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "at", "shape", "dtype", "ndim", "size", *_METHODS, *METHODS]))
     raise FoldAttributeError(f"a traced array ({self.aval}) has no attribute {name!r}: it has {methods}, the "
                              "operators, the NumPy functions and ufuncs fold traces (docs/language.md), and fold.* "
                              "for the rest")
