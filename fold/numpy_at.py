@@ -164,7 +164,8 @@ def _masked_update(name: str, x: Tracer, mask: Tracer, values: Any, where: str) 
 
 
 class IndexUpdates:
-    """`x.at`: index it (`x.at[i]`) to update the elements `x[i]` selects, as in JAX."""
+    """`x.at[i].set(v)` (also `.add`, `.multiply`, `.min`, `.max`, `.get`): a new array with the elements `x[i]`
+    selects updated, as in JAX."""
 
     def __init__(self, array: Tracer):
         self.array = array

@@ -535,6 +535,11 @@ def _reshape_method(self: Tracer, *shape: Any) -> ArrayLike:
     return reshape(self, shape[0] if len(shape) == 1 else shape)
 
 
+def _transpose_method(self: Tracer, *axes: Any) -> ArrayLike:
+    """x.transpose(), x.transpose(1, 0) or x.transpose((1, 0)), as NumPy's method."""
+    return transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+
+
 def _xor(a: ArrayLike, b: ArrayLike) -> ArrayLike:
     """a ^ b on booleans (a != b); like & | ~, not defined on numbers."""
     values = [as_value(a, "xor"), as_value(b, "xor")]
@@ -573,9 +578,9 @@ def _install_tracer_methods() -> None:
     Tracer.__rmatmul__ = lambda self, other: matmul(other, self)
     Tracer.__getitem__ = getitem
     Tracer.__array_ufunc__ = _array_ufunc
-    Tracer.T = property(lambda self: transpose(self))
+    Tracer.T = property(transpose)
     Tracer.reshape = _reshape_method
-    Tracer.transpose = lambda self, *axes: transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+    Tracer.transpose = _transpose_method
     Tracer.astype = convert
     Tracer.sum = sum
 
