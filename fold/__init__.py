@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import monoids, numpy_functions, numpy_reductions, printing_rules  # noqa: F401  (they register print rules and NumPy's functions on tracers)
+from . import monoids, numpy_at, numpy_einsum, numpy_functions, numpy_masks, numpy_reductions, printing_rules  # noqa: F401  (they register print rules and NumPy's functions on tracers)
 from .api import trace
 from .combinators import loop, map, reduce, reduce_by_index, scan  # noqa: A004
 from .dtypes import ShapedArray

@@ -221,14 +221,19 @@ _INSTEAD = {
 }
 
 
+def public_name(func: Callable) -> str:
+    """NumPy's function as a user writes it after `np.`: "sum", "linalg.norm" (not "linalg._linalg.norm")."""
+    public = [p for p in (getattr(func, "__module__", None) or "numpy").split(".")[1:] if not p.startswith("_")]
+    return ".".join([*public, getattr(func, "__name__", repr(func))])
+
+
 def array_function(self: Tracer, func: Callable, types: Sequence[type], args: tuple, kwargs: dict) -> Any:
     """Tracer.__array_function__: the fold operation NumPy's `func` means on these arguments."""
     handler = _HANDLERS.get(func)
-    public = [p for p in (getattr(func, "__module__", None) or "numpy").split(".")[1:] if not p.startswith("_")]
-    name = ".".join([*public, getattr(func, "__name__", repr(func))])  # np.linalg.norm, np.sum
+    name = public_name(func)
     if handler is None:
         hint = _INSTEAD.get(func)
-        supported = ", ".join(sorted(f"np.{f.__name__}" for f in _HANDLERS))
+        supported = ", ".join(sorted(f"np.{public_name(f)}" for f in _HANDLERS))
         raise FoldTypeError(f"np.{name} is not supported on traced arrays"
                             + (f"; write {hint}" if hint else f"; the NumPy functions fold traces are {supported}, "
                                "and the ufuncs (np.exp, np.add, ...)"))
@@ -245,11 +250,17 @@ Tracer.__array_function__ = array_function
 
 # ndarray methods a NumPy user writes on a traced array: the functions above, or what to write instead
 def _flat(a):
+    """The elements along one axis, in C order."""
     return ops.reshape(a, (-1,))
 
 
+def _copy(a):
+    """The same value: fold values are never written in place, so a copy is the array itself."""
+    return a
+
+
 _METHODS = {"sum": _sum, "mean": _mean, "dot": _dot, "squeeze": _squeeze, "ravel": _flat, "flatten": _flat,
-            "copy": lambda a: a}  # fold values are never written in place: a copy is the same value
+            "copy": _copy}
 def _missing_attribute(self: Tracer, name: str) -> Any:
     """Tracer.__getattr__ (only reached for names a Tracer lacks): an AttributeError that says what a traced
     array has, so that a NumPy habit gets a pointer rather than a bare error (hasattr still works)."""
@@ -257,7 +268,7 @@ def _missing_attribute(self: Tracer, name: str) -> Any:
         raise AttributeError(name)
     from .numpy_reductions import METHODS
 
-    methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "shape", "dtype", "ndim", "size", *_METHODS, *METHODS]))
+    methods = ", ".join(sorted(["astype", "reshape", "transpose", "T", "at", "shape", "dtype", "ndim", "size", *_METHODS, *METHODS]))
     raise FoldAttributeError(f"a traced array ({self.aval}) has no attribute {name!r}: it has {methods}, the "
                              "operators, the NumPy functions and ufuncs fold traces (docs/language.md), and fold.* "
                              "for the rest")

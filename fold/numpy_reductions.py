@@ -91,8 +91,6 @@ def _no_out(out: Any, name: str) -> None:
 @_handles(np.var)
 def _var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=None):
     _no_out(out, "var")
-    if where is not None:
-        raise FoldTypeError("np.var(..., where=...) on a traced array is not supported; mask with np.where first")
     a = _value(a, "np.var")
     if dtype is not None or _dtype(a).kind != "f":
         a = ops.convert(a, dtype or "float64")
@@ -102,7 +100,11 @@ def _var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=No
     if count - ddof <= 0:
         raise ShapeError(f"np.var: {count} elements with ddof={ddof} (shape {shape}, axes {axes}) leave no degrees "
                          f"of freedom")
-    centred = a - _mean(a, axis=axes, keepdims=True)
+    centred = a - _mean(a, axis=axes, keepdims=True, where=where)
+    if where is not None and where is not True:  # over the chosen elements, as many as `where` holds
+        chosen = _sum(ops.broadcast_to(where, shape), axis=axes)
+        result = _sum(centred * centred, axis=axes, where=where) / (chosen - ddof)
+        return _keep_dims(result, shape, axes) if keepdims else result
     result = ops.sum(centred * centred, axes) / (count - ddof)
     return _keep_dims(result, shape, axes) if keepdims else result
 
@@ -124,6 +126,12 @@ def _all(a, axis=None, out=None, keepdims=False, *, where=None):
     _no_out(out, "all")
     zero = ops.convert(ops.equal(_value(a, "np.all"), 0), "int64")
     return ops.equal(_sum(_masked(zero, where, 0, "np.all"), axis=axis, keepdims=keepdims), 0)
+
+
+@_handles(np.count_nonzero)
+def _count_nonzero(a, axis=None, *, keepdims=False):
+    """The number of nonzero (True) elements: how many a traced boolean mask selects, as an int64 value."""
+    return _sum(ops.not_equal(_value(a, "np.count_nonzero"), 0), axis=axis, keepdims=keepdims)
 
 
 def _arg_extreme(name: str, a: Any, axis: Any, keepdims: bool) -> Any:

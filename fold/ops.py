@@ -441,6 +441,10 @@ def _gather_axis(x: ArrayLike, index: Any, axis: int) -> ArrayLike:
             bad = index[(index < -size) | (index >= size)].ravel()[0]
             raise FoldIndexError(f"index {bad} is out of range for axis {axis} of size {size} (array shape {shape_of(x)})")
         index = np.where(index < 0, index + size, index).astype(np.int64)
+    elif index.dtype == bool:
+        raise FoldIndexError("a traced boolean mask selects a number of elements known only when the program runs: "
+                             "write x[mask] alone (a selection to reduce: np.sum(x[mask])), np.where(mask, x, 0), or "
+                             "a reduction's where=mask")
     elif index.dtype.kind not in "iu":
         raise FoldIndexError(f"index arrays must be integers, got {index.dtype.name}")
     ndim = len(shape_of(x))
@@ -507,6 +511,8 @@ _TRACED_UFUNCS = (*_UFUNCS, *_COMPOSITE_UFUNCS, np.matmul)
 
 
 def _array_ufunc(self: Tracer, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    if any(getattr(type(x), "__fold_defer__", False) for x in inputs):
+        return NotImplemented  # a boolean-mask selection among the inputs: NumPy asks it next
     if method == "__call__" and not kwargs:
         if ufunc is np.matmul:
             return matmul(*inputs)
@@ -529,6 +535,11 @@ def _reshape_method(self: Tracer, *shape: Any) -> ArrayLike:
     return reshape(self, shape[0] if len(shape) == 1 else shape)
 
 
+def _transpose_method(self: Tracer, *axes: Any) -> ArrayLike:
+    """x.transpose(), x.transpose(1, 0) or x.transpose((1, 0)), as NumPy's method."""
+    return transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+
+
 def _xor(a: ArrayLike, b: ArrayLike) -> ArrayLike:
     """a ^ b on booleans (a != b); like & | ~, not defined on numbers."""
     values = [as_value(a, "xor"), as_value(b, "xor")]
@@ -544,9 +555,11 @@ def _no_assignment(self: Tracer, key: Any, value: Any) -> None:
 
 def _install_tracer_methods() -> None:
     def binop(op: str, reflected: bool = False):
-        if reflected:
-            return lambda self, other: elementwise(op, other, self)
-        return lambda self, other: elementwise(op, self, other)
+        def method(self: Tracer, other: Any) -> Any:
+            if getattr(type(other), "__fold_defer__", False):  # a boolean-mask selection (numpy_masks.py)
+                return NotImplemented
+            return elementwise(op, other, self) if reflected else elementwise(op, self, other)
+        return method
 
     for name, op in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("pow", "pow"),
                      ("mod", "mod"), ("floordiv", "floordiv"), ("and", "and"), ("or", "or")]:
@@ -565,9 +578,9 @@ def _install_tracer_methods() -> None:
     Tracer.__rmatmul__ = lambda self, other: matmul(other, self)
     Tracer.__getitem__ = getitem
     Tracer.__array_ufunc__ = _array_ufunc
-    Tracer.T = property(lambda self: transpose(self))
+    Tracer.T = property(transpose)
     Tracer.reshape = _reshape_method
-    Tracer.transpose = lambda self, *axes: transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+    Tracer.transpose = _transpose_method
     Tracer.astype = convert
     Tracer.sum = sum
 

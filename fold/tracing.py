@@ -115,18 +115,22 @@ class Tracer:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The static shape, a tuple of ints (known while tracing)."""
         return self.var.aval.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The NumPy dtype."""
         return self.var.aval.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of axes."""
         return len(self.var.aval.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements (static)."""
         return self.var.aval.size
 
     def __len__(self) -> int:

@@ -152,3 +152,39 @@ def test_norm_against_jax_numpy() -> None:
     x = RNG.normal(size=(3, 4))
     close(fold.grad(lambda x: np.linalg.norm(x) + np.sum(np.linalg.norm(x, ord=1, axis=0)))(x),
           jax.grad(lambda x: jnp.linalg.norm(x) + jnp.sum(jnp.linalg.norm(x, ord=1, axis=0)))(x))
+
+
+@pytest.mark.parametrize("subscripts,shapes", [
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("bi,bi->b", [(3, 4), (3, 4)]),
+    ("ii->i", [(3, 3)]), ("...ij,...jk", [(2, 3, 4), (4, 5)]), ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),
+])
+def test_einsum_against_jax_numpy(subscripts, shapes) -> None:
+    operands = [RNG.normal(size=s) for s in shapes]
+    close(fold.run(lambda *a: np.einsum(subscripts, *a), *operands), jnp.einsum(subscripts, *operands))
+    argnums = tuple(range(len(operands)))
+    close(fold.grad(lambda *a: np.sum(np.sin(np.einsum(subscripts, *a))), argnums)(*operands),
+          jax.grad(lambda *a: jnp.sum(jnp.sin(jnp.einsum(subscripts, *a))), argnums)(*operands))
+
+
+@pytest.mark.parametrize("name", ["set", "add", "multiply", "min", "max"])
+@pytest.mark.parametrize("index", [1, slice(1, 3), np.array([0, 2, 2]), (np.array([3, 0]), 1)], ids=str)
+def test_index_updates_against_jax(name, index) -> None:
+    x, shape = RNG.normal(size=(4, 5)), np.empty((4, 5))[index].shape
+    v = RNG.normal(size=shape) + 0.05
+    if name == "set" and isinstance(index, np.ndarray):
+        v = np.broadcast_to(v[:1], shape).copy()  # JAX leaves the winner of a repeated index unspecified: no repeats
+    f_fold = lambda x, v: np.sum(np.sin(getattr(x.at[index], name)(v)))  # noqa: E731
+    f_jax = lambda x, v: jnp.sum(jnp.sin(getattr(jnp.asarray(x).at[index], name)(v)))  # noqa: E731
+    close(fold.run(f_fold, x, v), f_jax(x, v))
+    if name == "multiply" and not isinstance(index, (int, slice)):
+        return  # JAX differentiates scatter_mul only with unique_indices=True (tests/test_numpy_at.py checks fold's)
+    close(fold.grad(f_fold, (0, 1))(x, v), jax.grad(f_jax, (0, 1))(x, v))
+
+
+def test_masked_reductions_against_jax_numpy() -> None:
+    x = RNG.normal(size=(4, 5))
+    f_fold = lambda x: np.sum(x[x > 0] ** 2) + np.max(x[x < 0.5], initial=-3.0) + np.var(x, axis=1, where=x > -0.5).sum()  # noqa: E731
+    f_jax = lambda x: (jnp.sum(x ** 2, where=x > 0) + jnp.max(x, where=x < 0.5, initial=-3.0)  # noqa: E731
+                       + jnp.var(x, axis=1, where=x > -0.5).sum())
+    close(fold.run(f_fold, x), f_jax(x))
+    close(fold.grad(f_fold)(x), jax.grad(f_jax)(x))
