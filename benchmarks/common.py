@@ -225,3 +225,31 @@ def traced_peak(fn: Callable[[], Any]) -> int:
         tracemalloc.stop()
     gc.collect()
     return int(peak - base)
+
+
+def status_bytes(field: str) -> int | None:
+    """A memory field of this process's /proc/self/status in bytes ("VmRSS": resident now, "VmHWM": its peak
+    since the process started or since `reset_peak_rss`), or None where /proc has none.
+
+    Why not `resource.getrusage(RUSAGE_SELF).ru_maxrss`: Linux keeps the peak of the address space a process
+    had before exec, so a process started by fork + exec (a Dask worker, a multiprocessing child) reports at
+    least its parent's RSS at the fork, whatever it did itself. VmHWM belongs to the process's own memory."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux: "5" to /proc/self/clear_refs), so
+    that the next reading of VmHWM is the peak of what ran since. False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return status_bytes("VmHWM") is not None

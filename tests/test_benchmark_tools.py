@@ -1,6 +1,7 @@
 """The benchmarks' own instruments, which no benchmark run would notice going blind."""
 
 import numpy as np
+import pytest
 
 import fold
 from benchmarks.bench_ad import statement_profile
@@ -14,3 +15,21 @@ def test_the_statement_profile_sees_every_statement_of_a_jitted_call():
     assert all(row["count"] == 1 and row["seconds"] > 0.0 for row in rows)
     reduce_row = next(row for row in rows if row["statement"] == "reduce")
     assert reduce_row["out_shapes"] == "[]" and reduce_row["out_bytes"] == 8
+
+
+def test_a_dask_workers_peak_rss_is_its_own_not_the_clients():
+    """bench_dask's per-worker peak must count the worker's memory alone. A worker is started by fork + exec
+    from the client, and ru_maxrss keeps the peak from before the exec (the client's RSS at the fork): with
+    300 MB touched here first, it reports at least that for an idle worker. VmHWM does not."""
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    from benchmarks.bench_dask import _peak_rss, _reset_peak
+
+    ballast = np.ones(300 * 2**20 // 8)  # touched: resident in this process when the worker is forked
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        peak = next(iter(client.run(_peak_rss).values()))
+        assert all(client.run(_reset_peak).values())
+        after_reset = next(iter(client.run(_peak_rss).values()))
+    assert 0 < after_reset <= peak < ballast.nbytes

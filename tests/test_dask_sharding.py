@@ -243,6 +243,59 @@ def test_bytes_moved_match_the_combine_formula(client):
     assert report.combine_bytes <= report.bytes_moved <= report.combine_bytes + 256  # + Dask's container sizes
 
 
+def _array_bytes(x) -> int:
+    """The bytes of the NumPy arrays in `x` (through lists, tuples and dicts; futures are references: 0)."""
+    if isinstance(x, np.ndarray):
+        return x.nbytes
+    if isinstance(x, (list, tuple)):
+        return sum(_array_bytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(_array_bytes(v) for v in x.values())
+    return 0
+
+
+def test_each_task_is_sent_only_its_chunk_of_the_split_vocabulary(client, monkeypatch):
+    """What makes a worker's memory for C 1/workers of it (bench_dask measures the peaks): the client sends
+    each task at most one chunk of the split C, C's rows once in all, and the whole arguments (P, t) once
+    per worker; the gradient's dC comes back in chunks (no task assembles it). Counted at the client's
+    submit and scatter, the only ways data leaves it, over a value_and_grad call in 4 chunks."""
+    rng = np.random.default_rng(12)
+    M, V, D, chunks = 8, 4096, 4, 4
+    P, C, t = rng.normal(size=(M, D)), rng.normal(size=(V, D)), rng.integers(0, V, size=M)
+
+    def loss(P, C, t):
+        j = fold.iota(C.shape[0])
+        A = fold.gemm_map_reduce(fold.monoids.cross_entropy, lambda s, t, j: {"p": s, "n": fold.where(j == t, s, 0.0)},
+                                 P, C, rows=(t,), cols=(j,), block=(M, V // chunks))
+        return fold.sum(A["p"] - A["n"])
+
+    vg = fold.value_and_grad(loss, argnums=(0, 1))
+    f = sharded(vg, client, chunks, {1: 0})
+    f(P, C, t)  # plans and compiles; the call counted below sends what every call sends
+    sent: list[tuple[str, int]] = []
+    submit, scatter = client.submit, client.scatter
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+
+    def counted_submit(fn, *args, **kwargs):
+        sent.append((getattr(fn, "__name__", "?"), _array_bytes(args)))
+        return submit(fn, *args, **kwargs)
+
+    def counted_scatter(data, **kwargs):
+        sent.append(("scatter", _array_bytes(data) * (workers if kwargs.get("broadcast") else 1)))
+        return scatter(data, **kwargs)
+
+    monkeypatch.setattr(client, "submit", counted_submit)
+    monkeypatch.setattr(client, "scatter", counted_scatter)
+    value, (gP, gC) = f(P, C, t)
+    monkeypatch.undo()
+    value0, (gP0, gC0) = vg(P, C, t)
+    close(value, value0), close(gP, gP0), close(gC, gC0)
+    chunk_bytes = C.nbytes // chunks
+    assert max(b for _, b in sent) <= chunk_bytes, sorted(sent, key=lambda s: -s[1])[:3]
+    iota_bytes = V * np.dtype(np.int64).itemsize  # j, made on the client, sent in pieces with the chunks
+    assert sum(b for _, b in sent) <= C.nbytes + iota_bytes + (P.nbytes + t.nbytes) * workers + 1024, sent
+
+
 def test_each_shard_program_compiles_once_per_worker(client):
     from fold.runtime.dask_backend import tasks
 

@@ -119,13 +119,17 @@ class Context:
         return [self.submit(tasks.item, packed, i, worker=worker, name="item") for i in range(n_out)]
 
     def sliced(self, rep: Rep, axis: int, chunks: tuple[int, ...], workers: Sequence[str]) -> list:
-        """A whole value cut to meet a split one (sliced where it lives, each piece sent to its chunk's worker)."""
+        """A whole value cut to meet a split one, piece k a future on `workers[k]`. One the client holds (an
+        input, a literal, an iota made on the client) is cut on the client and each piece given to a task
+        on its chunk's worker, like an input's chunks: sent once per call however many shard programs read
+        it (a gradient's forward and backward), not once per program. Otherwise it is cut where it lives."""
         cache_key = (id(rep), axis, chunks)
         if cache_key not in self._slices:
             offsets = np.cumsum((0,) + chunks)
             host = rep.value if isinstance(rep.value, np.ndarray) else rep.host
             if host is not None:
-                self._slices[cache_key] = [tasks.take(host, axis, int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
+                self._slices[cache_key] = [self.submit(tasks.whole, tasks.take(host, axis, int(a), int(b)), worker=w, name="chunk")
+                                           for a, b, w in zip(offsets[:-1], offsets[1:], workers, strict=True)]
             else:
                 self._slices[cache_key] = [self.submit(tasks.take, rep.value, axis, int(a), int(b), worker=rep.worker, name="slice")
                                            for a, b in zip(offsets[:-1], offsets[1:])]
