@@ -16,10 +16,7 @@ from fold.runtime.numba_backend.passes import prepare
 pytest.importorskip("numba")
 
 
-@pytest.fixture(autouse=True)
-def loop_nests(monkeypatch):
-    """Loop nests are opt-in (FOLD_LOOP_NESTS=1) until the older passes' tests pass beside them."""
-    monkeypatch.setenv("FOLD_LOOP_NESTS", "1")
+
 M = fold.monoids
 rng = np.random.default_rng(11)
 

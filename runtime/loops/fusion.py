@@ -24,7 +24,7 @@ import numpy as np
 
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Map, Reduce, SumAxes
+from fold.primitives import Map, MatMul, Reduce, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
 from .build import NotNestable, Scalar, Stored, Writer, map_row, nestable, store_row
@@ -46,6 +46,12 @@ def _nests_a_map(program: Program) -> bool:
     return any(isinstance(s.prim, Map) or any(_nests_a_map(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
+def _folds(program: Program) -> bool:
+    """Whether a fold (a reduce, a sum over axes, a matrix product) stands anywhere in `program`."""
+    return any(isinstance(s.prim, (Reduce, SumAxes, MatMul)) or any(_folds(b) for b in s.prim.bodies())
+               for s in program.stmts)
+
+
 # A map body of more statements than this is written once as straight-line code in a nest: the older
 # per-statement expansion compiles in time that grows faster than its length (100 statements took a minute).
 LONG_BODY = 64
@@ -56,9 +62,14 @@ def _statement_count(program: Program) -> int:
 
 
 def _candidate(stmt: Let) -> bool:
-    return (isinstance(stmt.prim, Map) and stmt.outs[0].aval.shape[0] > 0
-            and (_nests_a_map(stmt.prim.body) or _statement_count(stmt.prim.body) > LONG_BODY)
-            and nestable(stmt.prim.body) is None)
+    """A map the nest takes: one whose body nests a map and folds somewhere (a map of scalar maps and nothing
+    else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental
+    functions several elements per vector instruction, which a nest's scalar statements do not), or one whose
+    body is long."""
+    body = stmt.prim.body if isinstance(stmt.prim, Map) else None
+    return (body is not None and stmt.outs[0].aval.shape[0] > 0
+            and ((_nests_a_map(body) and _folds(body)) or _statement_count(body) > LONG_BODY)
+            and nestable(body) is None)
 
 
 def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:

@@ -53,12 +53,11 @@ _UNCHANGED = object()
 
 
 def loop_nests_on() -> bool:
-    """Loop nests (runtime/loops) are opt-in for now (FOLD_LOOP_NESTS=1): with them on, nine tests of the
-    older passes and the random-program test failed in the last full run (a kernel that Numba could not
-    type among them), and those are to be fixed before they become the default."""
+    """Loop nests (runtime/loops) run unless FOLD_LOOP_NESTS=0, the switch that compares them with the older
+    passes alone."""
     import os
 
-    return os.environ.get("FOLD_LOOP_NESTS", "0") == "1"
+    return os.environ.get("FOLD_LOOP_NESTS", "1") != "0"
 
 
 def _whole_array_fusions(program: Program) -> Program:
