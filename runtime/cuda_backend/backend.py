@@ -1,5 +1,6 @@
 """The cuda backend: a program interpreted statement by statement, with the folds and maps that
-lowering.py lowers run as Numba CUDA kernels, and every other statement on the numpy implementation.
+lowering.py lowers run as Numba CUDA kernels, the loop nests of maps of maps (runtime/loops) as kernels of
+their own (loop_nests.py), and every other statement on the numpy implementation.
 
 Values live on the device from the first statement to the last (device.py: CuPy arrays on a GPU, the
 simulator's device arrays under NUMBA_ENABLE_CUDASIM=1): NumPy inputs are copied to the device once when a
@@ -20,7 +21,9 @@ from fold.ir import Program
 
 from .. import numpy_impl  # noqa: F401  (the reference implementations it falls back to)
 from ..interpreter import eval_program, lowering
+from ..loops import fuse_loop_nests
 from . import device
+from . import loop_nests  # noqa: F401  (registers the loop nest's rule)
 from .lowering import cuda_impls
 
 
@@ -94,7 +97,7 @@ class CudaProgram:
     `on_device` returns device arrays instead. Each call copies its NumPy inputs to the device once."""
 
     def __init__(self, program: Program):
-        self.program = program
+        self.program = fuse_loop_nests(program)  # maps of maps and their folds as loop nests (loop_nests.py)
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         return device.on_host(self.on_device(args))

@@ -166,6 +166,14 @@ def to_host(x: Any) -> np.ndarray:
     return x.copy_to_host()
 
 
+def empty(shape: tuple, dtype: np.dtype) -> Any:
+    """An uninitialised device array (CuPy's on a real GPU with CuPy, else Numba's or the simulator's)."""
+    if SIMULATED:
+        return SimulatedDeviceArray(np.empty(shape, dtype))
+    cupy = _cupy()
+    return cupy.empty(shape, dtype) if cupy is not None else cuda.device_array(shape, dtype)
+
+
 def on_device(values: Sequence[Any]) -> list:
     return [to_device(v) for v in values]
 

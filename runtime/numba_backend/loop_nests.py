@@ -15,7 +15,8 @@ import numpy as np
 
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
-from fold.runtime.loops.nest import Assign, Buffer, If, Kernel, Loop, ParallelFold, ParallelMap, Store, buffers
+from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
+from fold.runtime.loops.text import allocations, shape_text, statement_lines
 
 from . import scalar_helpers
 from .lowering import numba_impls
@@ -68,31 +69,15 @@ def _chunk_bounds(chunk: str, extent: int) -> list[str]:
 
 
 def _allocations(nodes: tuple, indent: int) -> list[str]:
-    return [_allocation(b, indent) for b in buffers(nodes)]
+    return allocations(nodes, indent, _allocation)
 
 
 def _allocation(node: Buffer, indent: int) -> str:
-    return f"{' ' * indent}{node.name} = np.empty(({', '.join(map(str, node.shape or (1,)))},), np.{node.dtype.name})"
+    return f"{' ' * indent}{node.name} = np.empty({shape_text(node.shape)}, np.{node.dtype.name})"
 
 
 def _nodes(nodes: tuple, indent: int, hoisted: bool = False) -> list[str]:
-    """The nodes' lines; `hoisted`: their buffers are allocated before (once per chunk)."""
-    pad, lines = " " * indent, []
-    for node in nodes:
-        if isinstance(node, Assign):
-            lines.append(f"{pad}{node.target} = {node.expr}")
-        elif isinstance(node, Store):
-            lines.append(f"{pad}{node.target}[{', '.join(node.index) or '0'}] = {node.expr}")
-        elif isinstance(node, Buffer):
-            if not hoisted:
-                lines.append(_allocation(node, indent))
-        elif isinstance(node, Loop):
-            lines.append(f"{pad}for {node.index} in range({node.extent}):")
-            lines += _nodes(node.body, indent + 4, hoisted) or [f"{pad}    pass"]
-        elif isinstance(node, If):
-            lines.append(f"{pad}if {node.cond}:")
-            lines += _nodes(node.body, indent + 4, hoisted) or [f"{pad}    pass"]
-    return lines
+    return statement_lines(nodes, indent, _allocation, hoisted)
 
 
 _compiled: "weakref.WeakKeyDictionary[LoopNest, Any]" = weakref.WeakKeyDictionary()

@@ -1,0 +1,132 @@
+"""Loop nests on the cuda backend: maps of maps and their folds (k-means, pairwise minima, a three-deep nest, a
+non-commutative operator), their gradients and their Hessian-vector products run as the nest's CUDA kernels
+(runtime/cuda_backend/loop_nests.py), with the numpy backend's results and without a decline. Runs on Numba's
+CUDA simulator where there is no GPU (`make test` sets NUMBA_ENABLE_CUDASIM=1)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+cuda = pytest.importorskip("numba.cuda")
+if not cuda.is_available():
+    pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set", allow_module_level=True)
+
+import fold  # noqa: E402
+from fold.runtime.cuda_backend import loop_nests  # noqa: E402
+from fold.runtime.loops.nest import ParallelFold  # noqa: E402
+
+M = fold.monoids
+rng = np.random.default_rng(17)
+
+
+def kmeans_cost(C, P):
+    return fold.reduce(M.sum, fold.map(
+        lambda p: fold.reduce(M.min, fold.map(lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P))
+
+
+def min_pairwise_distance(A, B):
+    return fold.reduce(M.min, fold.map(lambda a: fold.reduce(M.min, fold.map(
+        lambda b: fold.reduce(M.sum, (a - b) * (a - b)), B)), A))
+
+
+def three_deep(X, w):
+    return fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.max, fold.map(
+        lambda r: fold.reduce(M.logaddexp, fold.map(lambda x, v: fold.tanh(x * v), r, w)), m)), X))
+
+
+def ordered_fold(X):
+    """The composition of affine maps (not commutative) over a map of a map: the chunks merge in order."""
+    pairs = fold.map(lambda r: (fold.reduce(M.sum, fold.map(lambda x: 1.0 + 0.01 * x, r)),
+                                fold.reduce(M.max, fold.map(lambda x: 0.1 * x, r))), X)
+    return fold.reduce(lambda a, b: (a[0] * b[0], b[0] * a[1] + b[1]), pairs, identity=(1.0, 0.0))
+
+
+def row_minima(C, P):
+    """A map of a map with no consumer: the nest writes each row (a parallel map)."""
+    return fold.map(lambda p: fold.reduce(M.min, fold.map(lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P)
+
+
+# sizes that give the simulator's launch several blocks and more rows than chunks
+CASES = {
+    "kmeans": (kmeans_cost, lambda: (rng.normal(size=(5, 3)), rng.normal(size=(70, 3)))),
+    "min_pairwise": (min_pairwise_distance, lambda: (rng.normal(size=(40, 3)), rng.normal(size=(9, 3)))),
+    "three_deep": (three_deep, lambda: (rng.normal(size=(20, 4, 3)), rng.normal(size=3))),
+    "ordered_fold": (ordered_fold, lambda: (rng.normal(size=(50, 6)),)),
+    "row_minima": (row_minima, lambda: (rng.normal(size=(4, 3)), rng.normal(size=(30, 3)))),
+}
+
+
+@pytest.fixture
+def nest_runs(monkeypatch):
+    """How many loop nests ran as CUDA kernels (not as the statements they replaced)."""
+    runs = []
+    original = loop_nests._run
+
+    def counted(prim, kernel, args):
+        runs.append(type(kernel.outer).__name__)
+        return original(prim, kernel, args)
+
+    monkeypatch.setattr(loop_nests, "_run", counted)
+    return runs
+
+
+def _both(f, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a nest that declined would warn
+        got = fold.jit(f, backend="cuda")(*args)
+    return got, fold.jit(f, backend="numpy")(*args)
+
+
+def _close(got, want, rtol):
+    for g, w in zip(fold.tree_flatten(got)[0], fold.tree_flatten(want)[0], strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=rtol * max(1.0, float(np.max(np.abs(w)))))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_natural_nests_run_as_cuda_kernels_with_the_reference_results(case, nest_runs):
+    f, make = CASES[case]
+    args = make()
+    got, want = _both(f, *args)
+    _close(got, want, 1e-12)
+    assert nest_runs == (["ParallelMap"] if case == "row_minima" else ["ParallelFold"])
+
+
+@pytest.mark.parametrize("case", ["kmeans", "three_deep"])
+def test_gradients_and_hessian_vector_products_run_as_cuda_nests(case, nest_runs):
+    f, make = CASES[case]
+    args = make()
+    grad = fold.grad(f, argnums=0)
+    got, want = _both(grad, *args)
+    _close(got, want, 1e-10)
+    assert nest_runs, "the gradient ran no nest on the GPU"
+    v = rng.normal(size=args[0].shape)
+    hvp = lambda *a: fold.jvp(grad, a, (v,) + tuple(np.zeros_like(x) for x in a[1:]))[1]  # noqa: E731
+    got, want = _both(hvp, *args)
+    _close(got, want, 1e-9)
+
+
+def test_a_fold_of_a_row_state_merges_its_chunks_component_by_component(nest_runs):
+    """The k-means gradient with respect to the centroids sums one (k, d) row per point: a stored state
+    folded per chunk, the chunks' partial states merged by one thread."""
+    C, P = rng.normal(size=(4, 3)), rng.normal(size=(90, 3))
+    got, want = _both(fold.grad(kmeans_cost, argnums=0), C, P)
+    _close(got, want, 1e-12)
+    from fold.runtime.cuda_backend.backend import CudaProgram
+    from fold.runtime.loops import LoopNest, kernel_of
+
+    program = CudaProgram(fold.trace(fold.grad(kmeans_cost, argnums=0), C, P)).program
+    folds = [kernel_of(s.prim).outer for s in program.stmts if isinstance(s.prim, LoopNest)]
+    assert any(isinstance(o, ParallelFold) and any(s.shape == (4, 3) for s in o.states) for o in folds)
+
+
+def test_chunks_are_bounded_by_the_merge_of_their_states():
+    from fold.runtime.loops.nest import State
+
+    small = ParallelFold("i", 10**6, (State("s", (), np.dtype(np.float64), "out0"),), (), (), ())
+    wide = ParallelFold("i", 10**6, (State("s", (256, 64), np.dtype(np.float64), "out0", stored=True),), (), (), ())
+    assert loop_nests.chunks_for(small) == loop_nests.MAX_CHUNKS
+    assert loop_nests.chunks_for(wide) * 256 * 64 <= loop_nests.MERGED_SCALARS
+    assert loop_nests.chunks_for(ParallelFold("i", 3, small.states, (), (), ())) == 3
