@@ -201,6 +201,34 @@ def fold_cases(n: int, repeats: int) -> list[dict]:
     return records
 
 
+def nest_cases(points: int, repeats: int) -> list[dict]:
+    """k-means' cost written as maps of maps (the loop nest: one kernel, nothing of n x k stored), primal and
+    gradient, float32, d = 16, k = 64: the cuda nest against the numba backend's on this machine's CPUs."""
+    import fold
+
+    M = fold.monoids
+
+    def kmeans_cost(C, P):
+        return fold.reduce(M.sum, fold.map(
+            lambda p: fold.reduce(M.min, fold.map(lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P))
+
+    rng = np.random.default_rng(3)
+    C, P = rng.normal(size=(64, 16)).astype(np.float32), rng.normal(size=(points, 16)).astype(np.float32)
+    from fold.runtime.cuda_backend import device
+
+    records = []
+    for case, f in (("nest_kmeans_cost", kmeans_cost), ("nest_kmeans_grad", fold.grad(kmeans_cost, argnums=0))):
+        resident = fold.jit(f, backend="cuda", results="device")
+        on_device = [device.to_device(a) for a in (C, P)]
+        seconds = gpu_seconds(lambda: resident(*on_device), repeats)
+        on_numba = fold.jit(f, backend="numba")
+        numba_seconds = gpu_seconds(lambda: on_numba(C, P), repeats)
+        records.append({"case": case, "n": points, "d": 16, "k": 64, "dtype": "float32", "fold_seconds": seconds,
+                        "reference": "fold numba backend (this machine's CPUs)", "reference_seconds": numba_seconds,
+                        "ratio": seconds / numba_seconds})
+    return records
+
+
 def attention_cases(size: int, repeats: int) -> list[dict]:
     import fold
     from examples.gemm_layers import attention
@@ -256,6 +284,7 @@ def main(argv: list[str] | None = None) -> Path:
     records: list[dict] = []
     for name, run in (("kernels", lambda: kernel_cases(big, args.repeats, bandwidth)),
                       ("fold", lambda: fold_cases(medium, args.repeats)),
+                      ("nest", lambda: nest_cases(medium // 10, args.repeats)),
                       ("attention", lambda: attention_cases(attention_size, args.repeats))):
         start = time.perf_counter()
         try:

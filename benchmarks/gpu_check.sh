@@ -30,7 +30,7 @@ fi
 python3 -c "from importlib.metadata import version as v; import numpy; print('numpy', numpy.__version__, *(f'{d} {v(d)}' for d in ('numba', 'numba-cuda', 'cupy-cuda13x')))" | tee -a "$OUT/gpu.txt"
 
 echo "== cuda tests on the GPU"
-timeout ${TEST_SECONDS:-240} python3 -m pytest tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_residency.py tests/test_cuda_ptx.py \
+timeout ${TEST_SECONDS:-240} python3 -m pytest tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_residency.py tests/test_cuda_ptx.py tests/test_cuda_loop_nests.py \
   -p no:cacheprovider -q -n 8 --tb=short -W ignore::numba.core.errors.NumbaPerformanceWarning 2>&1 | tee "$OUT/cuda_tests.log" | tail -40
 
 echo "== bench_cuda"
