@@ -1,6 +1,6 @@
 """The CUDA kernels compile for a real GPU, not only on the simulator: every kernels.cuda template, with
 operators and map bodies that the cuda backend compiles from traced programs (records, 2 x 2 and 8 x 8
-matrices, float32, integer and boolean leaves, the NaN-aware helpers), compiled to PTX for compute
+matrices, float32, integer and boolean leaves, the NaN-aware helpers) and the loop nests' kernels, compiled to PTX for compute
 capability 9.0 by NVVM and assembled by ptxas, which checks each kernel's shared memory and registers.
 Needs the CUDA toolkit, not a GPU: without NVVM the test is skipped, saying so; without ptxas it fails."""
 
@@ -116,10 +116,44 @@ SCRIPT = textwrap.dedent('''
         kernels.append((f"{name} map", _map_source(len(inputs), consts, len(outs)), mapper,
                         (*[array(d, 1) for d in inputs], *[types.float64] * consts, types.int64, *[array(d, 1) for d in outs])))
 
+    # loop nests (runtime/cuda_backend/loop_nests.py): a fold with its one-thread merge, a fold of a (k, d)
+    # row state (local arrays), a parallel map; float32, the helpers they call compiled beside them
+    import math
+    from fold.runtime.cuda_backend import device_helpers
+    from fold.runtime.cuda_backend.loop_nests import fold_source, map_source, merge_source
+    from fold.runtime.loops import LoopNest, fuse_loop_nests, kernel_of
+    from fold.runtime.loops.nest import ParallelMap
+
+    M = fold.monoids
+
+    def kmeans(C, P):
+        return fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.map(
+            lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P))
+
+    def softmin_rows(C, P):
+        return fold.map(lambda p: fold.reduce(M.logaddexp, fold.map(lambda c: -fold.reduce(M.sum, (p - c) * (p - c)), C)), P)
+
+    helpers = {"math": math, **{name: getattr(device_helpers, name) for name in device_helpers.HELPERS}}
+    C32, P32 = np.ones((4, 3), np.float32), np.ones((9, 3), np.float32)
+    for label, f in (("k-means", kmeans), ("k-means gradient", fold.grad(kmeans, argnums=0)), ("softmin rows", softmin_rows)):
+        for stmt in fuse_loop_nests(fold.trace(f, C32, P32)).stmts:
+            if not isinstance(stmt.prim, LoopNest):
+                continue
+            nest = kernel_of(stmt.prim)
+            ins = [array(p.dtype, max(1, len(p.shape))) for p in nest.inputs]
+            if isinstance(nest.outer, ParallelMap):
+                outs = [array(p.dtype, max(1, len(p.shape))) for p in nest.outputs]
+                kernels.append((f"{label} nest (parallel map)", map_source(nest), helpers, (*ins, *outs)))
+                continue
+            parts = [array(s.dtype, 1 + len(s.shape or (1,)) if s.stored else 1) for s in nest.outer.states]
+            kernels.append((f"{label} nest (parallel fold)", fold_source(nest), helpers, (*ins, *parts, types.int64)))
+            kernels.append((f"{label} nest (merge)", merge_source(nest), helpers,
+                            (*parts, *[array(p.dtype, 1) for p in nest.outputs], types.int64)))
+
     ptxas = shutil.which("ptxas") or shutil.which("ptxas", path="/usr/local/cuda/bin")
     failed = [] if ptxas else ["ptxas not found (on PATH or in /usr/local/cuda/bin): nothing was assembled"]
     for name, source, fn, signature in kernels:
-        namespace = {"cuda": cuda, "np": np, "combine": fn, "mapper": fn}
+        namespace = {"cuda": cuda, "np": np, **(fn if isinstance(fn, dict) else {"combine": fn, "mapper": fn})}
         exec(source, namespace)
         try:
             ptx, _ = cuda.compile_ptx(namespace["kernel"], signature, cc=(9, 0))
