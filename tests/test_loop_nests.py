@@ -240,3 +240,16 @@ def test_the_kernel_text_grows_linearly_with_the_body():
     chain of a few hundred statements overflowed Python's recursion)."""
     short, long = _chain_source_length(100), _chain_source_length(400)
     assert long < 5 * short, (short, long)
+
+
+def test_a_scans_producer_is_left_to_the_scan_fusion():
+    """The generic scan gradient's per-element Jacobians are a map of maps that only a scan reads: the scan's
+    fusion reads them as it scans (one map_scan kernel), where a nest would store them first."""
+    from fold import ad
+
+    x = rng.uniform(0.99, 1.01, 500)
+    program = fold.trace(lambda x: fold.scan(lambda a, b: a * b, x, identity=1.0), x)
+    grad_program, _ = ad.vjp_program(program)
+    prepared = prepare(grad_program, whole_arrays=True)
+    names = [s.prim.name for s in prepared.stmts]
+    assert "loop_nest" not in names and "map_scan" in names, names

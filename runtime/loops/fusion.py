@@ -24,7 +24,7 @@ import numpy as np
 
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Map, MatMul, Reduce, SumAxes
+from fold.primitives import Map, MatMul, Reduce, Scan, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
 from .build import NotNestable, Scalar, Stored, Writer, map_row, nestable, store_row
@@ -111,6 +111,12 @@ _fused: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictionar
 def _fuse(program: Program) -> Program:
     uses = use_counts(program)
     readers = {a: s for s in program.stmts for a in s.args if isinstance(a, Var)}
+    produced_by = {v: s for s in program.stmts for v in s.outs}
+    all_readers: dict[int, list[Let]] = {}
+    for s in program.stmts:
+        for a in s.args:
+            if isinstance(a, Var) and a in produced_by:
+                all_readers.setdefault(id(produced_by[a]), []).append(s)
     absorbed: set[int] = set()
     stmts: list[Let] = []
     for stmt in program.stmts:
@@ -120,6 +126,11 @@ def _fuse(program: Program) -> Program:
             stmts.append(stmt)
             continue
         consumers = _consumers(stmt, readers, uses) or []
+        if not consumers and any(isinstance(r.prim, Scan) for r in all_readers.get(id(stmt), ())):
+            # a scan's producer is left to the scan's fusion (numba_backend/scan_fusion.py), which reads its
+            # rows as it scans: the nest has no scan rule yet, and would store them
+            stmts.append(stmt)
+            continue
         group = [stmt] + consumers
         nest = _loop_nest(group)
         if nest is None:
