@@ -51,8 +51,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import (RESULTS_DIR, benchmark_parser, machine, machine_line, mem_available, parse_benchmark_args, save_figure,
-                     traced_peak, write_json)
+from .common import (RESULTS_DIR, benchmark_parser, machine, machine_line, mem_available, parse_benchmark_args,
+                     reset_peak_rss, save_figure, status_bytes, traced_peak, write_json)
 
 BACKEND = "numpy"
 DTYPE = np.float32
@@ -198,44 +198,18 @@ def _maxrss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
-def _status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux: /proc/self/clear_refs, "5").
-
-    ru_maxrss cannot be reset, and a child inherits its parent's at fork/exec, so it is only an upper bound."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _status_bytes("VmHWM") is not None
+    return reset_peak_rss()
 
 
 def _peak_rss_bytes(reset_ok: bool) -> int:
-    return (_status_bytes("VmHWM") if reset_ok else None) or _maxrss_bytes()
+    """VmHWM since the reset, or ru_maxrss (an upper bound: it cannot be reset, and a child inherits its
+    parent's at fork/exec) where the reset failed."""
+    return (status_bytes("VmHWM") if reset_ok else None) or _maxrss_bytes()
 
 
 def _current_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return _maxrss_bytes()
-
-
+    return status_bytes("VmRSS") or _maxrss_bytes()
 
 
 def _leaves(tree: Any) -> list[np.ndarray]:

@@ -17,36 +17,10 @@ if not cuda.is_available():
 import fold  # noqa: E402
 from fold.runtime.cuda_backend import loop_nests  # noqa: E402
 from fold.runtime.loops.nest import ParallelFold  # noqa: E402
+from natural_programs import kmeans_cost, min_pairwise_distance, ordered_fold, row_minima, three_deep  # noqa: E402
 
 M = fold.monoids
 rng = np.random.default_rng(17)
-
-
-def kmeans_cost(C, P):
-    return fold.reduce(M.sum, fold.map(
-        lambda p: fold.reduce(M.min, fold.map(lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P))
-
-
-def min_pairwise_distance(A, B):
-    return fold.reduce(M.min, fold.map(lambda a: fold.reduce(M.min, fold.map(
-        lambda b: fold.reduce(M.sum, (a - b) * (a - b)), B)), A))
-
-
-def three_deep(X, w):
-    return fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.max, fold.map(
-        lambda r: fold.reduce(M.logaddexp, fold.map(lambda x, v: fold.tanh(x * v), r, w)), m)), X))
-
-
-def ordered_fold(X):
-    """The composition of affine maps (not commutative) over a map of a map: the chunks merge in order."""
-    pairs = fold.map(lambda r: (fold.reduce(M.sum, fold.map(lambda x: 1.0 + 0.01 * x, r)),
-                                fold.reduce(M.max, fold.map(lambda x: 0.1 * x, r))), X)
-    return fold.reduce(lambda a, b: (a[0] * b[0], b[0] * a[1] + b[1]), pairs, identity=(1.0, 0.0))
-
-
-def row_minima(C, P):
-    """A map of a map with no consumer: the nest writes each row (a parallel map)."""
-    return fold.map(lambda p: fold.reduce(M.min, fold.map(lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P)
 
 
 # sizes that give the simulator's launch several blocks and more rows than chunks
