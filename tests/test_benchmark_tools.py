@@ -32,4 +32,5 @@ def test_a_dask_workers_peak_rss_is_its_own_not_the_clients():
         peak = next(iter(client.run(_peak_rss).values()))
         assert all(client.run(_reset_peak).values())
         after_reset = next(iter(client.run(_peak_rss).values()))
-    assert 0 < after_reset <= peak < ballast.nbytes
+    # a reset sets the mark to the RSS now, which may have grown by a page since the first reading
+    assert 0 < peak < ballast.nbytes and 0 < after_reset < ballast.nbytes, (peak, after_reset)
