@@ -40,7 +40,11 @@ def lowered(f: Callable[..., Any], *args: Any, backend: str = "numba") -> Lowere
         from .numba_backend.passes import prepare
 
         program = prepare(program, whole_arrays=True)
+    elif backend == "cuda":
+        from .loops import fuse_loop_nests
+
+        program = fuse_loop_nests(program)  # what CudaProgram runs (cuda_backend/backend.py)
     elif backend != "numpy":
-        raise ValueError(f"fold.lowered: backend must be 'numba' or 'numpy', got {backend!r}")
+        raise ValueError(f"fold.lowered: backend must be 'numba', 'cuda' or 'numpy', got {backend!r}")
     nests = tuple(describe(kernel_of(s.prim)) for s in program.stmts if isinstance(s.prim, LoopNest))
     return Lowered(program, nests, backend)

@@ -104,3 +104,9 @@ def test_chunks_are_bounded_by_the_merge_of_their_states():
     assert loop_nests.chunks_for(small) == loop_nests.MAX_CHUNKS
     assert loop_nests.chunks_for(wide) * 256 * 64 <= loop_nests.MERGED_SCALARS
     assert loop_nests.chunks_for(ParallelFold("i", 3, small.states, (), (), ())) == 3
+
+
+def test_lowered_shows_the_nests_the_cuda_backend_runs():
+    C, P = rng.normal(size=(4, 3)), rng.normal(size=(50, 3))
+    text = str(fold.lowered(kmeans_cost, C, P, backend="cuda"))
+    assert "as the cuda backend runs it" in text and "parallel fold i < 50" in text
