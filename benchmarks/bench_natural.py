@@ -210,6 +210,12 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"machine": machine(), "quick": args.quick, "records": records}
     name = "natural_quick" if args.quick else "natural"
     write_json(RESULTS_DIR / f"{name}.json", payload)
+    plot(records, name)
+    return payload
+
+
+def plot(records: list[dict], name: str) -> None:
+    """results/<name>.png: each case's time against JAX's and fold's best form, with the targets."""
     bars = []
     for r in records:
         for ref, target in (("jax", 1.0), ("fold_best", 1.5)):
@@ -219,7 +225,6 @@ def main(argv: list[str] | None = None) -> dict:
                              "passed": r[f"ratio_vs_{ref}"] <= target})
     plot_ratios(RESULTS_DIR / f"{name}.png", bars, "natural nested programs: fold numba backend / reference (time)",
                 machine()["cpu"])
-    return payload
 
 
 def _line(row: dict) -> str:
