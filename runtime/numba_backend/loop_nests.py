@@ -23,6 +23,10 @@ from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
 CHUNKS_PER_THREAD = 4
+# Sums and products may be reassociated (and multiply-adds fused), so that LLVM vectorises a nest's inner sums
+# (k-means' cost at 10^6 x 64 x 16: 390 -> 249 ms); NaN and inf keep their meaning (no "nnan"/"ninf"), and
+# the order of the chunks' merge, which a non-commutative operator needs, is the code's.
+NEST_OPTIONS = {"parallel": True, "error_model": "numpy", "fastmath": {"reassoc", "contract"}}
 
 
 def kernel_source(kernel: Kernel) -> str:
@@ -86,7 +90,7 @@ _compiled: "weakref.WeakKeyDictionary[LoopNest, Any]" = weakref.WeakKeyDictionar
 def compiled_kernel(prim: LoopNest):
     found = _compiled.get(prim)
     if found is None:
-        module = load_module(kernel_source(kernel_of(prim)), {"kernel": {"parallel": True, "error_model": "numpy"}})
+        module = load_module(kernel_source(kernel_of(prim)), {"kernel": NEST_OPTIONS})
         found = _compiled[prim] = module.kernel
     return found
 
