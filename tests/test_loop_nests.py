@@ -129,7 +129,8 @@ def _fold(kind, xs):
 @st.composite
 def nests(draw):
     depth = draw(st.integers(1, 3))
-    shape = tuple(draw(st.integers(1, 6)) for _ in range(depth + 1))
+    # the last axis sometimes long enough that its folds run in lanes (nest_lanes.MIN_EXTENT)
+    shape = tuple(draw(st.integers(1, 6)) for _ in range(depth)) + (draw(st.integers(1, 13)),)
     ops = [(draw(st.sampled_from(range(len(_UNARY)))), draw(st.sampled_from(range(len(_BINARY)))),
             draw(st.sampled_from(range(len(_MONOIDS))))) for _ in range(depth + 1)]
     return shape, ops, draw(st.integers(0, 2**31 - 1))
@@ -229,3 +230,80 @@ def test_a_scans_producer_is_left_to_the_scan_fusion():
     prepared = prepare(grad_program, whole_arrays=True)
     names = [s.prim.name for s in prepared.stmts]
     assert "loop_nest" not in names and "map_scan" in names, names
+
+
+# ---------------------------------------------------------------- lanes (runtime/numba_backend/nest_lanes.py)
+
+def _sources(f, *args) -> str:
+    from fold.runtime.numba_backend.loop_nests import kernel_source
+
+    return "\n".join(kernel_source(k) for k in _nests(f, *args)[1])
+
+
+def _vector_math_available() -> bool:
+    from fold.kernels.cpu import vector_math
+
+    return vector_math.AVAILABLE
+
+
+lanes_only = pytest.mark.skipif(not _vector_math_available(),
+                                reason="no libmvec with AVX2 here (or FOLD_VECTOR_MATH=0): the loops stay scalar")
+
+
+def _logsumexp_rows(X):
+    return fold.reduce(M.sum, fold.map(lambda r: fold.reduce(M.logaddexp, r), X))
+
+
+@lanes_only
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
+def test_a_commutative_fold_over_a_row_runs_in_lanes_merged_after(dtype, rtol):
+    """The logaddexp of each row (and its gradient's exp of each element) runs four elements per vector call,
+    the fold in four copies merged after the loop; 103 columns leave three for the scalar loop after."""
+    X = rng.normal(size=(30, 103)).astype(dtype)
+    X[3] = -np.inf  # a row of -inf in every lane: the merge keeps -inf, and the gradient's 0 * ... stays 0
+    X[4, :50] = np.inf
+    grad = fold.grad(_logsumexp_rows)
+    text = _sources(grad, X)
+    assert ("vexpf(" if dtype == np.float32 else "vexp(") in text and "vlog1p(" in text, text
+    assert "__g in range(25)" in text and "in range(3)" in text, text
+    for f in (_logsumexp_rows, grad):
+        got, want = _both(f, X)
+        np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(want)))
+    got, want = _both(grad, np.where(np.isinf(X), 0.0, X).astype(dtype))
+    _close(got, want, rtol)
+
+
+@lanes_only
+def test_a_non_commutative_fold_keeps_its_order_while_its_elements_run_in_lanes():
+    """A user operator (affine maps composed: not commutative) folds in iteration order, lane after lane;
+    only its elements' tanh is computed four at a time. 13 columns: three groups and one left over."""
+    X = rng.normal(size=(9, 5, 13))
+
+    def f(X):
+        return fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.max, fold.map(lambda r: fold.reduce(
+            lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]), (1.0 + 0.1 * fold.tanh(r), r), identity=(1.0, 0.0))[1],
+            m)), X))
+
+    text = _sources(f, X)
+    assert "vtanh(" in text and "__g in range(3)" in text, text
+    got, want = _both(f, X)
+    _close(got, want, 1e-13)
+
+
+@lanes_only
+def test_a_fold_whose_operator_is_a_lambda_is_not_split_into_lanes():
+    """logaddexp written as a lambda carries no commutativity: the fold stays one accumulator, updated in
+    order (a value carried from one iteration to the next is never computed ahead), and agrees with the
+    monoid's result."""
+    X = rng.normal(size=(12, 4, 21))
+
+    def f(op, **identity):
+        return lambda X: fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.max, fold.map(
+            lambda r: fold.reduce(op, fold.exp(0.3 * r), **identity), m)), X))
+
+    user = f(lambda a, b: fold.logaddexp(a, b), identity=-np.inf)
+    text = _sources(user, X)
+    assert "vexp(" in text and "acc1__1" not in text and "_logaddexp(acc" in text, text
+    got, want = _both(user, X)
+    _close(got, want, 1e-13)
+    _close(got, fold.jit(f(M.logaddexp), backend="numba")(X), 1e-13)

@@ -33,7 +33,7 @@ from fold.rules import RuleTable
 
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
-from .nest import Assign, Buffer, If, Loop, Node, Store
+from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 
 
 
@@ -113,13 +113,22 @@ class Writer:
         self.emit(Assign(name, expr))
         return name
 
-    def loop(self, extent: int, fill: Callable[[str], None]) -> None:
-        """A loop of `extent` iterations whose body `fill(index)` writes."""
+    def loop(self, extent: int, fill: Callable[[str], None], folds: tuple[LaneFold, ...] = ()) -> None:
+        """A loop of `extent` iterations whose body `fill(index)` writes (updating the accumulators of `folds`)."""
         index = self.fresh("i")
         self.blocks.append([])
         fill(index)
         body = self.blocks.pop()
-        self.emit(Loop(index, int(extent), tuple(body)))
+        self.emit(Loop(index, int(extent), tuple(body), folds))
+
+    def written_apart(self, fill: Callable[[], list[str]]) -> tuple[tuple[Node, ...], list[str]]:
+        """The statements `fill()` writes, kept out of the open block, and the names it returns."""
+        self.blocks.append([])
+        try:
+            names = fill()
+        finally:
+            nodes = self.blocks.pop()
+        return tuple(nodes), names
 
     def guarded(self, cond: str, fill: Callable[[], None]) -> None:
         """fill() inside `if cond:`."""
@@ -457,7 +466,8 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
     if any(x.shape[1:] != () for x in xs):
         raise NotNestable("a reduce of elements that are not scalars is not in the loop nest yet")
-    accs = [w.assign(w.element(e, ()), "acc") for e in identity]
+    identities = [w.element(e, ()) for e in identity]
+    accs = [w.assign(e, "acc") for e in identities]
     dtypes = [a.dtype for a in out_avals]
 
     def step(i: str) -> None:
@@ -467,8 +477,22 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
         for acc, r in zip(accs, results, strict=True):
             w.emit(Assign(acc, r))
 
-    w.loop(xs[0].shape[0], step)
+    commutative = prim.monoid is not None and prim.monoid.commutative
+    folds = (_lane_fold(w, prim, consts, accs, identities, dtypes),) if commutative else ()
+    w.loop(xs[0].shape[0], step, folds)
     return [Scalar(a, d) for a, d in zip(accs, dtypes)]
+
+
+def _lane_fold(w: Writer, prim: Reduce, consts, accs: list[str], identities: list[str], dtypes) -> LaneFold:
+    """The fold's operator written once apart, on two states named here, for a backend that folds in lanes."""
+    left, right = [w.fresh("l") for _ in accs], [w.fresh("r") for _ in accs]
+
+    def combine() -> list[str]:
+        states = [Scalar(n, d) for n, d in zip(left + right, dtypes + dtypes)]
+        return [w.assign(w.element(c, ())) for c in w.body(prim.body, list(consts) + states)]
+
+    merge, results = w.written_apart(combine)
+    return LaneFold(tuple(accs), tuple(identities), tuple(left), tuple(right), merge, tuple(results))
 
 
 def nestable(program: Program) -> str | None:

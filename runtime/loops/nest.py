@@ -28,10 +28,26 @@ class Assign:
 
 
 @dataclass(frozen=True)
+class LaneFold:
+    """A commutative fold carried by a Loop: its accumulators `accs` start at `identities`, and each iteration
+    folds one element in. A backend may fold the iterations into several copies of the accumulators (lanes,
+    run side by side) and combine the copies after the loop: `merge` computes `results` from the states
+    `left` and `right`, written in the names given here."""
+
+    accs: tuple[str, ...]
+    identities: tuple[str, ...]
+    left: tuple[str, ...]
+    right: tuple[str, ...]
+    merge: tuple
+    results: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Loop:
     index: str
     extent: int
     body: tuple
+    folds: tuple[LaneFold, ...] = ()  # the commutative folds whose accumulators the body updates
 
 
 @dataclass(frozen=True)

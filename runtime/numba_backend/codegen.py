@@ -134,7 +134,7 @@ class _Writer:
     """Generates the statements of one function; `emit` names a new scalar and returns its name.
 
     A statement may carry a vector form, ((operation, dtype), argument names): in the function's lane form
-    (_lane_source) it is then written with a rule of _LANE_RULES instead of once per lane."""
+    (_lane_source) it is then written with a rule of LANE_RULES instead of once per lane."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -168,7 +168,7 @@ class _Writer:
 def _elementwise(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarray:
     template = _TEMPLATES[prim.op]
     wrap = (lambda e: e) if prim.op in _COMPARISONS else (lambda e: f"np.{out.dtype.name}({e})")
-    vector_op = (prim.op, out.dtype.name) if (prim.op, out.dtype.name) in _LANE_RULES else None
+    vector_op = (prim.op, out.dtype.name) if (prim.op, out.dtype.name) in LANE_RULES else None
     return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape, vector_op)
 
 
@@ -202,7 +202,7 @@ def _logaddexp_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
                for t, h, gl, al, bl in zip(targets, hi, g, a, b)])
 
 
-_LANE_RULES = {
+LANE_RULES = {
     **{(op, "float64"): _plain_rule(function, "float64") for op, function in vector_math.FUNCTIONS.items()},
     **{(op, "float32"): _plain_rule(function, "float32") for op, function in vector_math.FUNCTIONS_F32.items()},
     ("sigmoid", "float64"): _sigmoid_lanes,
@@ -347,7 +347,7 @@ def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str)
             lines += [f"{_in_lane(target, lane)} = {_in_lane(expr, lane)}" for lane in range(width)]
         else:
             rule, args = vector
-            lines += _LANE_RULES[rule]([_in_lane(target, lane) for lane in range(width)],
+            lines += LANE_RULES[rule]([_in_lane(target, lane) for lane in range(width)],
                                        [[_in_lane(a, lane) for lane in range(width)] for a in args])
     lane_params = [_in_lane(p, lane) for p in params for lane in range(width)]
     results = [_in_lane(out, lane) for out in outs for lane in range(width)]

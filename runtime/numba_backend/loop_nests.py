@@ -9,16 +9,19 @@ allocated once per chunk (every one is written before it is read within an itera
 from __future__ import annotations
 
 import weakref
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from fold.kernels.cpu import vector_math
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
 from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
 from fold.runtime.loops.text import allocations, shape_text, statement_lines
 
-from . import scalar_helpers
+from . import nest_lanes, scalar_helpers
 from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
@@ -33,7 +36,7 @@ def kernel_source(kernel: Kernel) -> str:
     """The text of a module defining `kernel(*inputs, *outputs, chunks)`."""
     params = [p.name for p in kernel.inputs] + [p.name for p in kernel.outputs] + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):"]
-    outer = kernel.outer
+    outer = _with_lanes(kernel.outer)
     if isinstance(outer, ParallelMap):
         lines += [f"    for chunk in prange(chunks):", *_chunk_bounds("chunk", outer.extent),
                   *_allocations(outer.body, 8), f"        for {outer.index} in range(lo, hi):",
@@ -46,7 +49,18 @@ def kernel_source(kernel: Kernel) -> str:
         "import numpy as np",
         "from numba import prange",
         f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
+        f"from fold.kernels.cpu.vector_math import {', '.join(nest_lanes.IMPORTS)}",
+        f"# vector math {file_digest(vector_math)} available: {vector_math.AVAILABLE}",
         "", "", *lines, ""])
+
+
+def _with_lanes(outer):
+    """The traversal with its innermost loops run in lanes where that pays (nest_lanes)."""
+    if isinstance(outer, ParallelMap):
+        return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body))
+    # the states are read after the traversal: they count as read outside any loop of the step
+    outside = Counter(s.name for s in outer.states) + nest_lanes.reads(outer.init + outer.step + outer.merge)
+    return replace(outer, step=nest_lanes.in_lanes(outer.step, outside))
 
 
 def _fold_lines(fold: ParallelFold) -> list[str]:

@@ -1,0 +1,208 @@
+"""A loop nest's innermost loops rewritten to run WIDTH iterations side by side, so that a transcendental
+function (exp, log, tanh, logaddexp, ...) is computed for WIDTH elements in one call of kernels.cpu.vector_math.
+
+Numba calls libm once per element inside a loop, and LLVM cannot vectorise around the call (the vector
+library option has no effect in Numba's llvmlite; see vector_math). The elementwise kernels avoid that with a
+mapper's lane form (kernels.cpu.lanes); this is the same for the statements of a loop nest, written as nest
+nodes, so every backend that prints them (kernel_source) needs nothing more.
+
+A loop is rewritten where its body is straight-line (assignments and stores) and some statement with a lane
+rule (codegen.LANE_RULES) does not depend on a value carried from one iteration to the next. Per group of
+WIDTH iterations:
+
+1. every statement that depends on no carried value, statement by statement across the lanes, the ones with
+   a lane rule as one vector call;
+2. then, lane after lane in iteration order, the statements that read or write a carried value, and the
+   stores: a non-commutative fold still sees its elements in order.
+
+A commutative fold's accumulators (the Loop's LaneFolds) are not carried: each lane folds into a copy of its
+own, started at the identity, and the copies are combined with the fold's operator after the loop, so a
+logaddexp or a sum over a row runs WIDTH elements at a time. That reassociates the fold, as the nest
+kernels' fastmath flags already allow for sums. The iterations that do not fill a group run the loop's body
+as it was.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from typing import Iterable
+
+from fold.kernels.cpu import vector_math
+from fold.runtime.loops.nest import Assign, Buffer, If, LaneFold, Loop, Store
+
+from .codegen import LANE_RULES
+
+WIDTH = vector_math.WIDTH
+# the fewest iterations worth a rewrite: at least two groups
+MIN_EXTENT = 2 * WIDTH
+
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+# the scalar language's call of an operation (runtime/loops/scalar_language.py) -> the operation
+_CALLS = {"math.exp": "exp", "math.expm1": "expm1", "_log": "log", "_log1p": "log1p", "math.sin": "sin",
+          "math.cos": "cos", "math.tanh": "tanh", "_sigmoid": "sigmoid", "_logaddexp": "logaddexp"}
+IMPORTS = tuple(sorted({*vector_math.FUNCTIONS.values(), *vector_math.FUNCTIONS_F32.values()}))
+
+
+def in_lanes(nodes: tuple, reads_outside: Counter | None = None) -> tuple:
+    """`nodes` with every innermost loop that gains from it run in lanes (the rest as they were)."""
+    if not vector_math.AVAILABLE:
+        return nodes
+    total = reads(nodes) if reads_outside is None else reads_outside
+    out = []
+    for node in nodes:
+        if isinstance(node, Loop):
+            out += _laned(Loop(node.index, node.extent, in_lanes(node.body, total), node.folds), total)
+        elif isinstance(node, If):
+            out.append(If(node.cond, in_lanes(node.body, total)))
+        else:
+            out.append(node)
+    return tuple(out)
+
+
+def _names(text: str) -> list[str]:
+    return _NAME.findall(text)
+
+
+def _node_reads(node) -> list[str]:
+    if isinstance(node, Assign):
+        return _names(node.expr)
+    if isinstance(node, Store):
+        return [n for part in (*node.index, node.expr) for n in _names(part)]
+    if isinstance(node, If):
+        return _names(node.cond) + [n for inner in node.body for n in _node_reads(inner)]
+    if isinstance(node, Loop):
+        return [n for inner in node.body for n in _node_reads(inner)]
+    return []
+
+
+def reads(nodes: Iterable) -> Counter:
+    return Counter(n for node in nodes for n in _node_reads(node))
+
+
+def _lane_call(expr: str) -> tuple[str, str, list[str]] | None:
+    """(operation, dtype, argument texts) of `np.<dtype>(<call>(<args>))`, where <call> has a lane form."""
+    try:
+        tree = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+    if not (isinstance(tree, ast.Call) and len(tree.args) == 1 and isinstance(tree.func, ast.Attribute)
+            and isinstance(tree.func.value, ast.Name) and tree.func.value.id == "np"
+            and tree.func.attr in ("float32", "float64") and isinstance(tree.args[0], ast.Call)):
+        return None
+    call = tree.args[0]
+    op = _CALLS.get(ast.unparse(call.func))
+    if op is None:
+        return None
+    dtype = tree.func.attr
+    if (op, dtype) not in LANE_RULES and (op, "float64") not in LANE_RULES:
+        return None
+    return op, dtype, [ast.unparse(a) for a in call.args]
+
+
+def _laned(loop: Loop, reads_total: Counter) -> list:
+    """The loop run in lanes (its group loop, the fold copies' merge, then the rest), or [loop] unchanged."""
+    body = loop.body
+    if (loop.extent < MIN_EXTENT or not all(isinstance(n, (Assign, Store)) for n in body)
+            or not all(isinstance(n, Assign) for fold in loop.folds for n in fold.merge)):
+        return [loop]
+    stored = {n.target for n in body if isinstance(n, Store)}
+    body_reads = reads(body)
+    if stored & set(body_reads):
+        return [loop]
+    split = {acc for fold in loop.folds for acc in fold.accs}
+    assigned = [n.target for n in body if isinstance(n, Assign)]
+    carried, seen = set(), set()
+    for node in body:
+        carried |= {n for n in _node_reads(node) if n in set(assigned) and n not in seen}
+        if isinstance(node, Assign):
+            seen.add(node.target)
+    carried |= {n for n in set(assigned) if reads_total[n] > body_reads[n]}
+    carried -= split
+    serial, parallel = _serial(body, carried), []
+    for node in body:
+        if node not in serial:
+            parallel.append(node)
+    if not any(_lane_call(n.expr) for n in parallel if isinstance(n, Assign)):
+        return [loop]
+    local = (set(assigned) - carried) | {loop.index} | split
+    rename = _renamer(local)
+    group, first = f"{loop.index}__g", loop.extent - loop.extent % WIDTH
+    lines = [Assign(rename(loop.index, lane), f"{group} * {WIDTH} + {lane}") for lane in range(WIDTH)]
+    for node in parallel:
+        lines += _parallel_statement(node, rename)
+    lines += [_renamed(node, rename, lane) for lane in range(WIDTH) for node in body if node in serial]
+    nodes = [Assign(rename(acc, lane), acc if lane == 0 else identity)
+             for fold in loop.folds for lane in range(WIDTH) for acc, identity in zip(fold.accs, fold.identities)]
+    nodes.append(Loop(group, first // WIDTH, tuple(lines)))
+    for fold in loop.folds:
+        nodes += _merged(fold, rename)
+    if first < loop.extent:
+        rest = f"{loop.index}__r"
+        nodes.append(Loop(rest, loop.extent - first, (Assign(loop.index, f"{first} + {rest}"), *body), loop.folds))
+    return nodes
+
+
+def _serial(body: tuple, carried: set[str]) -> set:
+    """The nodes that read or write a carried value (or read one that does), and every store."""
+    tainted, serial = set(carried), set()
+    for node in body:
+        if isinstance(node, Store) or (isinstance(node, Assign) and (node.target in tainted
+                                                                     or tainted & set(_names(node.expr)))):
+            serial.add(node)
+            if isinstance(node, Assign):
+                tainted.add(node.target)
+    return serial
+
+
+def _renamer(local: set[str]):
+    if not local:
+        return lambda text, lane: text
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(sorted(map(re.escape, local), key=len, reverse=True)) + r")(?!\w)")
+
+    def rename(text: str, lane) -> str:
+        return pattern.sub(lambda m: f"{m.group(1)}__{lane}", text)
+
+    return rename
+
+
+def _renamed(node, rename, lane):
+    if isinstance(node, Assign):
+        return Assign(rename(node.target, lane), rename(node.expr, lane))
+    return Store(node.target, tuple(rename(i, lane) for i in node.index), rename(node.expr, lane))
+
+
+def _parallel_statement(node: Assign, rename) -> list[Assign]:
+    """One statement for every lane: a lane rule's vector call where it has one, else once per lane."""
+    call = _lane_call(node.expr)
+    if call is None:
+        return [_renamed(node, rename, lane) for lane in range(WIDTH)]
+    op, dtype, args = call
+    targets = [rename(node.target, lane) for lane in range(WIDTH)]
+    lanes = [[rename(a, lane) for lane in range(WIDTH)] for a in args]
+    if (op, dtype) in LANE_RULES:
+        return [_assignment(line) for line in LANE_RULES[(op, dtype)](targets, lanes)]
+    wide = [f"{t}_wide" for t in targets]  # computed in float64 (as the scalar helper computes), then rounded
+    lines = LANE_RULES[(op, "float64")](wide, lanes)
+    return [_assignment(line) for line in lines] + [Assign(t, f"np.{dtype}({w})") for t, w in zip(targets, wide)]
+
+
+def _assignment(line: str) -> Assign:
+    target, expr = line.split(" = ", 1)
+    return Assign(target, expr)
+
+
+def _merged(fold: LaneFold, rename) -> list[Assign]:
+    """Lane 0's copies of the accumulators folded with every other lane's, then back in the accumulators."""
+    temporaries = _renamer({n.target for n in fold.merge if isinstance(n, Assign)} - set(fold.left) - set(fold.right))
+    nodes = []
+    for lane in range(1, WIDTH):
+        states = dict(zip(fold.left, (rename(a, 0) for a in fold.accs)))
+        states.update(zip(fold.right, (rename(a, lane) for a in fold.accs)))
+        nodes += [Assign(s, value) for s, value in states.items()]
+        for node in fold.merge:
+            nodes.append(Assign(temporaries(node.target, f"m{lane}"), temporaries(node.expr, f"m{lane}")))
+        nodes += [Assign(rename(acc, 0), temporaries(r, f"m{lane}")) for acc, r in zip(fold.accs, fold.results)]
+    nodes += [Assign(acc, rename(acc, 0)) for acc in fold.accs]
+    return nodes
