@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -387,7 +388,7 @@ def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value
 def _row(w: Writer, x: Value, i: str) -> Value:
     """Row `i` of x (a map's element); a one-hot x's row is zero unless i is its index."""
     onehot = getattr(x, "onehot", None)
-    zero_unless = f"({i} == {onehot[1]})" if onehot is not None and onehot[0] == 0 else None
+    zero_unless = f"({i} == {onehot[1]})" if onehot is not None and onehot[0] == 0 else getattr(x, "zero_unless", None)
     if x.shape[1:] == ():
         return Scalar(w.assign(w.element(x, (i,))), x.dtype, zero_unless=zero_unless)
     inner = (onehot[0] - 1, onehot[1]) if onehot is not None and onehot[0] > 0 else None
@@ -401,36 +402,74 @@ def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
     results, is stored: each element, or each result, read would otherwise run the whole body again."""
     consts, xs = args[: prim.num_consts], args[prim.num_consts:]
     heavy = _has_loops(prim.body) or _heavy(*xs)
+    vanishing = _vanishing_rows(w, prim, consts, xs)
     if _has_loops(prim.body) and (len(out_avals) > 1 or any(len(a.shape) > 1 for a in out_avals)):
-        return _stored_map(w, prim, consts, xs, out_avals)
-
-    vanishing = _vanishing_outputs(w, prim, consts, xs)
+        return _stored_map(w, prim, consts, xs, out_avals, vanishing)
 
     def output(k: int, aval) -> Value:
         def element(w: Writer, idx: tuple) -> str:
             return w.element(map_row(w, prim.body, consts, xs, idx[0])[k], idx[1:])
 
-        return Pull(tuple(aval.shape), aval.dtype, element, heavy, onehot=vanishing.get(k))
+        facts = vanishing.facts(k, xs)
+        return Pull(tuple(aval.shape), aval.dtype, element, heavy, **facts)
 
     return [output(k, aval) for k, aval in enumerate(out_avals)]
 
 
-_ROW = "__row__"
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-def _vanishing_outputs(w: Writer, prim: Map, consts, xs) -> dict[int, tuple[int, str]]:
-    """The map's results that are one-hot along its axis because their rows vanish with a row of a one-hot
-    argument: the body written once for a placeholder row (the text thrown away) tells which."""
-    hot = [x.onehot[1] for x in xs if getattr(x, "onehot", None) is not None and x.onehot[0] == 0]
-    if not hot:
-        return {}
-    w.blocks.append([])
-    try:
-        outs = map_row(w, prim.body, consts, xs, _ROW)
-    finally:
-        w.blocks.pop()
-    conditions = {f"({_ROW} == {s})": s for s in hot}
-    return {k: (0, conditions[o.zero_unless]) for k, o in enumerate(outs) if getattr(o, "zero_unless", None) in conditions}
+@dataclass(frozen=True)
+class VanishingRows:
+    """Where a map's result rows are zero: output k's row at index i is 0 unless
+    `conditions[k].replace(placeholder, i)` holds, a test of values computed before the map."""
+
+    placeholder: str = ""
+    conditions: dict = field(default_factory=dict)
+
+    def row_condition(self, k: int, i: str) -> str | None:
+        c = self.conditions.get(k)
+        return None if c is None else c.replace(self.placeholder, i)
+
+    def facts(self, k: int, xs: Sequence[Value]) -> dict:
+        """The whole result's facts: one-hot along the map's axis where its rows vanish with a one-hot
+        argument's; zero unless a condition that does not depend on the row holds."""
+        c = self.conditions.get(k)
+        if c is None:
+            return {}
+        for x in xs:
+            onehot = getattr(x, "onehot", None)
+            if onehot is not None and onehot[0] == 0 and c == f"({self.placeholder} == {onehot[1]})":
+                return {"onehot": (0, onehot[1])}
+        return {} if self.placeholder in _NAME.findall(c) else {"zero_unless": c}
+
+
+def _vanishing_rows(w: Writer, prim: Map, consts, xs) -> VanishingRows:
+    """The body written once apart, for a placeholder row (the text thrown away), tells which results'
+    rows are zero unless a condition holds: a row of a one-hot argument, or a captured value that is zero
+    unless something holds (a max's cotangent inside a gradient's map). Conditions that name values the
+    body computes are dropped: only a test that can stand before the row is computed is kept."""
+    if not any(getattr(v, "zero_unless", None) is not None or (getattr(v, "onehot", None) or (None,))[0] == 0
+               for v in (*consts, *xs)):
+        return VanishingRows()
+    placeholder = f"__{w.fresh('row')}__"
+    nodes, outs = w.written_apart(lambda: map_row(w, prim.body, consts, xs, placeholder))
+    local = _assigned(nodes)
+    conditions = {k: o.zero_unless for k, o in enumerate(outs)
+                  if getattr(o, "zero_unless", None) is not None and not local & set(_NAME.findall(o.zero_unless))}
+    return VanishingRows(placeholder, conditions)
+
+
+def _assigned(nodes: Sequence[Node]) -> set[str]:
+    names = set()
+    for node in nodes:
+        if isinstance(node, Assign):
+            names.add(node.target)
+        elif isinstance(node, Buffer):
+            names.add(node.name)
+        elif isinstance(node, (Loop, If)):
+            names |= _assigned(node.body) | ({node.index} if isinstance(node, Loop) else set())
+    return names
 
 
 def map_row(w: Writer, body: Program, consts: Sequence[Value], xs: Sequence[Value], i: str) -> list[Value]:
@@ -443,14 +482,27 @@ def store_row(w: Writer, target: str, outs: Value, lead: tuple[str, ...]) -> Non
     w.each_index(outs.shape, lambda idx: w.emit(Store(target, lead + idx, w.element(outs, idx))))
 
 
-def _stored_map(w: Writer, prim: Map, consts, xs, out_avals) -> list[Value]:
+def _stored_map(w: Writer, prim: Map, consts, xs, out_avals, vanishing: VanishingRows) -> list[Value]:
+    """The map's results in buffers, row by row; where every result's rows vanish under one condition, the
+    buffers start at zero and a row is computed only where its condition holds."""
     names = [w.fresh("b") for _ in out_avals]
     for name, aval in zip(names, out_avals, strict=True):
         w.emit(Buffer(name, tuple(aval.shape), aval.dtype))
+    conditions = {vanishing.conditions.get(k) for k in range(len(out_avals))}
+    guarded = len(conditions) == 1 and None not in conditions
+    if guarded:
+        for name, aval in zip(names, out_avals, strict=True):
+            w.each_index(tuple(aval.shape), lambda idx: w.emit(Store(name, idx, literal(0, aval.dtype))))
 
     def row(i: str) -> None:
-        for name, out in zip(names, map_row(w, prim.body, consts, xs, i), strict=True):
-            store_row(w, name, out, (i,))
+        def compute() -> None:
+            for name, out in zip(names, map_row(w, prim.body, consts, xs, i), strict=True):
+                store_row(w, name, out, (i,))
+
+        if guarded:
+            w.guarded(vanishing.row_condition(0, i), compute)
+        else:
+            compute()
 
     w.loop(out_avals[0].shape[0], row)
     return [Stored(name, tuple(a.shape), a.dtype) for name, a in zip(names, out_avals, strict=True)]
