@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 import fold
 from fold.runtime.loops import LoopNest, describe, kernel_of
-from fold.runtime.loops.nest import buffers
+from fold.runtime.loops.nest import Buffer, buffers
 from fold.runtime.numba_backend.passes import prepare
 from natural_programs import kmeans_cost, min_pairwise_distance, ordered_fold, three_deep
 
@@ -332,3 +332,100 @@ def test_a_max_cotangent_inside_a_map_computes_only_the_rows_it_reaches():
         "\n".join(describe(k) for k in kernels)
     got, want = _both(grad, X, w)
     _close(got, want, 1e-12)
+
+
+def test_a_long_chain_is_stored_once_and_every_reader_reads_the_stored_array():
+    """An array pulled through MAX_CHAIN statements is stored before it is read on, so that each of its
+    readers reads the buffer: each statement of the body is written once per element (its readers each
+    computed the whole chain again before, and the kernel's work grew with the square of the chain)."""
+    from fold.runtime.loops.build import MAX_CHAIN
+
+    steps = 3 * MAX_CHAIN // 4  # 6 statements a step: the chain is stored about four times
+
+    def body(r):
+        x = r
+        for _ in range(steps):  # x is read by two statements (x * 0.9, -x): both read the stored array
+            x = x * 0.9 - fold.exp(-x * x) * 0.1
+        return fold.reduce(M.sum, x)
+
+    X = rng.normal(size=(20, 9))
+    f = lambda X: fold.reduce(M.sum, fold.map(body, X))  # noqa: E731
+    _, (kernel,) = _nests(f, X)
+    text = describe(kernel)
+    assert text.count("math.exp(") == steps, text
+    assert len(buffers(kernel.outer.step)) >= 3, text
+    got, want = _both(f, X)
+    _close(got, want, 1e-12)
+
+
+@pytest.mark.parametrize("case", ["kmeans", "three_deep", "ordered_fold"])
+def test_a_long_body_compiled_in_parts_gives_the_same_results(case, monkeypatch):
+    """A nest body longer than nest_parts.WHOLE is compiled as functions of at most PART statements, each
+    called in turn (Numba's compile time grows faster than a function's length). With both limits made
+    small, every natural nest and its gradient runs in parts: buffers, carried folds and stores cross the
+    parts' boundaries, with the whole kernel's results."""
+    from fold.runtime.numba_backend import nest_parts
+    from fold.runtime.numba_backend.loop_nests import kernel_source
+
+    monkeypatch.setattr(nest_parts, "WHOLE", 12)
+    monkeypatch.setattr(nest_parts, "PART", 10)
+    f, make = CASES[case]
+    args = make()
+    loss = (lambda X: f(X)[1]) if case == "ordered_fold" else f  # noqa: E731
+    grad = fold.grad(loss, argnums=tuple(range(len(args))))
+    for g in (f, grad):
+        sources = [kernel_source(k) for k in _nests(g, *args)[1]]
+        assert any("def part" in s for s in sources), sources
+        got, want = _both(g, *args)
+        _close(got, want, 1e-12)
+
+
+@settings(max_examples=6, deadline=None)
+@given(nests())
+def test_random_nests_compiled_in_parts_match_the_numpy_backend(spec):
+    """As the random nests above, with every body compiled in parts of at most 10 statements: buffers
+    allocated in inner loops, folds carried across parts, and stores all cross the parts' boundaries."""
+    from fold.runtime.numba_backend import nest_parts
+
+    shape, ops, seed = spec
+    r = np.random.default_rng(seed)
+    X, w = 0.5 * r.normal(size=(7,) + shape[1:]), r.normal(size=shape[-1])
+    loss = lambda X, w: fold.reduce(M.sum, _program(shape, ops)(X, w))  # noqa: E731
+    saved = nest_parts.WHOLE, nest_parts.PART
+    nest_parts.WHOLE, nest_parts.PART = 12, 10
+    try:
+        for f in (loss, fold.grad(loss, argnums=(0, 1))):
+            got, want = _both(f, X, w)
+            _close(got, want, 1e-8)
+    finally:
+        nest_parts.WHOLE, nest_parts.PART = saved
+
+
+def test_a_buffer_inside_a_loop_is_allocated_for_the_part_that_fills_it(monkeypatch):
+    """A map stored inside an inner loop (its Buffer nested in the body) filled by an outlined part: the
+    buffer is allocated per chunk with the others and passed to the part."""
+    from fold.runtime.numba_backend import nest_parts
+
+    monkeypatch.setattr(nest_parts, "WHOLE", 12)
+    monkeypatch.setattr(nest_parts, "PART", 10)
+    shape, ops = (7, 3, 4, 5), [(0, 1, 1), (1, 0, 3), (4, 2, 0), (0, 1, 2)]
+    X, w = 0.5 * rng.normal(size=shape), rng.normal(size=shape[-1])
+    loss = lambda X, w: fold.reduce(M.sum, _program(shape, ops)(X, w))  # noqa: E731
+    grad = fold.grad(loss, argnums=(0, 1))
+    _, kernels = _nests(grad, X, w)
+    assert any(isinstance(n, Buffer) for k in kernels for loop in _loops(k) for n in loop.body), \
+        "\n".join(describe(k) for k in kernels)
+    got, want = _both(grad, X, w)
+    _close(got, want, 1e-8)
+
+
+def _loops(kernel):
+    from fold.runtime.loops.nest import Loop
+
+    def walk(nodes):
+        for n in nodes:
+            if isinstance(n, Loop):
+                yield n
+                yield from walk(n.body)
+
+    return list(walk(kernel.outer.body if hasattr(kernel.outer, "body") else kernel.outer.step))

@@ -177,6 +177,22 @@ class Writer:
         self.each_index(value.shape, lambda idx: self.emit(Store(name, idx, self.element(value, idx))))
         return Stored(name, value.shape, value.dtype)
 
+    def materialise_together(self, values: list[Pull]) -> list[Stored]:
+        """Each value in a Buffer, those of one shape computed in one loop (sharing what their elements share)."""
+        stored: dict[int, Stored] = {}
+        for shape in dict.fromkeys(v.shape for v in values):
+            group = [(k, v) for k, v in enumerate(values) if v.shape == shape]
+            for k, v in group:
+                stored[k] = Stored(self.fresh("b"), v.shape, v.dtype)
+                self.emit(Buffer(stored[k].name, v.shape, v.dtype))
+
+            def fill(idx: tuple, group=group) -> None:
+                for k, v in group:
+                    self.emit(Store(stored[k].name, idx, self.element(v, idx)))
+
+            self.each_index(shape, fill)
+        return [stored[k] for k in range(len(values))]
+
     def each_index(self, shape: tuple[int, ...], fill: Callable[[tuple[str, ...]], None], prefix: tuple = ()) -> None:
         """fill(index) inside loops over every index of `shape`."""
         if len(prefix) == len(shape):
@@ -191,7 +207,17 @@ class Writer:
         env: dict[Var, Value] = dict(zip(program.inputs, inputs, strict=True))
         uses = _uses(program)
         chain: Counter = Counter()  # how many pulled statements an array's element is written through
-        for stmt in program.stmts:
+        last_read = {a: k for k, stmt in enumerate(program.stmts) for a in stmt.args if isinstance(a, Var)}
+        last_read.update({a: len(program.stmts) for a in program.outputs if isinstance(a, Var)})
+        for position, stmt in enumerate(program.stmts):
+            # where a statement reads the end of a long chain of pulled statements, every pulled array still
+            # to be read is stored, in one loop: an element would otherwise be written by recursion as deep
+            # as the chain, and each array later stored on its own would compute its whole chain again
+            if any(isinstance(a, Var) and chain[a] >= MAX_CHAIN for a in stmt.args):
+                live = [v for v, value in env.items() if isinstance(value, Pull) and chain[v] > 0
+                        and last_read.get(v, -1) >= position]
+                for v, stored in zip(live, self.materialise_together([env[v] for v in live]), strict=True):
+                    env[v], chain[v] = stored, 0
             args = [self.value(a, env) for a in stmt.args]
             rule = _rules.get(stmt.prim)
             if rule is None:
@@ -199,9 +225,7 @@ class Writer:
             outs = rule(self, stmt.prim, args, [v.aval for v in stmt.outs])
             depth = 1 + max((chain[a] for a in stmt.args if isinstance(a, Var)), default=0)
             for var, out in zip(stmt.outs, outs, strict=True):
-                # a heavy array read twice is stored, not recomputed; so is the end of a long chain, whose
-                # element would otherwise be written by recursion as deep as the chain
-                if isinstance(out, Pull) and ((out.heavy and uses[var] > 1) or depth > MAX_CHAIN):
+                if isinstance(out, Pull) and out.heavy and uses[var] > 1:  # read twice: stored, not recomputed
                     out = self.materialise(out)
                 chain[var] = depth if isinstance(out, Pull) else 0
                 env[var] = out

@@ -21,7 +21,7 @@ from fold.runtime.loops import LoopNest, constants_of, kernel_of
 from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
 from fold.runtime.loops.text import allocations, shape_text, statement_lines
 
-from . import nest_lanes, scalar_helpers
+from . import nest_lanes, nest_parts, scalar_helpers
 from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
@@ -32,17 +32,28 @@ CHUNKS_PER_THREAD = 4
 NEST_OPTIONS = {"parallel": True, "error_model": "numpy", "fastmath": {"reassoc", "contract"}}
 
 
+# a long body's parts (nest_parts): compiled on their own, serially (each runs inside the kernel's prange)
+PART_OPTIONS = {"error_model": "numpy", "fastmath": {"reassoc", "contract"}}
+
+
 def kernel_source(kernel: Kernel) -> str:
-    """The text of a module defining `kernel(*inputs, *outputs, chunks)`."""
+    """The text of a module defining `kernel(*inputs, *outputs, chunks)` (and the parts it calls)."""
+    return kernel_module(kernel)[0]
+
+
+def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
+    """The kernel's module text, and the functions in it to compile with their options."""
     params = [p.name for p in kernel.inputs] + [p.name for p in kernel.outputs] + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):"]
-    outer = _with_lanes(kernel.outer)
+    laned = _with_lanes(kernel.outer)
+    outer, parts = _in_parts(laned, params)
+    # every buffer is allocated once per chunk: those of the outlined parts too, passed to them
     if isinstance(outer, ParallelMap):
         lines += [f"    for chunk in prange(chunks):", *_chunk_bounds("chunk", outer.extent),
-                  *_allocations(outer.body, 8), f"        for {outer.index} in range(lo, hi):",
+                  *_allocations(laned.body, 8), f"        for {outer.index} in range(lo, hi):",
                   *_nodes(outer.body, 12, hoisted=True)]
     else:
-        lines += _fold_lines(outer)
+        lines += _fold_lines(outer, laned.step)
     return "\n".join([
         f"# scalar helpers {file_digest(scalar_helpers)}",
         "import math",
@@ -51,7 +62,26 @@ def kernel_source(kernel: Kernel) -> str:
         f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
         f"from fold.kernels.cpu.vector_math import {', '.join(nest_lanes.IMPORTS)}",
         f"# vector math {file_digest(vector_math)} available: {vector_math.AVAILABLE}",
-        "", "", *lines, ""])
+        "", "", *[text + "\n\n" for text in parts.sources], *lines, ""]), \
+        {"kernel": NEST_OPTIONS, **{name: PART_OPTIONS for name in parts.names}}
+
+
+def _in_parts(outer, params: list[str]):
+    """The traversal with a long per-index body split into parts (nest_parts), and the outliner holding them."""
+    body = outer.body if isinstance(outer, ParallelMap) else outer.step
+    if isinstance(outer, ParallelMap):
+        total, extra = nest_parts.uses(body), ()
+    else:
+        # the states are read after the traversal (their partials): one more use each
+        total = nest_parts.uses(outer.init + outer.step + outer.merge) + Counter(s.name for s in outer.states)
+        extra = [s.name for s in outer.states]
+    variables = nest_parts.kernel_variables(body, extra=[*params, outer.index, "chunk", "lo", "hi", *extra])
+    parts = nest_parts.Outliner(variables, total)
+    if nest_parts.size(body) <= nest_parts.WHOLE:
+        return outer, parts
+    body = parts.block(body)
+    return (ParallelMap(outer.index, outer.extent, body) if isinstance(outer, ParallelMap)
+            else replace(outer, step=body)), parts
 
 
 def _with_lanes(outer):
@@ -63,13 +93,14 @@ def _with_lanes(outer):
     return replace(outer, step=nest_lanes.in_lanes(outer.step, outside))
 
 
-def _fold_lines(fold: ParallelFold) -> list[str]:
+def _fold_lines(fold: ParallelFold, allocated: tuple) -> list[str]:
+    """The fold's lines; `allocated`: the step whose buffers are allocated per chunk (before outlining)."""
     lines = []
     for s in fold.states:
         shape = (s.shape or (1,)) if s.stored else ()
         lines.append(f"    {fold.partial}{s.name} = np.empty((chunks, {', '.join(map(str, shape))}), np.{s.dtype.name})")
     lines += [f"    for {fold.chunk} in prange(chunks):", *_chunk_bounds(fold.chunk, fold.extent)]
-    lines += _nodes(fold.init, 8) + _allocations(fold.step, 8)
+    lines += _nodes(fold.init, 8) + _allocations(allocated, 8)
     lines.append(f"        for {fold.index} in range(lo, hi):")
     lines += _nodes(fold.step, 12, hoisted=True)
     for s in fold.states:
@@ -104,7 +135,7 @@ _compiled: "weakref.WeakKeyDictionary[LoopNest, Any]" = weakref.WeakKeyDictionar
 def compiled_kernel(prim: LoopNest):
     found = _compiled.get(prim)
     if found is None:
-        module = load_module(kernel_source(kernel_of(prim)), {"kernel": NEST_OPTIONS})
+        module = load_module(*kernel_module(kernel_of(prim)))
         found = _compiled[prim] = module.kernel
     return found
 
