@@ -2,25 +2,29 @@
 
     python -m benchmarks.bench_gemm            # the issue's sizes (slow: tens of minutes, many GiB for naive)
     python -m benchmarks.bench_gemm --quick    # small sizes: a smoke test
+    python -m benchmarks.bench_gemm --backend numba --only mlp --threads 1   # the MLP on the numba backend
 
-Layers (float32, numpy backend), each implementation run in its own process (this module with --worker), so
-that every peak memory is that implementation's own:
+Layers (float32, the numpy backend unless --backend says otherwise), each implementation run in its own
+process (this module with --worker), so that every peak memory is that implementation's own:
 
 - attention softmax(Q K^T / sqrt(F)) V with M = N in {1024, 4096, 16384}, F = D = 64;
 - cross-entropy of the logits P C^T against class indices, M = 8192 rows, D = 256, vocabulary N in
   {32768, 131072};
-- the paper's two-layer MLP sigmoid(X P) Q with B = K = 16384, D = 128 (X: B x D, P: D x K, Q: K x D).
+- the paper's two-layer MLP sigmoid(X P) Q with B = K in {8192, 16384}, D = 128 (X: B x D, P: D x K, Q: K x D).
 
 Implementations: "fold" (examples/gemm_layers.py on fold.gemm_map_reduce, the default block size; backward
 by fold.vjp), "naive" (the materialised formulas with their hand-written backward from examples/gemm_layers.py,
 forward-only versions written here), and, for attention, "torch" (torch.nn.functional.
 scaled_dot_product_attention and autograd) when torch is importable.
 
-What each worker measures, warm (one untimed call of each function first):
+What each worker measures, warm (one untimed call of each function first: it compiles, on numba):
 - forward time and forward+backward time (the output and the cotangents of every float input): the median
   of `--repeats` calls (fewer when the calls are slow, see `--time-budget`);
-- peak RSS of the first forward call and of the first forward+backward call ("raw"), and the same less the
-  worker's baseline ("net"): its resident set (VmRSS) after imports, input creation and tracing. The peak is
+- peak RSS of a forward call and of a forward+backward call ("raw"), and the same less the worker's
+  baseline ("net"): its resident set (VmRSS) after imports, input creation, tracing and the warm-up calls.
+  The workers run with fold's malloc retention off (FOLD_KEEP_FREED_MEMORY=0) and glibc returning every
+  buffer over 64 KiB to the system when it is freed (MALLOC_MMAP_THRESHOLD_=65536), so that what a warm-up
+  call freed is not reused unseen by the measured call. The peak is
   the kernel's high-water mark VmHWM, reset to the current RSS before each call (/proc/self/clear_refs);
   `resource.getrusage(RUSAGE_SELF).ru_maxrss` is recorded too, but it cannot be reset and a child process
   inherits its parent's, so it is only an upper bound (it is the fallback where VmHWM cannot be reset);
@@ -32,7 +36,7 @@ most 1.5x naive at every size. A naive case that would not fit in the memory ava
 smaller sizes measured in the same run, else from a count of M x N matrices) or that runs past the worker
 timeout is recorded as skipped, with the reason and the memory it would need.
 
-Writes benchmarks/results/gemm_numpy.json and .png (gemm_numpy_quick.* with --quick).
+Writes benchmarks/results/gemm_<backend>.json and .png (gemm_<backend>_quick.* with --quick).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ FULL_CASES = [
     ("attention", {"M": 16384, "N": 16384, "F": 64, "D": 64}, True),
     ("cross_entropy", {"M": 8192, "N": 32768, "D": 256}, False),
     ("cross_entropy", {"M": 8192, "N": 131072, "D": 256}, True),
+    ("mlp", {"B": 8192, "K": 8192, "D": 128}, True),
     ("mlp", {"B": 16384, "K": 16384, "D": 128}, True),
 ]
 QUICK_CASES = [  # a smoke test: at these sizes one default block covers most of the matrix, so no targets
@@ -194,6 +199,12 @@ def torch_available() -> bool:
 
 # ------------------------------------------------------------------------------------------ the worker
 
+def set_backend(name: str) -> None:
+    """The backend fold's workers run on (this process's and, through FOLD_BACKEND, theirs)."""
+    global BACKEND
+    BACKEND = name
+
+
 def _maxrss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
@@ -242,6 +253,7 @@ def worker(spec: dict) -> dict:
     import examples.gemm_layers  # noqa: F401
 
     layer, sizes, impl = spec["layer"], spec["sizes"], spec["impl"]
+    set_backend(spec.get("backend", "numpy"))
     load = list(os.getloadavg())
     x = make_inputs(layer, sizes)
     info_fn = None
@@ -254,18 +266,20 @@ def worker(spec: dict) -> dict:
     else:
         raise ValueError(impl)
     np.ones((64, 64), DTYPE) @ np.ones((64, 64), DTYPE)  # BLAS buffers into the baseline
+    start = time.perf_counter()
+    forward()  # warm-up calls: they compile (numba); what they free goes back to the system (see run_worker)
+    first_forward = time.perf_counter() - start
+    start = time.perf_counter()
+    both()
+    first_both = time.perf_counter() - start
     gc.collect()
     baseline, baseline_maxrss = _current_rss_bytes(), _maxrss_bytes()
     reset_ok = _reset_peak_rss()
-    start = time.perf_counter()
     forward()
-    first_forward = time.perf_counter() - start
     gc.collect()
     rss_forward, maxrss_forward = _peak_rss_bytes(reset_ok), _maxrss_bytes()
     reset_ok = reset_ok and _reset_peak_rss()
-    start = time.perf_counter()
     result = both()
-    first_both = time.perf_counter() - start
     rss_both, maxrss_both = _peak_rss_bytes(reset_ok), _maxrss_bytes()
     summary = _summary(result)
     del result
@@ -274,7 +288,7 @@ def worker(spec: dict) -> dict:
     t_forward, s_forward = _timed(forward, spec["repeats"], budget)
     t_both, s_both = _timed(both, spec["repeats"], budget)
     record = {
-        "impl": impl, "layer": layer, "sizes": sizes, "loadavg_at_start": load, "loadavg_at_end": list(os.getloadavg()),
+        "impl": impl, "backend": BACKEND if impl == "fold" else None, "layer": layer, "sizes": sizes, "loadavg_at_start": load, "loadavg_at_end": list(os.getloadavg()),
         "blas_threads": {name: os.environ.get(name) for name in THREAD_VARIABLES},
         "input_bytes": int(sum(a.nbytes for a in x.values())),
         "forward_seconds": t_forward, "forward_samples": s_forward,
@@ -328,7 +342,8 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 
 def run_worker(spec: dict, timeout: float, threads: int | None = None) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.bench_gemm", "--worker", json.dumps(spec)]
-    env = dict(os.environ)
+    env = dict(os.environ, FOLD_BACKEND=BACKEND, FOLD_KEEP_FREED_MEMORY="0", MALLOC_MMAP_THRESHOLD_="65536",
+               MALLOC_TRIM_THRESHOLD_="0")
     if threads is not None:
         env.update({name: str(threads) for name in THREAD_VARIABLES})
     start = time.perf_counter()
@@ -451,9 +466,10 @@ def plot(path, cases: list[dict], title: str) -> Any:
             if r.get("forward_backward_seconds") is not None:
                 axes[1][col].annotate(f"{r['forward_backward_seconds']:.2f}x", (n, fold_r["forward_backward_seconds"]),
                                       fontsize=8, xytext=(4, 4), textcoords="offset points")
-        dims = {k: v for k, v in rows[0]["sizes"].items() if k not in ("N", "K") and not (layer == "attention" and k == "M")}
+        dims = {k: v for k, v in rows[0]["sizes"].items()
+                if k not in ("N", "K") and not (layer == "attention" and k == "M") and not (layer == "mlp" and k == "B")}
         axes[0][col].set_title(f"{layer}  ({', '.join(f'{k}={v}' for k, v in dims.items())}"
-                               + (", M=N" if layer == "attention" else "") + ")", fontsize=9)
+                               + {"attention": ", M=N", "mlp": ", B=K"}.get(layer, "") + ")", fontsize=9)
         xlabel = "K (hidden width; B = K)" if layer == "mlp" else ("M = N" if layer == "attention" else "N (vocabulary)")
         for row, ylabel in ((0, "peak memory of fwd+bwd (MiB)"), (1, "time, median (s)")):
             ax = axes[row][col]
@@ -466,6 +482,13 @@ def plot(path, cases: list[dict], title: str) -> Any:
     return save_figure(fig, path, title)
 
 
+def _wrapped(text: str, width: int) -> str:
+    """A figure title in lines of at most `width` characters (a one-column figure is narrow)."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(part, width) for part in text.split("; "))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = benchmark_parser("bench_gemm", __doc__, "small sizes (a smoke test)", 3, "timed repeats per function (median reported)")
     parser.add_argument("--time-budget", type=float, default=150.0,
@@ -475,8 +498,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=None,
                         help="BLAS threads in the workers (sets OPENBLAS/OMP/MKL_NUM_THREADS; default: the library's "
                              "own choice). 1 gives steadier ratios on a machine shared with other work")
+    parser.add_argument("--backend", default=BACKEND, choices=("numpy", "numba"), help="fold's backend (default numpy)")
+    parser.add_argument("--note", default="", help="a note on the machine or the run, printed and recorded")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parse_benchmark_args(parser, argv)
+    set_backend(args.backend)
     if args.worker is not None:
         record = worker(json.loads(args.worker))
         print(MARK + json.dumps(record), flush=True)
@@ -485,8 +511,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     line = machine_line(info)
     info["mem_total_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     threads = "default" if args.threads is None else args.threads
-    line = f"{line}, {info['mem_total_bytes'] / 2**30:.1f} GiB memory, BLAS threads {threads}"
-    print(f"bench_gemm (numpy backend, float32{', quick' if args.quick else ''}): {line}", flush=True)
+    line = f"{line}, {info['mem_total_bytes'] / 2**30:.1f} GiB memory, BLAS threads {threads}" + (f"; {args.note}" if args.note else "")
+    print(f"bench_gemm ({BACKEND} backend, float32{', quick' if args.quick else ''}): {line}", flush=True)
     only = {s for s in args.only.split(",") if s}
     impls = ["fold", "naive"]
     if torch_available():
@@ -499,7 +525,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for impl in impls:
             if impl == "torch" and layer != "attention":
                 continue
-            spec = {"layer": layer, "sizes": sizes, "impl": impl, "repeats": args.repeats, "time_budget": args.time_budget}
+            spec = {"layer": layer, "sizes": sizes, "impl": impl, "backend": BACKEND, "repeats": args.repeats, "time_budget": args.time_budget}
             if impl == "naive":
                 need, how = _estimate_naive_bytes(layer, sizes, measured)
                 available = mem_available()
@@ -520,7 +546,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cases.append(case)
     suffix = "_quick" if args.quick else ""
     payload = {
-        "benchmark": "gemm", "backend": BACKEND, "dtype": "float32", "quick": args.quick, "repeats": args.repeats,
+        "benchmark": "gemm", "backend": BACKEND, "budget_variable": os.environ.get("FOLD_GEMM_BUDGET"), "dtype": "float32", "quick": args.quick, "repeats": args.repeats,
         "blas_threads": args.threads if args.threads is not None else "library default",
         "statistic": "median wall seconds of warm calls, each implementation in its own worker process; rss_net = "
                      "peak RSS (VmHWM, reset before the call) of the first call less the worker's VmRSS after imports "
@@ -531,9 +557,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "forward_backward_time_ratio_at_most": TIME_TARGET},
         "machine": info, "machine_line": line, "cases": cases,
     }
-    json_path = write_json(RESULTS_DIR / f"gemm_numpy{suffix}.json", payload)
-    png_path = plot(RESULTS_DIR / f"gemm_numpy{suffix}.png", cases,
-                    f"gemm_map_reduce (fold) vs naive NumPy, float32, each in its own process\n{line}")
+    json_path = write_json(RESULTS_DIR / f"gemm_{BACKEND}{suffix}.json", payload)
+    png_path = plot(RESULTS_DIR / f"gemm_{BACKEND}{suffix}.png", cases,
+                    _wrapped(f"gemm_map_reduce (fold, {BACKEND} backend) vs naive NumPy, float32, each in its own "
+                             f"process; {line}", 36 * len({c['layer'] for c in cases}) + 24))
     judged = [c for c in cases if c["comparison"]["passed"] is not None]
     failed = [c["label"] for c in judged if not c["comparison"]["passed"]]
     if judged:

@@ -10,6 +10,7 @@ Memory: O(M * |T| + block), never M x N.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -26,15 +27,69 @@ from .primitives import GemmMapReduce
 from .pytree import leaf_paths, tree_flatten
 from .tracing import abstractify, bind, check_callable, trace_body
 
-# Bytes of per-block intermediates the automatic block size aims for. 64 MiB: on the numba backend (the
-# default) blocks twice as large each way as 16 MiB ran attention's gradient 8-10% faster at 1024 and 4096
-# and cross-entropy's 5% (fewer statements run per pair); the numpy backend, fastest at 16 MiB, is 6% slower.
-DEFAULT_BLOCK_BUDGET = 64 * 2**20
+# What a gemm_map_reduce may hold at once beyond its operands and results (`budget`): one block's
+# intermediates and, in a gradient that runs its forward and backward together (numba), the products it keeps
+# for the backward. By default a fraction of the product s it never materialises (M x N values per pair, the
+# term that dominates the naive formula's memory, which holds it several times), between a floor (below it,
+# blocks get small enough for their per-block overhead to show) and a cap (today's most: a 128 MiB block and
+# 1 GiB of kept products). The paper's MLP (B = K = 8192, D = 128, float32: a 256 MiB product) gets 16 MiB,
+# and its gradient's peak fell from 18% to under 5% of the naive formula's (benchmarks/README.md).
+BUDGET_FRACTION = 1 / 16
+MIN_BUDGET = 16 * 2**20
+MAX_BUDGET = 2**30 + 128 * 2**20
+BUDGET_VARIABLE = "FOLD_GEMM_BUDGET"  # overrides the default budget: bytes, or with a K, M or G suffix (64M)
+
+# Of the budget, the share one block's estimated intermediates aim for (the rest holds kept products), up to
+# MAX_BLOCK_BYTES. 128 MiB: on the numba backend blocks of 128 MiB ran attention's gradient 8-10% faster at
+# 1024 and 4096 than blocks of 32 MiB, and cross-entropy's 5% (fewer statements run per pair); the numpy
+# backend, fastest at 32 MiB, is 6% slower.
+BLOCK_SHARE = 1 / 2
+MAX_BLOCK_BYTES = 128 * 2**20
 
 # Bytes of products s a gradient may keep, per row block, instead of computing them again in the backward
-# (a backend that runs the forward and the backward together: numba). 1 GiB: all of a row block's at the
-# sizes of the benchmarks (cross-entropy over 131072 classes keeps 965 MiB, an eighth of its logits).
+# (a backend that runs the forward and the backward together: numba), at most: what the budget leaves beside
+# one block's intermediates bounds it too.
 DEFAULT_KEEP = 2**30
+
+_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def budget_from_environment() -> int | None:
+    """The budget FOLD_GEMM_BUDGET sets (bytes: an integer, optionally followed by K, M or G), or None where
+    it is unset or empty."""
+    text = os.environ.get(BUDGET_VARIABLE, "").strip()
+    if not text:
+        return None
+    number, suffix = (text[:-1], text[-1].upper()) if text[-1].upper() in "KMG" else (text, "")
+    try:
+        value = int(number) * _SUFFIXES[suffix]
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{BUDGET_VARIABLE} must be a positive number of bytes, optionally with a K, M or G "
+                         f"suffix (e.g. 67108864 or 64M), got {text!r}")
+    return value
+
+
+def default_budget(m: int, n: int, pairs: int, itemsize: int) -> int:
+    """The memory budget of a gemm_map_reduce of an (m, n) product (`pairs` of them, `itemsize` bytes per
+    value) when none is given: FOLD_GEMM_BUDGET where set, else BUDGET_FRACTION of the bytes of the products
+    it never materialises, at least MIN_BUDGET and at most MAX_BUDGET."""
+    configured = budget_from_environment()
+    if configured is not None:
+        return configured
+    return int(min(max(m * n * pairs * itemsize * BUDGET_FRACTION, MIN_BUDGET), MAX_BUDGET))
+
+
+def block_bytes(budget: int) -> int:
+    """Bytes of intermediates the automatic block size aims for under `budget`."""
+    return int(min(budget * BLOCK_SHARE, MAX_BLOCK_BYTES))
+
+
+def kept_bytes_allowed(budget: int, block: tuple[int, int], per_pair_bytes: int, keep: int) -> int:
+    """Bytes of products a gradient may keep per row block: `keep`, and no more than the budget leaves
+    beside one block's estimated intermediates (block rows x columns x `per_pair_bytes`)."""
+    return max(0, min(keep, budget - block[0] * block[1] * per_pair_bytes))
 
 
 def _as_tuple(x: Any) -> tuple:
@@ -50,11 +105,12 @@ def _matrices(where: str, name: str, xs: tuple) -> tuple[list, list[ShapedArray]
 
 
 def choose_block(m: int, n: int, per_pair_bytes: int, budget: int) -> tuple[int, int]:
-    """(rows, columns) of a block whose intermediates take about `budget` bytes: side x 2 side pairs, and
-    where there are fewer columns than that (k-means' 64 centroids), as many more rows as the budget holds,
-    so that few columns do not mean a thousand small blocks, each paying its per-block overhead."""
+    """(rows, columns) of a block whose intermediates (`per_pair_bytes` per pair) take about `budget` bytes:
+    side x 2 side pairs, and where there are fewer columns than that (k-means' 64 centroids), as many more
+    rows as the budget holds, so that few columns do not mean a thousand small blocks, each paying its
+    per-block overhead. Never fewer than 32 x 64 pairs (where the matrix has them)."""
     per_pair = max(per_pair_bytes, 1)
-    side = max(int(math.sqrt(budget / per_pair)), 32)
+    side = max(int(math.sqrt(budget / (2 * per_pair))), 32)
     cols = max(min(n, side * 2), 1)
     return max(min(m, max(side, budget // (per_pair * cols))), 1), cols
 
@@ -86,14 +142,20 @@ def _operands(extra: Any) -> tuple:
 
 def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, *, rows: Sequence[Any] = (),
                     cols: Sequence[Any] = (), block: int | tuple[int, int] | None = None,
-                    budget: int = DEFAULT_BLOCK_BUDGET, keep: int = DEFAULT_KEEP) -> Any:
+                    budget: int | None = None, keep: int = DEFAULT_KEEP) -> Any:
     """Row folds of a mapped matrix product: A_i = fold_j fn(<lhs_i, rhs_j>, *rows_i, *cols_j).
 
     `lhs` (M x F) and `rhs` (N x F) may be tuples of the same length (then fn receives one s per pair);
     `rows` are arrays with leading axis M, `cols` arrays with leading axis N (a tuple of them, or one). The result has the monoid's
-    element structure with a leading axis M. `block` (an int or (rows, cols)) overrides the block size,
-    which by default keeps the per-block intermediates near `budget` bytes. A gradient may hold up to `keep`
-    bytes of one row block's products to read them again instead of recomputing them (0: recompute all).
+    element structure with a leading axis M.
+
+    Memory: `budget` bounds the bytes the gemm holds at once beyond its operands and results: one block's
+    intermediates (about BLOCK_SHARE of it, at most 128 MiB, which sets the block size) and, in a gradient that runs the
+    forward and the backward together, the products of a row block it keeps to read again instead of
+    recomputing them (at most `keep` bytes, and what the budget leaves; `keep=0`: recompute all). By
+    default (None) the budget is `default_budget`: FOLD_GEMM_BUDGET (bytes, or 64M-style) where set, else
+    1/16 of the bytes of the M x N products it never materialises, between 16 MiB and 1.125 GiB. `block`
+    (an int or (rows, cols)) gives the block size instead.
 
     >>> import numpy as np, fold
     >>> Q, K = np.random.rand(3, 4), np.random.rand(5, 4)
@@ -151,8 +213,10 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
     factorization = factorize(fn_program, col_inputs, inputs[:nc])
     per_pair = dtype.itemsize * (len(factorization.pointwise.stmts) + npairs + 4) + sum(
         e.nbytes for i, e in enumerate(elems) if i in factorization.full)
-    bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, _check_bytes(where, "budget", budget, "bytes per block", 1))
-    keep = _check_bytes(where, "keep", keep, "bytes of products a gradient may keep", 0)
+    budget = (default_budget(m, n, npairs, dtype.itemsize) if budget is None
+              else _check_bytes(where, "budget", budget, "bytes the gemm may hold beyond its operands and results", 1))
+    bi, bj = _check_block(where, block) or choose_block(m, n, per_pair, block_bytes(budget))
+    keep = kept_bytes_allowed(budget, (bi, bj), per_pair, _check_bytes(where, "keep", keep, "bytes of products a gradient may keep", 0))
     shapes = sorted({(min(bi, m - i0), min(bj, n - j0)) for i0 in range(0, m, bi) for j0 in range(0, n, bj)})
     const_avals = [v.aval for v in inputs[:nc]]
 
