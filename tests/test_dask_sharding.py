@@ -296,6 +296,102 @@ def test_each_task_is_sent_only_its_chunk_of_the_split_vocabulary(client, monkey
     assert sum(b for _, b in sent) <= C.nbytes + iota_bytes + (P.nbytes + t.nbytes) * workers + 1024, sent
 
 
+def _counting_sends(client, monkeypatch) -> list[tuple[str, int]]:
+    """Record the array bytes of every submit and scatter of `client` (the only ways data leaves it)."""
+    sent: list[tuple[str, int]] = []
+    submit, scatter = client.submit, client.scatter
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+
+    def counted_submit(fn, *args, **kwargs):
+        sent.append((getattr(fn, "__name__", "?"), _array_bytes(args)))
+        return submit(fn, *args, **kwargs)
+
+    def counted_scatter(data, **kwargs):
+        sent.append(("scatter", _array_bytes(data) * (workers if kwargs.get("broadcast") else 1)))
+        return scatter(data, **kwargs)
+
+    monkeypatch.setattr(client, "submit", counted_submit)
+    monkeypatch.setattr(client, "scatter", counted_scatter)
+    return sent
+
+
+def _vocabulary_gradient(M: int, V: int, D: int, chunks: int):
+    rng = np.random.default_rng(13)
+    P, C, t = rng.normal(size=(M, D)), rng.normal(size=(V, D)), rng.integers(0, V, size=M)
+
+    def loss(P, C, t):
+        j = fold.iota(C.shape[0])
+        A = fold.gemm_map_reduce(fold.monoids.cross_entropy, lambda s, t, j: {"p": s, "n": fold.where(j == t, s, 0.0)},
+                                 P, C, rows=(t,), cols=(j,), block=(M, V // chunks))
+        return fold.sum(A["p"] - A["n"])
+
+    return fold.value_and_grad(loss, argnums=(0, 1)), P, C, t
+
+
+def _close_all(got, want):
+    got, want = _leaves(got), _leaves(want)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        close(a, b)
+
+
+def _leaves(x):
+    from fold.pytree import tree_flatten
+
+    return tree_flatten(x)[0]
+
+
+def test_inputs_stay_resident_a_second_call_sends_none_of_them(client, monkeypatch):
+    """The first call scatters C's chunks and the whole P and t; the second (same arrays, unchanged) sends
+    none of their bytes: no scatter, no task carrying an input, and the report's bytes_sent is at most the
+    few bytes of small constants. Both calls equal the unsharded gradient."""
+    vg, P, C, t = _vocabulary_gradient(8, 4096, 4, 4)
+    f = sharded(vg, client, 4, {1: 0})
+    want = vg(P, C, t)
+    first_sent = _counting_sends(client, monkeypatch)
+    _close_all(f(P, C, t), want)
+    first = f.last_call
+    monkeypatch.undo()
+    second_sent = _counting_sends(client, monkeypatch)
+    _close_all(f(P, C, t), want)
+    second = f.last_call
+    monkeypatch.undo()
+    assert sum(b for _, b in first_sent) >= C.nbytes + P.nbytes + t.nbytes, first_sent  # the inputs went out once
+    assert not [s for s in second_sent if s[0] == "scatter"], second_sent
+    assert sum(b for _, b in second_sent) <= 1024, second_sent
+    assert first.bytes_sent >= C.nbytes + P.nbytes + t.nbytes and first.bytes_hashed >= C.nbytes
+    assert second.bytes_sent <= 1024 and second.bytes_hashed >= C.nbytes
+    assert second.bytes_moved <= first.bytes_moved  # the inputs are not fetched between workers either
+
+
+def test_an_input_mutated_in_place_is_sent_again(client):
+    """Same array object, new contents: the result is the new one's (the content check sees the change)."""
+    vg, P, C, t = _vocabulary_gradient(8, 4096, 4, 4)
+    f = sharded(vg, client, 4, {1: 0})
+    _close_all(f(P, C, t), vg(P, C, t))
+    C[1234, 2] += 1.0   # one element of one chunk: the buffer, shape and dtype are unchanged
+    P *= 2.0            # a whole (broadcast) input
+    _close_all(f(P, C, t), vg(P, C, t))
+    assert f.last_call.bytes_sent >= C.nbytes + P.nbytes
+
+
+def test_a_dropped_input_is_freed_on_the_workers(client):
+    """The resident copy lives as long as the caller's array: dropping the array frees the workers' keys."""
+    import gc
+
+    vg, P, C, t = _vocabulary_gradient(8, 4096, 4, 4)
+    f = sharded(vg, client, 4, {1: 0})
+    f(P, C, t)
+    keys = {k for futures in f.resident._by_id[id(C)].placements.values() for k in (x.key for x in futures)}
+    assert keys and keys <= set().union(*client.has_what().values())
+    del C
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while keys & set().union(*client.has_what().values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not keys & set().union(*client.has_what().values())
+
+
 def test_each_shard_program_compiles_once_per_worker(client):
     from fold.runtime.dask_backend import tasks
 
@@ -336,9 +432,10 @@ def test_tasks_per_call_scale_with_chunks_and_combines_not_statements(client):
         counts.append((f.last_call.tasks, len(ran)))
     (few, few_ran), (many, many_ran) = counts
     assert few == many and few_ran == many_ran, counts
-    # per chunk: its input, its shard program, its state's select, its slice of w broadcast to x's shape;
-    # w's broadcast (a whole statement) and its item; chunks - 1 merges; the total's item
-    assert many == chunks * 4 + 2 + (chunks - 1) + 1, counts
+    # per chunk: its shard program, its state's select, its slice of w broadcast to x's shape (x's chunks
+    # are scattered once, not tasks: resident.py); w's broadcast (a whole statement) and its item;
+    # chunks - 1 merges; the total's item
+    assert many == chunks * 3 + 2 + (chunks - 1) + 1, counts
     assert many_ran == many, counts  # nothing submitted that did not run, nothing ran unaccounted
 
 
@@ -358,6 +455,8 @@ def test_a_worker_killed_mid_gradient_costs_a_rerun_not_the_result(client):
     value, (gx, gw) = f(x, w)
     value0, (gx0, gw0) = vg(x, w)
     close(value, value0), close(gx, gx0), close(gw, gw0)
+    # x's chunks 3-5 were scattered to the victim alone (resident.py): lost with it, so the call ran again
+    assert f.last_call.attempts == 2, f.last_call
     assert victim not in client.scheduler_info(n_workers=-1)["workers"]
     client.wait_for_workers(2, timeout=60)
 

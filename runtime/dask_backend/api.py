@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -22,14 +23,15 @@ from fold.errors import FoldTypeError
 from fold.ir import Program
 from fold.pytree import tree_flatten
 
-from . import tasks
 from .context import Context
 from .executor import run_sharded
 from .placement import Rep, Split
+from .resident import Resident
 from .spec import ShardingError, as_split_dict, leaf_splits
 from .transfers import bytes_moved
 
 _default_client = None
+ATTEMPTS = 3  # runs of one call: a worker lost with resident inputs only it held costs a rerun
 
 
 def default_client() -> Any:
@@ -46,7 +48,8 @@ def default_client() -> Any:
 class CallReport:
     """What one sharded call did: `bytes_moved` between workers (Dask's transfer logs), the bytes the
     combine trees' formula predicts (`combine_bytes`: a state per merge whose operands live on different
-    workers), the merges, the tasks' key prefix, and the call's wall time."""
+    workers), the merges, the tasks' key prefix, the call's wall time, and `bytes_sent` from the client
+    to the workers (0 for inputs already resident from an earlier call: resident.py)."""
 
     bytes_moved: int
     combine_bytes: int
@@ -54,7 +57,10 @@ class CallReport:
     cross_worker_merges: int
     prefix: str
     seconds: float
-    tasks: int = 0  # the Dask tasks the call submitted (inputs' chunks, shard programs, combines, gathers)
+    tasks: int = 0  # the Dask tasks the call submitted (shard programs, slices, combines, gathers)
+    bytes_sent: int = 0  # array bytes the client sent to the workers: inputs not resident yet, task arguments
+    bytes_hashed: int = 0  # input bytes hashed to check that resident inputs are unchanged
+    attempts: int = 1  # 2 when a worker was lost with inputs only it held, and the call ran again
 
 
 class Sharded:
@@ -67,6 +73,7 @@ class Sharded:
         self.f, self.split, self.chunks, self.backend = f, as_split_dict(split), chunks, backend
         self._client = client
         self._plans: dict = {}
+        self._resident: Resident | None = None
         self.last_call: CallReport | None = None
         self.before_gather: Callable[[list], None] | None = None  # a test's hook: runs with the outputs' placements
 
@@ -75,6 +82,18 @@ class Sharded:
         if self._client is None:
             self._client = default_client()
         return self._client
+
+    @property
+    def resident(self) -> Resident:
+        """The inputs this function has placed on the workers, kept across calls while unchanged."""
+        if self._resident is None:
+            self._resident = Resident(self.client)
+        return self._resident
+
+    def release(self) -> None:
+        """Drop the resident inputs (the workers free them); the next call sends its inputs again."""
+        if self._resident is not None:
+            self._resident.clear()
 
     def program(self, *args: Any) -> Program:
         """The Program that runs sharded for these arguments (dead code removed)."""
@@ -94,43 +113,53 @@ class Sharded:
         start = time.perf_counter()
         program, programs, plan_id = self._plan(args)
         leaves = [np.asarray(leaf) for leaf in tree_flatten(args)[0]]
+        for attempt in range(ATTEMPTS):
+            try:
+                values, ctx, prefix, since = self._run(program, programs, plan_id, args, leaves, first=attempt == 0)
+                break
+            except CancelledError:  # scattered inputs lost with a worker: send them again and rerun
+                if not self.resident.drop_lost() or attempt == ATTEMPTS - 1:
+                    raise
+        resident = self.resident
+        self.last_call = CallReport(bytes_moved(self.client, prefix, resident.used_keys, since),
+                                    sum(b for b, crossed in ctx.merges if crossed), len(ctx.merges),
+                                    sum(crossed for _, crossed in ctx.merges), prefix, time.perf_counter() - start,
+                                    ctx.tasks, resident.sent + ctx.task_bytes, resident.hashed, attempt + 1)
+        return program.out_tree.unflatten(values)
+
+    def _run(self, program: Program, programs: dict, plan_id: str, args: tuple, leaves: list[np.ndarray],
+             first: bool) -> tuple:
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         if not workers:  # a cluster between a lost worker and its restart: wait for one rather than fail
             self.client.wait_for_workers(1, timeout=120)
             workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         splits = leaf_splits(args, self.split, self.chunks, len(workers))
         prefix = f"fold-{uuid.uuid4().hex[:12]}"
-        ctx = Context(self.client, workers, self.backend, prefix, plan_id, programs)
+        since = time.time()
+        self.resident.reset_counts()
+        ctx = Context(self.client, workers, self.backend, prefix, plan_id, programs, self.resident)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Dask warns of large arguments: they are the inputs, sent once
             inputs = [_place(ctx, leaf, split, workers) for leaf, split in zip(leaves, splits, strict=True)]
             outs = run_sharded(ctx, program, inputs)
-        if self.before_gather is not None:
+        if first and self.before_gather is not None:
             self.before_gather(outs)
-        values = _gather(ctx, outs)
-        self.last_call = CallReport(bytes_moved(self.client, prefix), sum(b for b, crossed in ctx.merges if crossed),
-                                    len(ctx.merges), sum(crossed for _, crossed in ctx.merges), prefix,
-                                    time.perf_counter() - start, ctx.tasks)
-        return program.out_tree.unflatten(values)
+        return _gather(ctx, outs), ctx, prefix, since
 
 
 def _place(ctx: Context, leaf: np.ndarray, split: tuple[int, tuple[int, ...]] | None, workers: list[str]) -> Rep | Split:
-    """An input on the workers. A whole one is scattered once to every worker (broadcast: a replica on each,
-    so losing a worker loses no copy the others need) and read by the shard programs as one future; chunk k
-    is made by a task holding it (so Dask can remake it if its worker is lost), on worker
-    k * workers // chunks (chunks in contiguous runs)."""
+    """An input on the workers, resident across calls while unchanged (resident.py). A whole one is
+    scattered to every worker (broadcast: a replica on each, read by the shard programs as one future, and
+    cut where it lives when it meets a split value); a split one is scattered chunk by chunk, chunk k to
+    worker k * workers // chunks (chunks in contiguous runs)."""
     from fold.dtypes import ShapedArray
 
     aval = ShapedArray(leaf.shape, leaf.dtype)
     if split is None:
-        future = ctx.client.scatter(leaf, broadcast=True, hash=False)
-        return Rep(future, aval, None, {}, host=leaf)
+        return Rep(ctx.resident.whole(leaf, workers), aval, None, everywhere=True)
     axis, chunks = split
-    offsets = np.cumsum((0,) + chunks)
     owners = tuple(workers[k * len(workers) // len(chunks)] for k in range(len(chunks)))
-    parts = tuple(ctx.submit(tasks.whole, tasks.take(leaf, axis, int(a), int(b)), worker=w, name="chunk")
-                  for a, b, w in zip(offsets[:-1], offsets[1:], owners, strict=True))
-    return Split(axis, chunks, parts, owners, aval)
+    return Split(axis, chunks, tuple(ctx.resident.chunks(leaf, axis, chunks, owners)), owners, aval)
 
 
 def _gather(ctx: Context, outs: list) -> list[np.ndarray]:

@@ -18,13 +18,14 @@ from fold.dtypes import ShapedArray
 @dataclass(frozen=True, eq=False)
 class Rep:
     """A whole value: `value` is a Future or a NumPy array; `copies` are futures of it already on workers;
-    `host` the array itself when the client has it (an input: slices of it are cut on the client)."""
+    `everywhere`: `value` is a future with a replica on every worker (a whole input), so a slice of it is
+    cut on the worker that needs it, from its own replica."""
 
     value: Any
     aval: ShapedArray
     worker: str | None = None
     copies: dict = field(default_factory=dict)
-    host: Any = None
+    everywhere: bool = False
 
     def on(self, worker: str | None) -> Any:
         """The copy to hand a task on `worker`: its own if it has one (no transfer), else the value."""
