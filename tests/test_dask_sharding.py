@@ -344,14 +344,16 @@ def _leaves(x):
 def test_inputs_stay_resident_a_second_call_sends_none_of_them(client, monkeypatch):
     """The first call scatters C's chunks and the whole P and t; the second (same arrays, unchanged) sends
     none of their bytes: no scatter, no task carrying an input, and the report's bytes_sent is at most the
-    few bytes of small constants. Both calls equal the unsharded gradient."""
-    vg, P, C, t = _vocabulary_gradient(8, 4096, 4, 4)
+    few bytes of small constants; nor do the workers fetch the whole inputs from each other (P is 4 KB).
+    Both calls equal the unsharded gradient."""
+    vg, P, C, t = _vocabulary_gradient(8, 4096, 64, 4)
     f = sharded(vg, client, 4, {1: 0})
     want = vg(P, C, t)
     first_sent = _counting_sends(client, monkeypatch)
     _close_all(f(P, C, t), want)
     first = f.last_call
     monkeypatch.undo()
+    client.amm.run_once()  # Dask's active memory manager: it would drop a broadcast key's extra replicas
     second_sent = _counting_sends(client, monkeypatch)
     _close_all(f(P, C, t), want)
     second = f.last_call
@@ -361,7 +363,8 @@ def test_inputs_stay_resident_a_second_call_sends_none_of_them(client, monkeypat
     assert sum(b for _, b in second_sent) <= 1024, second_sent
     assert first.bytes_sent >= C.nbytes + P.nbytes + t.nbytes and first.bytes_hashed >= C.nbytes
     assert second.bytes_sent <= 1024 and second.bytes_hashed >= C.nbytes
-    assert second.bytes_moved <= first.bytes_moved  # the inputs are not fetched between workers either
+    # nor are the inputs fetched between workers: what moves is the combines' states and partial sums
+    assert second.bytes_moved <= second.combine_bytes + 1024, (second, first)
 
 
 def test_an_input_mutated_in_place_is_sent_again(client):

@@ -149,14 +149,15 @@ class Sharded:
 
 def _place(ctx: Context, leaf: np.ndarray, split: tuple[int, tuple[int, ...]] | None, workers: list[str]) -> Rep | Split:
     """An input on the workers, resident across calls while unchanged (resident.py). A whole one is
-    scattered to every worker (broadcast: a replica on each, read by the shard programs as one future, and
-    cut where it lives when it meets a split value); a split one is scattered chunk by chunk, chunk k to
+    scattered to every worker (a copy on each, which the tasks on that worker read, and which is cut there
+    when it meets a split value); a split one is scattered chunk by chunk, chunk k to
     worker k * workers // chunks (chunks in contiguous runs)."""
     from fold.dtypes import ShapedArray
 
     aval = ShapedArray(leaf.shape, leaf.dtype)
     if split is None:
-        return Rep(ctx.resident.whole(leaf, workers), aval, None, everywhere=True)
+        copies = ctx.resident.whole(leaf, workers)
+        return Rep(copies[workers[0]], aval, None, copies)
     axis, chunks = split
     owners = tuple(workers[k * len(workers) // len(chunks)] for k in range(len(chunks)))
     return Split(axis, chunks, tuple(ctx.resident.chunks(leaf, axis, chunks, owners)), owners, aval)

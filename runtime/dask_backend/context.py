@@ -123,8 +123,8 @@ class Context:
         return [self.submit(tasks.item, packed, i, worker=worker, name="item") for i in range(n_out)]
 
     def sliced(self, rep: Rep, axis: int, chunks: tuple[int, ...], workers: Sequence[str]) -> list:
-        """A whole value cut to meet a split one, piece k a future on `workers[k]`. A whole input (a replica
-        on every worker) is cut on each worker from its own replica: nothing moves. A value the client made
+        """A whole value cut to meet a split one, piece k a future on `workers[k]`. A whole input (a copy
+        on every worker) is cut on each worker from its own copy: nothing moves. A value the client made
         (a literal, an iota) is cut on the client and its pieces scattered like an input's chunks, kept
         across calls by their contents (resident.py). Otherwise it is cut where it lives. Each cut is made
         once per call however many shard programs read it (a gradient's forward and backward)."""
@@ -135,8 +135,8 @@ class Context:
             if isinstance(rep.value, np.ndarray):
                 self._slices[cache_key] = self.resident.chunks(rep.value, axis, chunks, workers, constant=True)
             else:
-                self._slices[cache_key] = [self.submit(tasks.take, rep.value, axis, a, b,
-                                                       worker=w if rep.everywhere else rep.worker, name="slice")
+                self._slices[cache_key] = [self.submit(tasks.take, rep.on(w), axis, a, b,
+                                                       worker=w if w in rep.copies else rep.worker, name="slice")
                                            for a, b, w in bounds]
         return self._slices[cache_key]
 

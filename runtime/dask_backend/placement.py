@@ -17,15 +17,13 @@ from fold.dtypes import ShapedArray
 
 @dataclass(frozen=True, eq=False)
 class Rep:
-    """A whole value: `value` is a Future or a NumPy array; `copies` are futures of it already on workers;
-    `everywhere`: `value` is a future with a replica on every worker (a whole input), so a slice of it is
-    cut on the worker that needs it, from its own replica."""
+    """A whole value: `value` is a Future or a NumPy array; `copies` are futures of it already on workers
+    (a whole input has one on every worker: a task there reads it, and a slice of it is cut there)."""
 
     value: Any
     aval: ShapedArray
     worker: str | None = None
     copies: dict = field(default_factory=dict)
-    everywhere: bool = False
 
     def on(self, worker: str | None) -> Any:
         """The copy to hand a task on `worker`: its own if it has one (no transfer), else the value."""

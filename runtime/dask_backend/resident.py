@@ -12,7 +12,7 @@ Values the client makes itself (an iota, a literal's broadcast) are new objects 
 by their contents alone (the digest names them), a few at a time.
 
 Placement uses Dask's own transport: `client.scatter` (one key per chunk, on the chunk's worker; a whole
-value broadcast to every worker). Scattered data cannot be recomputed by Dask: a worker lost with a chunk
+value scattered to every worker, a key per worker). Scattered data cannot be recomputed by Dask: a worker lost with a chunk
 loses it, its dependents are cancelled, and `Sharded.__call__` drops the lost placements and runs the call
 again, which sends those chunks anew (a lost worker costs a rerun, never a wrong result).
 """
@@ -116,20 +116,22 @@ class Resident:
 
     # ------------------------------------------------------------------ placements
 
-    def whole(self, array: np.ndarray, workers: Sequence[str]) -> Any:
-        """A future of `array` with a replica on every one of `workers` (scattered once while unchanged)."""
+    def whole(self, array: np.ndarray, workers: Sequence[str]) -> dict[str, Any]:
+        """Per worker, a future of its own copy of `array` (scattered once while unchanged). One key per
+        worker, not one key broadcast: Dask's active memory manager drops the extra replicas of a key that
+        no waiting task needs, which made every call fetch the whole inputs again between workers."""
         entry = self._input_entry(array)
         placement = ("whole", tuple(workers))
         futures = entry.placements.get(placement)
         if futures is None or any(f.status != "finished" for f in futures):
             self._drop_unused(entry)
             name = f"fold-input-{uuid.uuid4().hex[:12]}"
-            futures = [self.client.scatter({name: array}, broadcast=True, hash=False)[name]]
+            futures = [self.client.scatter({f"{name}-{w}": array}, workers=[w], hash=False)[f"{name}-{w}"] for w in workers]
             entry.placements[placement] = futures
             self.sent += array.nbytes * len(workers)
         entry.used[placement] = self._call
         self.used_keys.update(f.key for f in futures)
-        return futures[0]
+        return dict(zip(workers, futures, strict=True))
 
     def chunks(self, array: np.ndarray, axis: int, chunks: tuple[int, ...], owners: Sequence[str],
                constant: bool = False) -> list:
