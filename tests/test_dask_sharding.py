@@ -406,6 +406,30 @@ def test_each_shard_program_compiles_once_per_worker(client):
     assert client.run(tasks.compiled_count) == before
 
 
+def _numba_threads(dask_worker=None) -> int:
+    import numba
+
+    return numba.get_num_threads()
+
+
+def test_workers_share_their_hosts_cores_among_their_parallel_loops(client):
+    """Each worker's shard programs run numba's parallel loops on its share of the host's cores (2 workers
+    of 1 thread on one host: half each), not numba's default of every core per worker; `threads=` sets it.
+    Read back on each worker's one Dask thread (numba's setting is per thread), after a call."""
+    from fold.runtime.dask_backend import tasks
+
+    x, w = np.random.default_rng(9).normal(size=(8, 3)), np.ones(3)
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    cores = client.run(tasks.host_cores)
+    for threads, want in [(1, {a: 1 for a in info}), (None, {a: max(1, cores[a] // len(info)) for a in info})]:
+        f = fold.shard(dots_logsumexp, chunks=len(info), client=client, threads=threads)
+        close(f(x, w), fold.run(dots_logsumexp, x, w))
+        got = {a: client.submit(_numba_threads, workers=[a], pure=False).result() for a in info}
+        assert got == want, (threads, got, cores)
+    with pytest.raises(ShardingError, match="threads must be a positive int"):
+        fold.shard(dots_logsumexp, client=client, threads=0)
+
+
 def chain(steps: int):
     """`steps` elementwise statements per row, then a sum over the split axis (one combine)."""
     def f(x, w):

@@ -23,9 +23,11 @@ from .programs import statement_program
 
 class Context:
     def __init__(self, client: Any, workers: Sequence[str], backend: str, prefix: str, plan_id: str, programs: dict,
-                 resident: Any):
+                 resident: Any, threads: dict[str, int] | None = None):
         self.client = client
+        self.threads = threads or {}  # per worker, the threads its shard programs' parallel loops run on
         self.resident = resident  # the sharded function's inputs on the workers (resident.py)
+        self.phases: dict[str, float] = {}  # seconds per phase of the call on the client (api.py)
         self.task_bytes = 0  # array bytes given to this call's tasks as arguments (sent with the task)
         self.workers = list(workers)
         self.backend = backend
@@ -117,7 +119,8 @@ class Context:
             key, program = self.program((index, tag, shapes),
                                         lambda: statement_program(prim, args, avals, f"shard of statement {index} ({tag})"))
             variables = [v for v, a in zip(values, args, strict=True) if isinstance(a, Var)]
-            packed = self.submit(tasks.run_program, key, program, self.backend, *variables, worker=worker, name=prim.name)
+            packed = self.submit(tasks.run_threaded, key, program, self.backend, self.threads.get(worker), *variables,
+                                 worker=worker, name=prim.name)
         else:
             packed = self.submit(tasks.run_primitive, prim, *values, worker=worker, name=prim.name)
         return [self.submit(tasks.item, packed, i, worker=worker, name="item") for i in range(n_out)]

@@ -12,7 +12,7 @@ Values the client makes itself (an iota, a literal's broadcast) are new objects 
 by their contents alone (the digest names them), a few at a time.
 
 Placement uses Dask's own transport: `client.scatter` (one key per chunk, on the chunk's worker; a whole
-value scattered to every worker, a key per worker). Scattered data cannot be recomputed by Dask: a worker lost with a chunk
+value scattered to every worker, a key per worker), straight to the workers (`direct`). Scattered data cannot be recomputed by Dask: a worker lost with a chunk
 loses it, its dependents are cancelled, and `Sharded.__call__` drops the lost placements and runs the call
 again, which sends those chunks anew (a lost worker costs a rerun, never a wrong result).
 """
@@ -126,7 +126,8 @@ class Resident:
         if futures is None or any(f.status != "finished" for f in futures):
             self._drop_unused(entry)
             name = f"fold-input-{uuid.uuid4().hex[:12]}"
-            futures = [self.client.scatter({f"{name}-{w}": array}, workers=[w], hash=False)[f"{name}-{w}"] for w in workers]
+            futures = [self.client.scatter({f"{name}-{w}": array}, workers=[w], hash=False, direct=direct(self.client))[f"{name}-{w}"]
+                       for w in workers]
             entry.placements[placement] = futures
             self.sent += array.nbytes * len(workers)
         entry.used[placement] = self._call
@@ -147,7 +148,8 @@ class Resident:
             futures = []
             for k, (a, b, w) in enumerate(zip(offsets[:-1], offsets[1:], owners, strict=True)):
                 piece = _take(array, axis, int(a), int(b))
-                futures.append(self.client.scatter({f"{name}-{k}": piece}, workers=[w], hash=False)[f"{name}-{k}"])
+                futures.append(self.client.scatter({f"{name}-{k}": piece}, workers=[w], hash=False,
+                                                   direct=direct(self.client))[f"{name}-{k}"])
                 self.sent += piece.nbytes
             entry.placements[placement] = futures
         entry.used[placement] = self._call
@@ -159,6 +161,15 @@ class Resident:
         a cluster that changed): their futures would keep a second copy of it on the workers."""
         for key in [k for k in entry.placements if entry.used.get(k) != self._call]:
             del entry.placements[key]
+
+
+def direct(client: Any) -> bool:
+    """Whether the client sends inputs to (and gathers results from) the workers directly: the client's own
+    `direct_to_workers` when it was set, else True. Through the scheduler (Dask's default) a 537 MB chunk
+    took 5.4 s to gather here against 0.4-0.6 s directly: the scheduler receives it and sends it on. Make
+    the client with `Client(..., direct_to_workers=False)` where it can reach only the scheduler."""
+    chosen = getattr(client, "direct_to_workers", None)
+    return True if chosen is None else bool(chosen)
 
 
 def _take(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
