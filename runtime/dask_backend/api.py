@@ -201,10 +201,17 @@ def _gather(ctx: Context, outs: list) -> list[np.ndarray]:
     got = ctx.client.gather(futures, direct=direct(ctx.client))  # waits for the tasks, then fetches
     ctx.phases["wait_and_gather"] = time.perf_counter() - start
     start = time.perf_counter()
-    values = [np.asarray(g) if isinstance(o, Rep) else np.concatenate([np.asarray(x) for x in g], axis=o.axis)
-              for o, g in zip(outs, got, strict=True)]
+    values = [np.asarray(g) if isinstance(o, Rep) else _assemble(g, o.axis) for o, g in zip(outs, got, strict=True)]
     ctx.phases["assemble"] = time.perf_counter() - start
     return values
+
+
+def _assemble(chunks: list, axis: int) -> np.ndarray:
+    """A split output from its gathered chunks: one chunk as it came (concatenating it would copy it all:
+    4.6 s for the 1.07 GB dC of a one-worker gradient on this loaded machine), several concatenated."""
+    if len(chunks) == 1:
+        return np.asarray(chunks[0])
+    return np.concatenate([np.asarray(x) for x in chunks], axis=axis)
 
 
 def shard(f: Callable[..., Any], split: Mapping[int, int] | None = None, chunks: Any = None, *, client: Any = None,
