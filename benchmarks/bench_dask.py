@@ -17,8 +17,9 @@ seconds its tasks spent computing and fetching from other workers (the scheduler
 CPU seconds of the client and of each worker over that call (and of the single process over one call):
 what other load on the machine does not inflate.
 
-The issue's size (M = 4096, D = 512, vocabulary 262144) is 1.1 TFLOP per forward: about 3 minutes per
-forward and 13 per gradient call on this 2-core machine. The default keeps the issue's D and vocabulary (so
+The issue's size (M = 4096, D = 512, vocabulary 262144) is 1.1 TFLOP per forward: from the M = 512 run
+(12 s forward, 45 s gradient in one process, loaded), about 1.6 minutes per forward and 6 per gradient call
+on this 2-core machine, and an hour for the whole benchmark. The default keeps the issue's D and vocabulary (so
 C is 1.07 GB and the vocabulary-scaled part dominates each process's memory) with M = 128 (34 GFLOP per
 forward); --size M D V sets another, --quick a small one, --out the results' name, --note a line about
 the machine stored with them.
