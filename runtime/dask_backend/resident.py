@@ -1,20 +1,22 @@
 """Inputs resident on the workers across calls: an array already sent is not sent again.
 
 A sharded function keeps, per input array it has placed, the Dask futures of its placement (the scattered
-chunks of a split input, the broadcast replica of a whole one) for as long as the array lives (a weak
+chunks of a split input, the copy on each worker of a whole one) for as long as the array lives (a weak
 reference: when the caller drops the array, the futures are released and the workers free its memory).
 On the next call the same array object reuses those futures only if its contents are unchanged: its
 buffer address, shape, strides and dtype are compared, and the whole of its bytes hashed (SHA-256, about
-0.7 s per GB on this machine's one core with SHA extensions, against 4.6 s to send a GB to a worker
-here), so an array mutated in place between calls is sent again, never silently stale.
+0.7 s per GB on one core of this machine, which has SHA extensions; sending the GB again was most of a
+4.6 s per-call overhead here), so an array mutated in place between calls is sent again, never silently
+stale.
 
 Values the client makes itself (an iota, a literal's broadcast) are new objects every call: they are kept
 by their contents alone (the digest names them), a few at a time.
 
 Placement uses Dask's own transport: `client.scatter` (one key per chunk, on the chunk's worker; a whole
-value scattered to every worker, a key per worker), straight to the workers (`direct`). Scattered data cannot be recomputed by Dask: a worker lost with a chunk
-loses it, its dependents are cancelled, and `Sharded.__call__` drops the lost placements and runs the call
-again, which sends those chunks anew (a lost worker costs a rerun, never a wrong result).
+value scattered to every worker, a key per worker), straight to the workers (`direct`). Scattered data
+cannot be recomputed by Dask: a worker lost with a chunk loses it, its dependents are cancelled, and
+`Sharded.__call__` drops the lost placements and runs the call again, which sends those chunks anew (a
+lost worker costs a rerun, never a wrong result).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ CONSTANTS_KEPT = 16  # client-made values kept by contents (per sharded function
 def digest(array: np.ndarray) -> bytes:
     """SHA-256 of `array`'s bytes in C order (its dtype and shape are compared apart)."""
     data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-    return hashlib.sha256(memoryview(data.reshape(-1)).cast("B")).digest()
+    return hashlib.sha256(data.reshape(-1).view(np.uint8)).digest()
 
 
 def fingerprint(array: np.ndarray) -> tuple:
