@@ -271,7 +271,22 @@ def test_each_task_is_sent_only_its_chunk_of_the_split_vocabulary(client, monkey
 
     vg = fold.value_and_grad(loss, argnums=(0, 1))
     f = sharded(vg, client, chunks, {1: 0})
-    f(P, C, t)  # plans and compiles; the call counted below sends what every call sends
+    f(P, C, t)  # plans and compiles
+    f.release()  # the inputs are dropped from the workers: the call counted below sends them as a first call does
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    sent = _counting_sends(client, monkeypatch)
+    value, (gP, gC) = f(P, C, t)
+    monkeypatch.undo()
+    value0, (gP0, gC0) = vg(P, C, t)
+    close(value, value0), close(gP, gP0), close(gC, gC0)
+    chunk_bytes = C.nbytes // chunks
+    assert max(b for _, b in sent) <= chunk_bytes, sorted(sent, key=lambda s: -s[1])[:3]
+    iota_bytes = V * np.dtype(np.int64).itemsize  # j, made on the client, sent in pieces with the chunks
+    assert sum(b for _, b in sent) <= C.nbytes + iota_bytes + (P.nbytes + t.nbytes) * workers + 1024, sent
+
+
+def _counting_sends(client, monkeypatch) -> list[tuple[str, int]]:
+    """Record the array bytes of every submit and scatter of `client` (the only ways data leaves it)."""
     sent: list[tuple[str, int]] = []
     submit, scatter = client.submit, client.scatter
     workers = len(client.scheduler_info(n_workers=-1)["workers"])
@@ -286,14 +301,87 @@ def test_each_task_is_sent_only_its_chunk_of_the_split_vocabulary(client, monkey
 
     monkeypatch.setattr(client, "submit", counted_submit)
     monkeypatch.setattr(client, "scatter", counted_scatter)
-    value, (gP, gC) = f(P, C, t)
+    return sent
+
+
+def _vocabulary_gradient(M: int, V: int, D: int, chunks: int):
+    rng = np.random.default_rng(13)
+    P, C, t = rng.normal(size=(M, D)), rng.normal(size=(V, D)), rng.integers(0, V, size=M)
+
+    def loss(P, C, t):
+        j = fold.iota(C.shape[0])
+        A = fold.gemm_map_reduce(fold.monoids.cross_entropy, lambda s, t, j: {"p": s, "n": fold.where(j == t, s, 0.0)},
+                                 P, C, rows=(t,), cols=(j,), block=(M, V // chunks))
+        return fold.sum(A["p"] - A["n"])
+
+    return fold.value_and_grad(loss, argnums=(0, 1)), P, C, t
+
+
+def _close_all(got, want):
+    got, want = _leaves(got), _leaves(want)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        close(a, b)
+
+
+def _leaves(x):
+    from fold.pytree import tree_flatten
+
+    return tree_flatten(x)[0]
+
+
+def test_inputs_stay_resident_a_second_call_sends_none_of_them(client, monkeypatch):
+    """The first call scatters C's chunks and the whole P and t; the second (same arrays, unchanged) sends
+    none of their bytes: no scatter, no task carrying an input, and the report's bytes_sent is at most the
+    few bytes of small constants; nor do the workers fetch the whole inputs from each other (P is 4 KB).
+    Both calls equal the unsharded gradient."""
+    vg, P, C, t = _vocabulary_gradient(8, 4096, 64, 4)
+    f = sharded(vg, client, 4, {1: 0})
+    want = vg(P, C, t)
+    first_sent = _counting_sends(client, monkeypatch)
+    _close_all(f(P, C, t), want)
+    first = f.last_call
     monkeypatch.undo()
-    value0, (gP0, gC0) = vg(P, C, t)
-    close(value, value0), close(gP, gP0), close(gC, gC0)
-    chunk_bytes = C.nbytes // chunks
-    assert max(b for _, b in sent) <= chunk_bytes, sorted(sent, key=lambda s: -s[1])[:3]
-    iota_bytes = V * np.dtype(np.int64).itemsize  # j, made on the client, sent in pieces with the chunks
-    assert sum(b for _, b in sent) <= C.nbytes + iota_bytes + (P.nbytes + t.nbytes) * workers + 1024, sent
+    client.amm.run_once()  # Dask's active memory manager: it would drop a broadcast key's extra replicas
+    second_sent = _counting_sends(client, monkeypatch)
+    _close_all(f(P, C, t), want)
+    second = f.last_call
+    monkeypatch.undo()
+    assert sum(b for _, b in first_sent) >= C.nbytes + P.nbytes + t.nbytes, first_sent  # the inputs went out once
+    assert not [s for s in second_sent if s[0] == "scatter"], second_sent
+    assert sum(b for _, b in second_sent) <= 1024, second_sent
+    assert first.bytes_sent >= C.nbytes + P.nbytes + t.nbytes and first.bytes_hashed >= C.nbytes
+    assert second.bytes_sent <= 1024 and second.bytes_hashed >= C.nbytes
+    # nor are the inputs fetched between workers: what moves is the combines' states and partial sums
+    assert second.bytes_moved <= second.combine_bytes + 1024, (second, first)
+
+
+def test_an_input_mutated_in_place_is_sent_again(client):
+    """Same array object, new contents: the result is the new one's (the content check sees the change)."""
+    vg, P, C, t = _vocabulary_gradient(8, 4096, 4, 4)
+    f = sharded(vg, client, 4, {1: 0})
+    _close_all(f(P, C, t), vg(P, C, t))
+    C[1234, 2] += 1.0   # one element of one chunk: the buffer, shape and dtype are unchanged
+    P *= 2.0            # a whole (broadcast) input
+    _close_all(f(P, C, t), vg(P, C, t))
+    assert f.last_call.bytes_sent >= C.nbytes + P.nbytes
+
+
+def test_a_dropped_input_is_freed_on_the_workers(client):
+    """The resident copy lives as long as the caller's array: dropping the array frees the workers' keys."""
+    import gc
+
+    vg, P, C, t = _vocabulary_gradient(8, 4096, 4, 4)
+    f = sharded(vg, client, 4, {1: 0})
+    f(P, C, t)
+    keys = {k for futures in f.resident._by_id[id(C)].placements.values() for k in (x.key for x in futures)}
+    assert keys and keys <= set().union(*client.has_what().values())
+    del C
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while keys & set().union(*client.has_what().values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not keys & set().union(*client.has_what().values())
 
 
 def test_each_shard_program_compiles_once_per_worker(client):
@@ -305,6 +393,30 @@ def test_each_shard_program_compiles_once_per_worker(client):
     before = client.run(tasks.compiled_count)
     close(f(x, w), fold.run(dots_logsumexp, x, w))
     assert client.run(tasks.compiled_count) == before
+
+
+def _numba_threads(dask_worker=None) -> int:
+    import numba
+
+    return numba.get_num_threads()
+
+
+def test_workers_share_their_hosts_cores_among_their_parallel_loops(client):
+    """Each worker's shard programs run numba's parallel loops on its share of the host's cores (2 workers
+    of 1 thread on one host: half each), not numba's default of every core per worker; `threads=` sets it.
+    Read back on each worker's one Dask thread (numba's setting is per thread), after a call."""
+    from fold.runtime.dask_backend import tasks
+
+    x, w = np.random.default_rng(9).normal(size=(8, 3)), np.ones(3)
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    cores = client.run(tasks.host_cores)
+    for threads, want in [(1, {a: 1 for a in info}), (None, {a: max(1, cores[a] // len(info)) for a in info})]:
+        f = fold.shard(dots_logsumexp, chunks=len(info), client=client, threads=threads)
+        close(f(x, w), fold.run(dots_logsumexp, x, w))
+        got = {a: client.submit(_numba_threads, workers=[a], pure=False).result() for a in info}
+        assert got == want, (threads, got, cores)
+    with pytest.raises(ShardingError, match="threads must be a positive int"):
+        fold.shard(dots_logsumexp, client=client, threads=0)
 
 
 def chain(steps: int):
@@ -336,9 +448,10 @@ def test_tasks_per_call_scale_with_chunks_and_combines_not_statements(client):
         counts.append((f.last_call.tasks, len(ran)))
     (few, few_ran), (many, many_ran) = counts
     assert few == many and few_ran == many_ran, counts
-    # per chunk: its input, its shard program, its state's select, its slice of w broadcast to x's shape;
-    # w's broadcast (a whole statement) and its item; chunks - 1 merges; the total's item
-    assert many == chunks * 4 + 2 + (chunks - 1) + 1, counts
+    # per chunk: its shard program, its state's select, its slice of w broadcast to x's shape (x's chunks
+    # are scattered once, not tasks: resident.py); w's broadcast (a whole statement) and its item;
+    # chunks - 1 merges; the total's item
+    assert many == chunks * 3 + 2 + (chunks - 1) + 1, counts
     assert many_ran == many, counts  # nothing submitted that did not run, nothing ran unaccounted
 
 
@@ -358,6 +471,8 @@ def test_a_worker_killed_mid_gradient_costs_a_rerun_not_the_result(client):
     value, (gx, gw) = f(x, w)
     value0, (gx0, gw0) = vg(x, w)
     close(value, value0), close(gx, gx0), close(gw, gw0)
+    # x's chunks 3-5 were scattered to the victim alone (resident.py): lost with it, so the call ran again
+    assert f.last_call.attempts == 2, f.last_call
     assert victim not in client.scheduler_info(n_workers=-1)["workers"]
     client.wait_for_workers(2, timeout=60)
 

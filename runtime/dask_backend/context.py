@@ -22,8 +22,13 @@ from .programs import statement_program
 
 
 class Context:
-    def __init__(self, client: Any, workers: Sequence[str], backend: str, prefix: str, plan_id: str, programs: dict):
+    def __init__(self, client: Any, workers: Sequence[str], backend: str, prefix: str, plan_id: str, programs: dict,
+                 resident: Any, threads: dict[str, int] | None = None):
         self.client = client
+        self.threads = threads or {}  # per worker, the threads its shard programs' parallel loops run on
+        self.resident = resident  # the sharded function's inputs on the workers (resident.py)
+        self.phases: dict[str, float] = {}  # seconds per phase of the call on the client (api.py)
+        self.task_bytes = 0  # array bytes given to this call's tasks as arguments (sent with the task)
         self.workers = list(workers)
         self.backend = backend
         self.prefix = prefix
@@ -92,6 +97,7 @@ class Context:
 
     def _submit(self, fn: Callable, *args: Any, worker: str | None, name: str) -> Any:
         self.tasks += 1
+        self.task_bytes += _array_bytes(args)
         where = {"workers": [worker], "allow_other_workers": True} if worker else {}
         return self.client.submit(fn, *args, key=f"{self.prefix}-{name}-{next(self._count)}", pure=False, **where)
 
@@ -113,27 +119,38 @@ class Context:
             key, program = self.program((index, tag, shapes),
                                         lambda: statement_program(prim, args, avals, f"shard of statement {index} ({tag})"))
             variables = [v for v, a in zip(values, args, strict=True) if isinstance(a, Var)]
-            packed = self.submit(tasks.run_program, key, program, self.backend, *variables, worker=worker, name=prim.name)
+            packed = self.submit(tasks.run_threaded, key, program, self.backend, self.threads.get(worker), *variables,
+                                 worker=worker, name=prim.name)
         else:
             packed = self.submit(tasks.run_primitive, prim, *values, worker=worker, name=prim.name)
         return [self.submit(tasks.item, packed, i, worker=worker, name="item") for i in range(n_out)]
 
     def sliced(self, rep: Rep, axis: int, chunks: tuple[int, ...], workers: Sequence[str]) -> list:
-        """A whole value cut to meet a split one, piece k a future on `workers[k]`. One the client holds (an
-        input, a literal, an iota made on the client) is cut on the client and each piece given to a task
-        on its chunk's worker, like an input's chunks: sent once per call however many shard programs read
-        it (a gradient's forward and backward), not once per program. Otherwise it is cut where it lives."""
-        cache_key = (id(rep), axis, chunks)
+        """A whole value cut to meet a split one, piece k a future on `workers[k]`. A whole input (a copy
+        on every worker) is cut on each worker from its own copy: nothing moves. A value the client made
+        (a literal, an iota) is cut on the client and its pieces scattered like an input's chunks, kept
+        across calls by their contents (resident.py). Otherwise it is cut where it lives. Each cut is made
+        once per call however many shard programs read it (a gradient's forward and backward)."""
+        cache_key = (id(rep), axis, chunks, tuple(workers))
         if cache_key not in self._slices:
-            offsets = np.cumsum((0,) + chunks)
-            host = rep.value if isinstance(rep.value, np.ndarray) else rep.host
-            if host is not None:
-                self._slices[cache_key] = [self.submit(tasks.whole, tasks.take(host, axis, int(a), int(b)), worker=w, name="chunk")
-                                           for a, b, w in zip(offsets[:-1], offsets[1:], workers, strict=True)]
+            offsets = [int(o) for o in np.cumsum((0,) + chunks)]
+            bounds = list(zip(offsets[:-1], offsets[1:], workers, strict=True))
+            if isinstance(rep.value, np.ndarray):
+                self._slices[cache_key] = self.resident.chunks(rep.value, axis, chunks, workers, constant=True)
             else:
-                self._slices[cache_key] = [self.submit(tasks.take, rep.value, axis, int(a), int(b), worker=rep.worker, name="slice")
-                                           for a, b in zip(offsets[:-1], offsets[1:])]
+                self._slices[cache_key] = [self.submit(tasks.take, rep.on(w), axis, a, b,
+                                                       worker=w if w in rep.copies else rep.worker, name="slice")
+                                           for a, b, w in bounds]
         return self._slices[cache_key]
+
+
+def _array_bytes(x: Any) -> int:
+    """The bytes of the NumPy arrays in `x` (through lists and tuples; futures are references: 0)."""
+    if isinstance(x, np.ndarray):
+        return x.nbytes
+    if isinstance(x, (list, tuple)):
+        return sum(_array_bytes(v) for v in x)
+    return 0
 
 
 def literal(value: np.ndarray) -> Rep:

@@ -98,7 +98,8 @@ class ShardBuilder:
                     in_avals[w[1]] = aval
         what = ("fused", tuple(n[0] for n in self.nodes), tuple(wiring), exports)
         key, program = ctx.program(what, lambda: fused_program(self.nodes, wiring, in_avals, exports, self.label))
-        packed = ctx.submit(tasks.run_fused, key, program, ctx.backend, sources, slots, worker=self.worker, name="shard")
+        packed = ctx.submit(tasks.run_fused, key, program, ctx.backend, sources, slots, ctx.threads.get(self.worker),
+                            worker=self.worker, name="shard")
         for pos, (_, _, o) in enumerate(alive):
             o.elem = Elem(packed, pos)
         self.nodes, self.handed = [], []

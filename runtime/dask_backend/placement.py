@@ -17,14 +17,13 @@ from fold.dtypes import ShapedArray
 
 @dataclass(frozen=True, eq=False)
 class Rep:
-    """A whole value: `value` is a Future or a NumPy array; `copies` are futures of it already on workers;
-    `host` the array itself when the client has it (an input: slices of it are cut on the client)."""
+    """A whole value: `value` is a Future or a NumPy array; `copies` are futures of it already on workers
+    (a whole input has one on every worker: a task there reads it, and a slice of it is cut there)."""
 
     value: Any
     aval: ShapedArray
     worker: str | None = None
     copies: dict = field(default_factory=dict)
-    host: Any = None
 
     def on(self, worker: str | None) -> Any:
         """The copy to hand a task on `worker`: its own if it has one (no transfer), else the value."""

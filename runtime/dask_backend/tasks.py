@@ -26,10 +26,37 @@ def run_program(key: str, program: Any, backend: str, *args: np.ndarray) -> tupl
     return tuple(np.asarray(o) for o in runner(*args))
 
 
-def run_fused(key: str, program: Any, backend: str, sources: list, slots: list) -> tuple:
-    """A fused shard program (fusion.py): input m is `sources[s]`, or its element j, for (s, j) = slots[m]."""
+def run_fused(key: str, program: Any, backend: str, sources: list, slots: list, threads: int | None = None) -> tuple:
+    """A fused shard program (fusion.py): input m is `sources[s]`, or its element j, for (s, j) = slots[m];
+    its parallel loops on `threads` threads (see `use_threads`)."""
     args = [sources[s] if j is None else sources[s][j] for s, j in slots]
+    use_threads(backend, threads)
     return run_program(key, program, backend, *args)
+
+
+def run_threaded(key: str, program: Any, backend: str, threads: int | None, *args: np.ndarray) -> tuple:
+    """`run_program` with its parallel loops on `threads` threads (see `use_threads`)."""
+    use_threads(backend, threads)
+    return run_program(key, program, backend, *args)
+
+
+def use_threads(backend: str, threads: int | None) -> None:
+    """Run this Dask thread's numba parallel loops on `threads` threads (numba's setting is per calling
+    thread). The client gives each worker its share of its host's cores, so that workers sharing a host
+    do not each start a thread per core: 2 workers on 2 cores, numba's default of 2 threads each, ran 4
+    threads on 2 cores."""
+    if threads is None or backend != "numba":
+        return
+    import numba
+
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+
+
+def host_cores(dask_worker: Any = None) -> int:
+    """The cores this worker process may run on (client.run: the client shares them among a host's workers)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def select(values: tuple, positions: list) -> tuple:
