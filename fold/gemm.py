@@ -38,6 +38,7 @@ BUDGET_FRACTION = 1 / 16
 MIN_BUDGET = 16 * 2**20
 MAX_BUDGET = 2**30 + 128 * 2**20
 BUDGET_VARIABLE = "FOLD_GEMM_BUDGET"  # overrides the default budget: bytes, or with a K, M or G suffix (64M)
+AUTO = "auto"  # FOLD_GEMM_BUDGET=auto: the budget a fraction of the products never materialised
 
 # Of the budget, the share one block's estimated intermediates aim for (the rest holds kept products), up to
 # MAX_BLOCK_BYTES. 128 MiB: on the numba backend blocks of 128 MiB ran attention's gradient 8-10% faster at
@@ -58,7 +59,7 @@ def budget_from_environment() -> int | None:
     """The budget FOLD_GEMM_BUDGET sets (bytes: an integer, optionally followed by K, M or G), or None where
     it is unset or empty."""
     text = os.environ.get(BUDGET_VARIABLE, "").strip()
-    if not text:
+    if not text or text.lower() == AUTO:
         return None
     number, suffix = (text[:-1], text[-1].upper()) if text[-1].upper() in "KMG" else (text, "")
     try:
@@ -67,18 +68,19 @@ def budget_from_environment() -> int | None:
         value = 0
     if value < 1:
         raise ValueError(f"{BUDGET_VARIABLE} must be a positive number of bytes, optionally with a K, M or G "
-                         f"suffix (e.g. 67108864 or 64M), got {text!r}")
+                         f"suffix (e.g. 67108864 or 64M), or auto, got {text!r}")
     return value
 
 
 def default_budget(m: int, n: int, pairs: int, itemsize: int) -> int:
     """The memory budget of a gemm_map_reduce of an (m, n) product (`pairs` of them, `itemsize` bytes per
-    value) when none is given: FOLD_GEMM_BUDGET where set, else BUDGET_FRACTION of the bytes of the products
-    it never materialises, at least MIN_BUDGET and at most MAX_BUDGET."""
+    value) when none is given: FOLD_GEMM_BUDGET's bytes where set; where it is `auto`, BUDGET_FRACTION of the
+    bytes of the products it never materialises, at least MIN_BUDGET and at most MAX_BUDGET (memory first:
+    smaller blocks, slower); else MAX_BUDGET (speed first: 128 MiB blocks and 1 GiB of kept products)."""
+    if os.environ.get(BUDGET_VARIABLE, "").strip().lower() == AUTO:
+        return int(min(max(m * n * pairs * itemsize * BUDGET_FRACTION, MIN_BUDGET), MAX_BUDGET))
     configured = budget_from_environment()
-    if configured is not None:
-        return configured
-    return int(min(max(m * n * pairs * itemsize * BUDGET_FRACTION, MIN_BUDGET), MAX_BUDGET))
+    return MAX_BUDGET if configured is None else configured
 
 
 def block_bytes(budget: int) -> int:
@@ -153,8 +155,9 @@ def gemm_map_reduce(monoid: Monoid, fn: Callable[..., Any], lhs: Any, rhs: Any, 
     intermediates (about BLOCK_SHARE of it, at most 128 MiB, which sets the block size) and, in a gradient that runs the
     forward and the backward together, the products of a row block it keeps to read again instead of
     recomputing them (at most `keep` bytes, and what the budget leaves; `keep=0`: recompute all). By
-    default (None) the budget is `default_budget`: FOLD_GEMM_BUDGET (bytes, or 64M-style) where set, else
-    1/16 of the bytes of the M x N products it never materialises, between 16 MiB and 1.125 GiB. `block`
+    default (None) the budget is `default_budget`: FOLD_GEMM_BUDGET (bytes, or 64M-style) where set; with
+    FOLD_GEMM_BUDGET=auto, 1/16 of the bytes of the M x N products it never materialises, between 16 MiB and
+    1.125 GiB; else 1.125 GiB (blocks sized for speed). `block`
     (an int or (rows, cols)) gives the block size instead.
 
     >>> import numpy as np, fold

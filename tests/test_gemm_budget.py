@@ -1,7 +1,8 @@
 """gemm_map_reduce's memory budget: what one block's intermediates and a gradient's kept products may take.
 
-The block size and the products a gradient keeps follow a budget in bytes (`budget=`, FOLD_GEMM_BUDGET, by
-default 1/16 of the products never materialised, between 16 MiB and 1.125 GiB). Checked here: the paper's
+The block size and the products a gradient keeps follow a budget in bytes (`budget=`, FOLD_GEMM_BUDGET; with
+FOLD_GEMM_BUDGET=auto 1/16 of the products never materialised, between 16 MiB and 1.125 GiB; by default
+1.125 GiB, blocks sized for speed). Checked here: under `auto`, the paper's
 MLP gradient (B = K = 8192 and 16384, D = 128, float32) as the numba backend prepares it holds at most 5% of
 what the naive formula holds (traced only: nothing of that size is computed); a small MLP gradient's peak
 resident memory, measured in a subprocess, stays within a budget set by FOLD_GEMM_BUDGET; the results do not
@@ -48,8 +49,8 @@ def test_paper_mlp_gradient_holds_at_most_5_percent_of_the_naive_formula(size: i
     the kept products of a row block; inputs not counted) against the three B x K float32 matrices the
     naive formula holds at once (h, G Q^T and dh: examples/gemm_layers.mlp_naive; bench_gemm measured its
     peak at exactly that, 768 MiB at 8192). The old default (blocks of 128 MiB of intermediates, 1 GiB of
-    kept products) held 160 MiB at 8192, 21%, and 232 MiB at 16384."""
-    monkeypatch.delenv(fold_gemm.BUDGET_VARIABLE, raising=False)
+    kept products, still the default) holds 160 MiB at 8192, 21%, and 232 MiB at 16384."""
+    monkeypatch.setenv(fold_gemm.BUDGET_VARIABLE, "auto")
     B = K = size
     D = 128
     X, P, Q = _zeros(B, D), _zeros(D, K), _zeros(K, D)
@@ -87,10 +88,13 @@ def test_environment_variable_sets_the_default_budget(monkeypatch) -> None:
     assert fold_gemm.default_budget(10**5, 10**5, 1, 4) == 3 * 2**20
     monkeypatch.setenv(fold_gemm.BUDGET_VARIABLE, "5000")
     assert fold_gemm.default_budget(10, 10, 1, 8) == 5000
-    monkeypatch.delenv(fold_gemm.BUDGET_VARIABLE)
+    monkeypatch.setenv(fold_gemm.BUDGET_VARIABLE, "auto")
     assert fold_gemm.default_budget(10, 10, 1, 8) == fold_gemm.MIN_BUDGET
     assert fold_gemm.default_budget(2**20, 2**20, 2, 4) == fold_gemm.MAX_BUDGET
     assert fold_gemm.default_budget(2**14, 2**14, 2, 4) == 2**14 * 2**14 * 8 // 16
+    monkeypatch.delenv(fold_gemm.BUDGET_VARIABLE)
+    assert fold_gemm.default_budget(10, 10, 1, 8) == fold_gemm.MAX_BUDGET
+    assert fold_gemm.default_budget(2**14, 2**14, 2, 4) == fold_gemm.MAX_BUDGET
 
 
 @pytest.mark.parametrize("value", ["lots", "-3M", "0", "1.5G", "M"])
@@ -168,7 +172,7 @@ def test_measured_gradient_peak_stays_within_the_budget() -> None:
     """The MLP gradient (B = K = 2048, D = 16, float32: 16 MiB per B x K matrix) run on numba in a fresh
     process: with FOLD_GEMM_BUDGET=2M its peak resident memory above the baseline is at most its outputs,
     the 2 MiB budget and 2 MiB more (the float64 row sums, the transposed operand, allocator slack); one
-    B x K matrix alone would exceed that. Under the default budget (16 MiB, the floor) it is larger."""
+    B x K matrix alone would exceed that. Under the default budget (1.125 GiB) it is larger."""
     small = _measured_peak("2M")
     if not small["reset"]:
         pytest.skip("VmHWM cannot be reset here")
