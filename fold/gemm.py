@@ -29,11 +29,12 @@ from .tracing import abstractify, bind, check_callable, trace_body
 
 # What a gemm_map_reduce may hold at once beyond its operands and results (`budget`): one block's
 # intermediates and, in a gradient that runs its forward and backward together (numba), the products it keeps
-# for the backward. By default a fraction of the product s it never materialises (M x N values per pair, the
-# term that dominates the naive formula's memory, which holds it several times), between a floor (below it,
-# blocks get small enough for their per-block overhead to show) and a cap (today's most: a 128 MiB block and
-# 1 GiB of kept products). The paper's MLP (B = K = 8192, D = 128, float32: a 256 MiB product) gets 16 MiB,
-# and its gradient's peak fell from 18% to under 5% of the naive formula's (benchmarks/README.md).
+# for the backward. By default the cap, MAX_BUDGET (a 128 MiB block and 1 GiB of kept products: sized for
+# speed). FOLD_GEMM_BUDGET=auto asks for a fraction of the product s it never materialises (M x N values per
+# pair, the term that dominates the naive formula's memory, which holds it several times), at least a floor
+# (below it, blocks get small enough for their per-block overhead to show): the paper's MLP (B = K = 8192,
+# D = 128, float32: a 256 MiB product) then gets 16 MiB, and its gradient's peak falls from 18% to under 5% of
+# the naive formula's, at up to 1.9x the time (benchmarks/README.md).
 BUDGET_FRACTION = 1 / 16
 MIN_BUDGET = 16 * 2**20
 MAX_BUDGET = 2**30 + 128 * 2**20

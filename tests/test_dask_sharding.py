@@ -259,17 +259,8 @@ def test_each_task_is_sent_only_its_chunk_of_the_split_vocabulary(client, monkey
     each task at most one chunk of the split C, C's rows once in all, and the whole arguments (P, t) once
     per worker; the gradient's dC comes back in chunks (no task assembles it). Counted at the client's
     submit and scatter, the only ways data leaves it, over a value_and_grad call in 4 chunks."""
-    rng = np.random.default_rng(12)
     M, V, D, chunks = 8, 4096, 4, 4
-    P, C, t = rng.normal(size=(M, D)), rng.normal(size=(V, D)), rng.integers(0, V, size=M)
-
-    def loss(P, C, t):
-        j = fold.iota(C.shape[0])
-        A = fold.gemm_map_reduce(fold.monoids.cross_entropy, lambda s, t, j: {"p": s, "n": fold.where(j == t, s, 0.0)},
-                                 P, C, rows=(t,), cols=(j,), block=(M, V // chunks))
-        return fold.sum(A["p"] - A["n"])
-
-    vg = fold.value_and_grad(loss, argnums=(0, 1))
+    vg, P, C, t = _vocabulary_gradient(M, V, D, chunks)
     f = sharded(vg, client, chunks, {1: 0})
     f(P, C, t)  # plans and compiles
     f.release()  # the inputs are dropped from the workers: the call counted below sends them as a first call does

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -35,6 +34,7 @@ from fold.rules import RuleTable
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
+from .text import defined, names
 
 
 
@@ -440,9 +440,6 @@ def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
     return [output(k, aval) for k, aval in enumerate(out_avals)]
 
 
-_NAME = re.compile(r"[A-Za-z_]\w*")
-
-
 @dataclass(frozen=True)
 class VanishingRows:
     """Where a map's result rows are zero: output k's row at index i is 0 unless
@@ -465,7 +462,7 @@ class VanishingRows:
             onehot = getattr(x, "onehot", None)
             if onehot is not None and onehot[0] == 0 and c == f"({self.placeholder} == {onehot[1]})":
                 return {"onehot": (0, onehot[1])}
-        return {} if self.placeholder in _NAME.findall(c) else {"zero_unless": c}
+        return {} if self.placeholder in names(c) else {"zero_unless": c}
 
 
 def _vanishing_rows(w: Writer, prim: Map, consts, xs) -> VanishingRows:
@@ -478,22 +475,10 @@ def _vanishing_rows(w: Writer, prim: Map, consts, xs) -> VanishingRows:
         return VanishingRows()
     placeholder = f"__{w.fresh('row')}__"
     nodes, outs = w.written_apart(lambda: map_row(w, prim.body, consts, xs, placeholder))
-    local = _assigned(nodes)
+    local = defined(nodes)
     conditions = {k: o.zero_unless for k, o in enumerate(outs)
-                  if getattr(o, "zero_unless", None) is not None and not local & set(_NAME.findall(o.zero_unless))}
+                  if getattr(o, "zero_unless", None) is not None and not local & set(names(o.zero_unless))}
     return VanishingRows(placeholder, conditions)
-
-
-def _assigned(nodes: Sequence[Node]) -> set[str]:
-    names = set()
-    for node in nodes:
-        if isinstance(node, Assign):
-            names.add(node.target)
-        elif isinstance(node, Buffer):
-            names.add(node.name)
-        elif isinstance(node, (Loop, If)):
-            names |= _assigned(node.body) | ({node.index} if isinstance(node, Loop) else set())
-    return names
 
 
 def map_row(w: Writer, body: Program, consts: Sequence[Value], xs: Sequence[Value], i: str) -> list[Value]:

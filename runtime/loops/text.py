@@ -3,7 +3,9 @@ a GPU): the backends differ only in how a Buffer is allocated and how the outer 
 
 from __future__ import annotations
 
-from typing import Callable
+import re
+from collections import Counter
+from typing import Callable, Iterable, Iterator
 
 from .nest import Assign, Buffer, If, Loop, Store, buffers
 
@@ -36,3 +38,49 @@ def allocations(nodes: tuple, indent: int, allocate: Allocate) -> list[str]:
 def shape_text(shape: tuple[int, ...]) -> str:
     """A Buffer's shape as a tuple literal ((1,) for a 0-d one, which is stored at [0])."""
     return f"({', '.join(map(str, shape or (1,)))},)"
+
+
+# a name in the scalar language, not an attribute (the `exp` of math.exp)
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def names(text: str) -> list[str]:
+    """The names an expression (or a target list) mentions, in order."""
+    return _NAME.findall(text)
+
+
+def events(node) -> Iterator[tuple[str, str]]:
+    """("read" | "write" | "store", name) in execution order within one pass over `node`: "store" names the
+    array a Store writes into (an element, not the name)."""
+    if isinstance(node, Assign):
+        yield from (("read", n) for n in names(node.expr))
+        yield from (("write", n) for n in names(node.target))
+    elif isinstance(node, Store):
+        yield "store", node.target
+        yield from (("read", n) for part in (*node.index, node.expr) for n in names(part))
+    elif isinstance(node, (Loop, If)):
+        if isinstance(node, Loop):
+            yield "write", node.index
+        else:
+            yield from (("read", n) for n in names(node.cond))
+        for inner in node.body:
+            yield from events(inner)
+
+
+def reads(nodes: Iterable) -> Counter:
+    """How often each name is read in `nodes` (a Store's array not counted)."""
+    return Counter(name for node in nodes for kind, name in events(node) if kind == "read")
+
+
+def defined(nodes: Iterable) -> set[str]:
+    """Every name `nodes` define: assignment targets, loop indices and buffers, loops and branches entered."""
+    found = set()
+    for node in nodes:
+        found |= {name for kind, name in events(node) if kind == "write"}
+        found |= {b.name for b in buffers((node,))}
+    return found
+
+
+def size(nodes: Iterable) -> int:
+    """The number of nodes, loops and branches entered."""
+    return sum(1 + (size(n.body) if isinstance(n, (Loop, If)) else 0) for n in nodes)

@@ -19,21 +19,21 @@ from fold.kernels.cpu import vector_math
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
 from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
-from fold.runtime.loops.text import allocations, shape_text, statement_lines
+from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
 from . import nest_lanes, nest_parts, scalar_helpers
 from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
 CHUNKS_PER_THREAD = 4
-# Sums and products may be reassociated (and multiply-adds fused), so that LLVM vectorises a nest's inner sums
-# (k-means' cost at 10^6 x 64 x 16: 390 -> 249 ms); NaN and inf keep their meaning (no "nnan"/"ninf"), and
-# the order of the chunks' merge, which a non-commutative operator needs, is the code's.
-NEST_OPTIONS = {"parallel": True, "error_model": "numpy", "fastmath": {"reassoc", "contract"}}
+# No fastmath: with reassoc and contract the GMM gradient (2 x 10^5 x 32 x 16) took 337-499 ms against
+# 194-251 ms without, alternately here, and k-means' cost 253 against 228 ms (the 390 -> 249 ms once
+# measured for them did not come back); commutative folds are split into lanes in the text (nest_lanes).
+NEST_OPTIONS = {"parallel": True, "error_model": "numpy"}
 
 
 # a long body's parts (nest_parts): compiled on their own, serially (each runs inside the kernel's prange)
-PART_OPTIONS = {"error_model": "numpy", "fastmath": {"reassoc", "contract"}}
+PART_OPTIONS = {"error_model": "numpy"}
 
 
 def kernel_source(kernel: Kernel) -> str:
@@ -77,7 +77,7 @@ def _in_parts(outer, params: list[str]):
         extra = [s.name for s in outer.states]
     variables = nest_parts.kernel_variables(body, extra=[*params, outer.index, "chunk", "lo", "hi", *extra])
     parts = nest_parts.Outliner(variables, total)
-    if nest_parts.size(body) <= nest_parts.WHOLE:
+    if size(body) <= nest_parts.WHOLE:
         return outer, parts
     body = parts.block(body)
     return (ParallelMap(outer.index, outer.extent, body) if isinstance(outer, ParallelMap)
@@ -89,7 +89,7 @@ def _with_lanes(outer):
     if isinstance(outer, ParallelMap):
         return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body))
     # the states are read after the traversal: they count as read outside any loop of the step
-    outside = Counter(s.name for s in outer.states) + nest_lanes.reads(outer.init + outer.step + outer.merge)
+    outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.step + outer.merge)
     return replace(outer, step=nest_lanes.in_lanes(outer.step, outside))
 
 

@@ -17,8 +17,8 @@ WIDTH iterations:
 
 A commutative fold's accumulators (the Loop's LaneFolds) are not carried: each lane folds into a copy of its
 own, started at the identity, and the copies are combined with the fold's operator after the loop, so a
-logaddexp or a sum over a row runs WIDTH elements at a time. That reassociates the fold, as the nest
-kernels' fastmath flags already allow for sums. The iterations that do not fill a group run the loop's body
+logaddexp or a sum over a row runs WIDTH elements at a time. That reassociates the fold, which its
+operator's commutativity and associativity allow (rounding aside). The iterations that do not fill a group run the loop's body
 as it was.
 """
 
@@ -30,7 +30,8 @@ from collections import Counter
 from typing import Iterable
 
 from fold.kernels.cpu import vector_math
-from fold.runtime.loops.nest import Assign, Buffer, If, LaneFold, Loop, Store
+from fold.runtime.loops.nest import Assign, If, LaneFold, Loop, Store
+from fold.runtime.loops.text import events, names, reads, size
 
 from .codegen import LANE_RULES
 
@@ -41,7 +42,6 @@ MIN_EXTENT = 2 * WIDTH
 # (a three-deep nest's Hessian-vector product: 357 lines, 13 s; all its loops in lanes, 1177 lines, 60-90 s)
 MAX_ADDED = 300
 
-_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 # the scalar language's call of an operation (runtime/loops/scalar_language.py) -> the operation
 _CALLS = {"math.exp": "exp", "math.expm1": "expm1", "_log": "log", "_log1p": "log1p", "math.sin": "sin",
           "math.cos": "cos", "math.tanh": "tanh", "_sigmoid": "sigmoid", "_logaddexp": "logaddexp"}
@@ -62,7 +62,7 @@ def _in_lanes(nodes: tuple, total: Counter, budget: list[int]) -> tuple:
         if isinstance(node, Loop):
             node = Loop(node.index, node.extent, _in_lanes(node.body, total, budget), node.folds)
             laned = _laned(node, total)
-            added = _size(laned) - _size([node])
+            added = size(laned) - size([node])
             if added > budget[0]:
                 laned = [node]
             else:
@@ -73,30 +73,6 @@ def _in_lanes(nodes: tuple, total: Counter, budget: list[int]) -> tuple:
         else:
             out.append(node)
     return tuple(out)
-
-
-def _size(nodes: Iterable) -> int:
-    return sum(1 + (_size(n.body) if isinstance(n, (Loop, If)) else 0) for n in nodes)
-
-
-def _names(text: str) -> list[str]:
-    return _NAME.findall(text)
-
-
-def _node_reads(node) -> list[str]:
-    if isinstance(node, Assign):
-        return _names(node.expr)
-    if isinstance(node, Store):
-        return [n for part in (*node.index, node.expr) for n in _names(part)]
-    if isinstance(node, If):
-        return _names(node.cond) + [n for inner in node.body for n in _node_reads(inner)]
-    if isinstance(node, Loop):
-        return [n for inner in node.body for n in _node_reads(inner)]
-    return []
-
-
-def reads(nodes: Iterable) -> Counter:
-    return Counter(n for node in nodes for n in _node_reads(node))
 
 
 def _lane_call(expr: str) -> tuple[str, str, list[str]] | None:
@@ -133,7 +109,7 @@ def _laned(loop: Loop, reads_total: Counter) -> list:
     assigned = [n.target for n in body if isinstance(n, Assign)]
     carried, seen = set(), set()
     for node in body:
-        carried |= {n for n in _node_reads(node) if n in set(assigned) and n not in seen}
+        carried |= {n for n in [n for kind, n in events(node) if kind == "read"] if n in set(assigned) and n not in seen}
         if isinstance(node, Assign):
             seen.add(node.target)
     carried |= {n for n in set(assigned) if reads_total[n] > body_reads[n]}
@@ -167,7 +143,7 @@ def _serial(body: tuple, carried: set[str]) -> set:
     tainted, serial = set(carried), set()
     for node in body:
         if isinstance(node, Store) or (isinstance(node, Assign) and (node.target in tainted
-                                                                     or tainted & set(_names(node.expr)))):
+                                                                     or tainted & set(names(node.expr)))):
             serial.add(node)
             if isinstance(node, Assign):
                 tainted.add(node.target)

@@ -10,11 +10,11 @@ so the compile time grows with the number of parts, each of bounded size.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Iterable
 
-from fold.runtime.loops.nest import Assign, Buffer, If, Loop, Store
+from fold.runtime.loops.nest import Assign, Buffer, If, Loop
+from fold.runtime.loops.text import defined, events, size, statement_lines
 
 # the most statements of one part, and the fewest worth a call
 PART = 48
@@ -22,39 +22,6 @@ MIN_PART = 8
 # a body of at most this many statements is compiled whole: it compiles in seconds, and its hot loops call
 # nothing (k-means' and the logsumexp gradient's nests are below it)
 WHOLE = 400
-
-_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
-
-
-def _names(text: str) -> list[str]:
-    return _NAME.findall(text)
-
-
-def size(nodes: Iterable) -> int:
-    return sum(1 + (size(n.body) if isinstance(n, (Loop, If)) else 0) for n in nodes)
-
-
-def _events(node) -> Iterable[tuple[str, str]]:
-    """("read" | "write", name) in execution order within one pass over `node`."""
-    if isinstance(node, Assign):
-        yield from (("read", n) for n in _names(node.expr))
-        yield from (("write", n) for n in _names(node.target))
-    elif isinstance(node, Store):
-        yield from (("read", n) for part in (node.target, *node.index, node.expr) for n in _names(part))
-    elif isinstance(node, Loop):
-        yield "write", node.index
-        for inner in node.body:
-            yield from _events(inner)
-    elif isinstance(node, If):
-        yield from (("read", n) for n in _names(node.cond))
-        for inner in node.body:
-            yield from _events(inner)
-
-
-def uses(nodes: Iterable) -> Counter:
-    """How often each name is read or written in `nodes`."""
-    return Counter(name for node in nodes for _, name in _events(node))
-
 
 class Outliner:
     """Splits blocks into parts; `sources` collects the parts' function texts."""
@@ -91,12 +58,12 @@ class Outliner:
         if size(run) < MIN_PART or any(isinstance(n, Buffer) for n in run):
             return run
         inputs, written, seen = [], [], set()
-        for kind, name in (e for node in run for e in _events(node)):
+        for kind, name in (e for node in run for e in events(node)):
             if name not in self.variables:
                 continue
             if name not in seen:
                 seen.add(name)
-                (inputs if kind == "read" else written).append(name)
+                (written if kind == "write" else inputs).append(name)
             elif kind == "write" and name not in written:
                 written.append(name)
         inside = uses(run)
@@ -110,20 +77,15 @@ class Outliner:
         return [Assign(results if outputs else "_", f"{name}({', '.join(inputs)})")]
 
 
-def _lines(nodes, indent: int) -> list[str]:
-    from fold.runtime.loops.text import statement_lines
+def uses(nodes: Iterable) -> Counter:
+    """How often each name is read, written or stored into in `nodes`."""
+    return Counter(name for node in nodes for _, name in events(node))
 
+
+def _lines(nodes, indent: int) -> list[str]:
     return statement_lines(tuple(nodes), indent, lambda b, i: "", hoisted=True)
 
 
 def kernel_variables(*blocks: Iterable, extra: Iterable[str] = ()) -> set[str]:
-    """Every name the blocks define: assignment targets, loop indices, buffers, and `extra`."""
-    found = set(extra)
-    for nodes in blocks:
-        for node in nodes:
-            found |= {name for kind, name in _events(node) if kind == "write"}
-            if isinstance(node, Buffer):
-                found.add(node.name)
-            if isinstance(node, (Loop, If)):
-                found |= kernel_variables(node.body)
-    return found
+    """Every name the blocks define, and `extra`."""
+    return set(extra).union(*(defined(nodes) for nodes in blocks))
