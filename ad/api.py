@@ -168,12 +168,16 @@ def _data_tangents(primals: tuple, tangents: tuple) -> tuple:
     return tuple(out)
 
 
-def jvp(f: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], *, has_aux: bool = False) -> tuple:
+def jvp(f: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], *, has_aux: bool = False,
+        reduce_rule: str = "auto") -> tuple:
     """`(f(*primals), tangent of the output)` in the direction `tangents` (forward mode; JAX's contract).
 
     `primals` and `tangents` are tuples (or lists) of the positional arguments and their tangents, of the
     same structure, shapes and dtypes. An integer or boolean primal takes None, JAX's float0 or zeros as its
     tangent. With `has_aux=True`, `f` returns `(output, aux)` and `jvp` returns `(output, tangent, aux)`.
+    `reduce_rule`: "auto" gives a reduce whose monoid qualifies for Theorem 2.1 the tangent
+    sum_i D(y, a_i, 1) * adot_i; "generic" folds (value, tangent) pairs with the operator's own jvp, as for
+    any other operator (the two agree; vjp's rules are compared the same way).
 
     >>> import numpy as np, fold
     >>> y, ydot = fold.jvp(lambda x: fold.reduce(fold.monoids.sum, x * x), (np.arange(3.0),), (np.ones(3),))
@@ -189,8 +193,12 @@ def jvp(f: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], 
         raise FoldTypeError(f"fold.jvp: tangents must be a tuple or list like primals, got {type(tangents).__name__}")
     n_main, main_tree, aux_tree = _split_aux(program, has_aux, "fold.jvp")
     tans = _conform("fold.jvp", "tangents", _data_tangents(primals, tangents), program.in_avals[nc:], program.in_tree)
-    tangent_mask = [False] * nc + [differentiable(a) for a in program.in_avals[nc:]]
-    forward, out_mask = jvp_program(program, tangent_mask)
+    # a tangent given as concrete zeros (the other arguments' in a Hessian-vector product) is a symbolic zero:
+    # nothing is computed from it, and a jitted caller does not hold it as a constant
+    tangent_mask = [False] * nc + [differentiable(a) and (isinstance(t, Tracer) or bool(np.any(t)))
+                                   for a, t in zip(program.in_avals[nc:], tans, strict=True)]
+    with reduce_rule_scope(reduce_rule):
+        forward, out_mask = jvp_program(program, tangent_mask)
     results = _run(forward, args + [t for t, m in zip(tans, tangent_mask[nc:], strict=True) if m])
     n_out = len(program.outputs)
     out_tangents = _spread(results[n_out:], out_mask, program.out_avals)

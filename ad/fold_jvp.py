@@ -3,6 +3,13 @@
 The operator is lifted to pairs by its own jvp: (a, ta) . (b, tb) = (a . b, jvp of . at (a, b) on (ta, tb)),
 which is associative whenever . is. The identity is (e, 0). Recognised + needs no lifting: the tangent of a
 sum is the sum of the tangents.
+
+A reduce whose monoid qualifies for Theorem 2.1 (commutative, with d) has a cheaper tangent: d is the
+row of the Jacobian in vector-Jacobian form, abar_i = D(y, a_i, ybar), so the tangent of state leaf j is
+ydot_j = sum_i <D(y, a_i, e_j), adot_i>: the primal reduce, then a sum of independent terms (for logaddexp
+sum_i exp(a_i - y) adot_i) instead of a fold whose lifted operator carries every exponential through its
+state. It is taken for scalar float elements unless reduce_rule="generic" is in force, and not for min, max
+and * (their d counts tied extrema, or divides by a zero element; their lifted operators are cheap).
 """
 
 from __future__ import annotations
@@ -11,11 +18,18 @@ import dataclasses
 
 import numpy as np
 
+from fold import monoids
+from fold.combinators import map as fold_map
+from fold.combinators import reduce as fold_reduce
 from fold.primitives import Reduce, ReduceByIndex, Scan
+from fold.pytree import tree_flatten
 from fold.recognize import recognize_binary_op
 from fold.tracing import bind, trace_body
 
 from .jvp import jvp_inline, jvp_rules
+from .monoid_d import call_d, check_d_result, row_aval
+from .reduce_rules import monoid_qualifies
+from .vjp import current_reduce_rule
 from .zeros import Zero, aval_of, differentiable, instantiate, is_zero
 
 
@@ -79,9 +93,46 @@ def _fold_jvp(prim, primals, tangents, operand_start: int, passthrough: int = 0)
     return outs[:k], [next(out_tangents) if f else Zero(o.aval) for f, o in zip(float_leaves, outs[:k], strict=True)]
 
 
+def _monoid_tangent_applies(prim, xs) -> bool:
+    return (isinstance(prim, Reduce) and current_reduce_rule() != "generic" and monoid_qualifies(prim)
+            and recognize_binary_op(prim.body, prim.num_consts) not in ("add", "mul", "maximum", "minimum")
+            and all(aval_of(x).ndim == 1 and aval_of(x).dtype.kind == "f" for x in xs))
+
+
+def _monoid_jvp(prim, primals, tangents):
+    """ydot_j = sum_i <D(y, a_i, e_j), adot_i> for each state leaf j (e_j: one at leaf j, zero elsewhere)."""
+    k = prim.num_leaves
+    xs, txs = primals[k:], tangents[k:]
+    ys = bind(prim, *primals)
+    if all(is_zero(t) for t in txs):
+        return ys, [Zero(aval_of(y)) for y in ys]
+    treedef = prim.body.in_tree.children[0] if prim.body.in_tree.kind == "tuple" else None
+    elem = treedef if treedef is not None else prim.body.out_tree
+    c = elem.unflatten(list(ys))
+    dtypes = [aval_of(y).dtype for y in ys]
+    dense = [instantiate(t, aval_of(x)) for t, x in zip(txs, xs, strict=True)]
+
+    def per_element(*leaves):
+        a, da = list(leaves[:k]), leaves[k:]
+        terms = []
+        for j in range(k):
+            basis = elem.unflatten([np.asarray(1 if i == j else 0, d) for i, d in enumerate(dtypes)])
+            got, got_tree = tree_flatten(call_d(prim.monoid, c, elem.unflatten(a), basis))
+            check_d_result(prim.monoid.name, got_tree, [aval_of(g) for g in got], elem, [row_aval(x) for x in xs])
+            products = [g * t for g, t in zip(got, da, strict=True)]
+            terms.append(sum(products[1:], products[0]).astype(dtypes[j]))
+        return tuple(terms)
+
+    terms = fold_map(per_element, *xs, *dense)
+    return ys, [fold_reduce(monoids.sum, t) for t in terms]
+
+
 @jvp_rules.register(Reduce, Scan)
 def _reduce_scan_jvp(prim, primals, tangents):
-    return _fold_jvp(prim, primals, tangents, prim.num_consts + prim.num_leaves)
+    start = prim.num_consts + prim.num_leaves
+    if _monoid_tangent_applies(prim, primals[start:]):
+        return _monoid_jvp(prim, primals, tangents)
+    return _fold_jvp(prim, primals, tangents, start)
 
 
 @jvp_rules.register(ReduceByIndex)

@@ -57,9 +57,12 @@ def jvp_program(program: Program, tangent_mask: Sequence[bool] | None = None) ->
     if tangent_mask is None:
         tangent_mask = [differentiable(v.aval) for v in program.inputs]
     tangent_mask = tuple(bool(m) and differentiable(v.aval) for m, v in zip(tangent_mask, program.inputs, strict=True))
+    from .vjp import current_reduce_rule  # here: vjp's rules import this module
+
+    key = (tangent_mask, current_reduce_rule())  # reductions' tangents follow the reduce rule in force
     per_program = _cache.setdefault(program, {})
-    if tangent_mask in per_program:
-        return per_program[tangent_mask]
+    if key in per_program:
+        return per_program[key]
     n = len(program.inputs)
     out_mask: list[bool] = []
 
@@ -74,7 +77,7 @@ def jvp_program(program: Program, tangent_mask: Sequence[bool] | None = None) ->
     traced = trace_body(fn, avals, "jvp")
     assert not traced.consts
     result = (dce(flat_program(traced.program)), out_mask)
-    per_program[tangent_mask] = result
+    per_program[key] = result
     return result
 
 

@@ -1,10 +1,14 @@
-"""Dead-code elimination: drop statements whose results nothing uses (bodies are cleaned recursively)."""
+"""Dead-code elimination: drop statements whose results nothing uses (bodies are cleaned recursively), and
+the results of a map that nothing reads (a jvp's primal beside the tangent wanted): its body stops
+computing them."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from .ir import Let, Program, Var
+from .primitives import Map
+from .pytree import tree_flatten
 
 
 def dce(program: Program) -> Program:
@@ -14,6 +18,7 @@ def dce(program: Program) -> Program:
     for stmt in reversed(program.stmts):
         if not any(v in needed for v in stmt.outs):
             continue
+        stmt = _needed_map_results(stmt, needed)
         prim = stmt.prim
         if prim.body_fields:
             prim = dataclasses.replace(prim, **{f: dce(getattr(prim, f)) for f in prim.body_fields})
@@ -21,3 +26,15 @@ def dce(program: Program) -> Program:
         kept.append(stmt)
         needed.update(a for a in stmt.args if isinstance(a, Var))
     return Program(program.inputs, tuple(reversed(kept)), program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+
+
+def _needed_map_results(stmt: Let, needed: set) -> Let:
+    """A map statement with only the results in `needed` (at least one is)."""
+    if not isinstance(stmt.prim, Map) or all(v in needed for v in stmt.outs):
+        return stmt
+    keep = [k for k, v in enumerate(stmt.outs) if v in needed]
+    body = stmt.prim.body
+    _, out_tree = tree_flatten(tuple(range(len(keep))))
+    body = Program(body.inputs, body.stmts, tuple(body.outputs[k] for k in keep), body.in_tree, out_tree,
+                   dict(body.meta))
+    return Let(tuple(stmt.outs[k] for k in keep), dataclasses.replace(stmt.prim, body=body), stmt.args)

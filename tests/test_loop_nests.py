@@ -257,14 +257,15 @@ def _logsumexp_rows(X):
 @lanes_only
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
 def test_a_commutative_fold_over_a_row_runs_in_lanes_merged_after(dtype, rtol):
-    """The logaddexp of each row (and its gradient's exp of each element) runs four elements per vector call,
-    the fold in four copies merged after the loop; 103 columns leave three for the scalar loop after."""
+    """The logaddexp of each row (its maximum, then the sum of exp(x - maximum); the gradient's exp of each
+    element) runs four elements per vector call, each fold in four copies merged after the loop; 103 columns
+    leave three for the scalar loop after."""
     X = rng.normal(size=(30, 103)).astype(dtype)
     X[3] = -np.inf  # a row of -inf in every lane: the merge keeps -inf, and the gradient's 0 * ... stays 0
     X[4, :50] = np.inf
     grad = fold.grad(_logsumexp_rows)
     text = _sources(grad, X)
-    assert ("vexpf(" if dtype == np.float32 else "vexp(") in text and "vlog1p(" in text, text
+    assert ("vexpf(" if dtype == np.float32 else "vexp(") in text and "_maximum(acc" in text, text
     assert "__g in range(25)" in text and "in range(3)" in text, text
     for f in (_logsumexp_rows, grad):
         got, want = _both(f, X)
@@ -292,21 +293,49 @@ def test_a_non_commutative_fold_keeps_its_order_while_its_elements_run_in_lanes(
 
 @lanes_only
 def test_a_fold_whose_operator_is_a_lambda_is_not_split_into_lanes():
-    """logaddexp written as a lambda carries no commutativity: the fold stays one accumulator, updated in
-    order (a value carried from one iteration to the next is never computed ahead), and agrees with the
-    monoid's result."""
+    """A lambda the recogniser does not know as logaddexp carries no commutativity: the fold stays one
+    accumulator, updated in order (a value carried from one iteration to the next is never computed ahead),
+    and agrees with the monoid's result."""
     X = rng.normal(size=(12, 4, 21))
 
     def f(op, **identity):
         return lambda X: fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.max, fold.map(
             lambda r: fold.reduce(op, fold.exp(0.3 * r), **identity), m)), X))
 
-    user = f(lambda a, b: fold.logaddexp(a, b), identity=-np.inf)
+    user = f(lambda a, b: fold.logaddexp(a, b) * 1.0, identity=-np.inf)
     text = _sources(user, X)
     assert "vexp(" in text and "acc1__1" not in text and "_logaddexp(acc" in text, text
     got, want = _both(user, X)
     _close(got, want, 1e-13)
     _close(got, fold.jit(f(M.logaddexp), backend="numba")(X), 1e-13)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-13), (np.float32, 2e-6)])
+@pytest.mark.parametrize("identity", [None, -np.inf])
+def test_a_logaddexp_fold_is_its_maximum_then_a_sum_of_exponentials(dtype, rtol, identity):
+    """A logaddexp fold in a nest (the monoid, or a lambda recognised as logaddexp) runs
+    as max, then sum of exp(x - max): no exponential waits for the last. Rows of -inf, of +inf, with a NaN,
+    and with -inf among finite values give what logaddexp gives."""
+    X = rng.normal(scale=3.0, size=(9, 17)).astype(dtype)
+    X[1] = -np.inf
+    X[2, 5] = np.inf
+    X[3] = np.inf
+    X[4, 7] = np.nan
+    X[5, ::2] = -np.inf
+    op = (M.logaddexp, {}) if identity is None else (lambda a, b: fold.logaddexp(a, b), {"identity": identity})
+
+    def f(X):
+        return fold.map(lambda r: fold.reduce(op[0], fold.map(lambda x: 2.0 * x, r), **op[1]), X)
+
+    text = _sources(f, X)
+    assert "_maximum(acc" in text and "_logaddexp(" not in text, text
+    got, want = _both(f, X)
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=rtol)
 
 
 def test_a_max_cotangent_inside_a_map_computes_only_the_rows_it_reaches():
@@ -429,3 +458,45 @@ def _loops(kernel):
                 yield from walk(n.body)
 
     return list(walk(kernel.outer.body if hasattr(kernel.outer, "body") else kernel.outer.step))
+
+
+# ---------------------------------------------------------------- one expression once, dead temporaries gone
+
+def test_the_same_pure_expression_is_computed_once_where_its_block_is_open():
+    """Two tanh statements of the same operand (as a gradient's recomputed forward and its derivative) are
+    one call; a sum over a row shifted by another sum over it reads that sum's final value."""
+    X = rng.normal(size=(40, 6, 5))
+
+    def f(X):
+        return fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.sum, fold.map(
+            lambda r: fold.sum(fold.tanh(r) * fold.tanh(r)) + fold.sum(r - fold.sum(r)), m)), X))
+
+    text = _sources(f, X)
+    assert text.count("math.tanh(") + text.count("vtanh(") == 1, text
+    got, want = _both(f, X)
+    _close(got, want, 1e-12)
+
+
+def test_prune_drops_dead_temporaries_and_keeps_what_folds_and_stores_read():
+    from fold.runtime.loops.nest import Assign, Kernel, LaneFold, Loop, Param, ParallelMap, Store
+    from fold.runtime.loops.prune import prune
+
+    fold_ = LaneFold(("acc1",), ("np.float64(0.0)",), ("l2",), ("r3",), (Assign("t4", "(l2 + r3)"),), ("t4",))
+    body = (
+        Assign("t0", "in0[i]"),
+        Assign("t5", "math.exp(t0)"),          # read by t6 only, which nothing reads: both go
+        Assign("t6", "(t5 * 2.0)"),
+        Assign("acc1", "np.float64(0.0)"),
+        Loop("i7", 3, (Assign("e8", "in1[i, i7]"), Assign("t9", "math.tanh(e8)"),
+                       Assign("acc1", "(acc1 + e8)")), (fold_,)),   # t9 dead: the loop keeps the fold
+        Loop("i10", 3, (Assign("t11", "(t0 + 1.0)"),)),             # left empty: goes
+        Store("out0", ("i",), "(acc1 + t0)"),
+    )
+    params = (Param("in0", (4,), np.dtype("float64"), "input"), Param("in1", (4, 3), np.dtype("float64"), "input"),
+              Param("out0", (4,), np.dtype("float64"), "output"))
+    pruned = prune(Kernel(params, ParallelMap("i", 4, body))).outer.body
+    targets = [n.target for n in pruned if isinstance(n, Assign)]
+    assert targets == ["t0", "acc1"], pruned
+    (loop,) = [n for n in pruned if isinstance(n, Loop)]
+    assert [n.target for n in loop.body] == ["e8", "acc1"] and loop.folds == (fold_,), loop
+    assert isinstance(pruned[-1], Store)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -27,6 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fold.ir import Lit, Program, Var
+from fold.recognize import recognize_binary_op
 from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, StaticIndex,
                              StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
@@ -40,6 +42,19 @@ from .text import defined, names
 
 # the most pulled statements an element is written through before the array is stored
 MAX_CHAIN = 48
+
+
+# names a nest assigns more than once (accumulators, fold states), and the arrays it reads that are never
+# written (kernel inputs and constants): an expression reading the first, or reading any other array, is
+# not pure, since what it reads may change between two places it is written
+_REASSIGNED = re.compile(r"(acc|s|state)\d+")
+_READ_ONLY_ARRAY = re.compile(r"(in|k)\d+")
+_SUBSCRIPTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
+
+
+def _pure(expr: str) -> bool:
+    return (not any(_REASSIGNED.fullmatch(n) for n in names(expr))
+            and all(_READ_ONLY_ARRAY.fullmatch(a) for a in _SUBSCRIPTED.findall(expr)))
 
 
 class NotNestable(Exception):
@@ -102,6 +117,10 @@ class Writer:
         # an element read again where that block is still open is not written again. Without this, a chain of
         # statements that each read the one before twice writes 2^length expressions.
         self._elements: dict[tuple, tuple[str, list, Pull]] = {}
+        # expression text -> (the name holding it, the block it was assigned in): the same pure expression
+        # written again where that block is still open (a gradient recomputing what its primal computed, a
+        # jvp's value beside its tangent) is read from that name, not computed twice
+        self._texts: dict[str, tuple[str, list]] = {}
 
     def fresh(self, prefix: str = "t") -> str:
         return f"{prefix}{next(self._names)}"
@@ -110,8 +129,15 @@ class Writer:
         self.blocks[-1].append(node)
 
     def assign(self, expr: str, prefix: str = "t") -> str:
+        pure = prefix in ("t", "e") and _pure(expr)
+        if pure:
+            found = self._texts.get(expr)
+            if found is not None and any(block is found[1] for block in self.blocks):
+                return found[0]
         name = self.fresh(prefix)
         self.emit(Assign(name, expr))
+        if pure:
+            self._texts[expr] = (name, self.blocks[-1])
         return name
 
     def loop(self, extent: int, fill: Callable[[str], None], folds: tuple[LaneFold, ...] = ()) -> None:
@@ -486,9 +512,13 @@ def map_row(w: Writer, body: Program, consts: Sequence[Value], xs: Sequence[Valu
     return w.body(body, list(consts) + [_row(w, x, i) for x in xs])
 
 
-def store_row(w: Writer, target: str, outs: Value, lead: tuple[str, ...]) -> None:
-    """Every element of a row's value stored into `target` at `lead` + its index."""
-    w.each_index(outs.shape, lambda idx: w.emit(Store(target, lead + idx, w.element(outs, idx))))
+def store_rows(w: Writer, targets: Sequence[str], outs: Sequence[Value], lead: tuple[str, ...]) -> None:
+    """Every element of each row value stored into its target at `lead` + its index; values of one shape in
+    one loop, so that what their elements share (a jvp's exponential in its value and its tangent) is
+    computed once."""
+    for shape in dict.fromkeys(o.shape for o in outs):
+        group = [(t, o) for t, o in zip(targets, outs, strict=True) if o.shape == shape]
+        w.each_index(shape, lambda idx, group=group: [w.emit(Store(t, lead + idx, w.element(o, idx))) for t, o in group])
 
 
 def _stored_map(w: Writer, prim: Map, consts, xs, out_avals, vanishing: VanishingRows) -> list[Value]:
@@ -505,8 +535,7 @@ def _stored_map(w: Writer, prim: Map, consts, xs, out_avals, vanishing: Vanishin
 
     def row(i: str) -> None:
         def compute() -> None:
-            for name, out in zip(names, map_row(w, prim.body, consts, xs, i), strict=True):
-                store_row(w, name, out, (i,))
+            store_rows(w, names, map_row(w, prim.body, consts, xs, i), (i,))
 
         if guarded:
             w.guarded(vanishing.row_condition(0, i), compute)
@@ -527,6 +556,8 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
     if any(x.shape[1:] != () for x in xs):
         raise NotNestable("a reduce of elements that are not scalars is not in the loop nest yet")
+    if nc == 0 and k == 1 and recognize_binary_op(prim.body, 0) == "logaddexp":
+        return [_logsumexp(w, identity[0], xs[0], out_avals[0].dtype)]
     identities = [w.element(e, ()) for e in identity]
     accs = [w.assign(e, "acc") for e in identities]
     dtypes = [a.dtype for a in out_avals]
@@ -542,6 +573,46 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     folds = (_lane_fold(w, prim, consts, accs, identities, dtypes),) if commutative else ()
     w.loop(xs[0].shape[0], step, folds)
     return [Scalar(a, d) for a, d in zip(accs, dtypes)]
+
+
+def _logsumexp(w: Writer, identity: Value, x: Value, dtype: np.dtype) -> Scalar:
+    """A logaddexp fold as its maximum m, then m + log(sum of exp(x - m)): two folds whose steps carry no
+    transcendental function (a backend runs the exponentials of several elements at once), where the fold
+    of logaddexp itself computes an exponential and a logarithm per element, each waiting for the last.
+    Non-finite m (all -inf, an inf, a NaN) is the result, as logaddexp gives it."""
+    t = f"np.{np.dtype(dtype).name}"
+    if isinstance(x, Pull) and (x.heavy or _calls_a_function(w, x)):  # read by both folds: computed once
+        x = w.materialise(x)
+    start = w.element(identity, ())
+    most = w.assign(start, "acc")
+    w.loop(x.shape[0], lambda i: w.emit(Assign(most, f"_maximum({most}, {w.element(x, (i,))})")),
+           (_lane_merge(w, most, start, "_maximum({0}, {1})"),))
+    total = w.assign(f"{t}(math.exp({t}(({start} - {most}))))", "acc")
+
+    def add(i: str) -> None:
+        term = w.assign(f"{t}(math.exp({t}(({w.element(x, (i,))} - {most}))))")
+        w.emit(Assign(total, f"{t}(({total} + {term}))"))
+
+    w.loop(x.shape[0], add, (_lane_merge(w, total, f"{t}(0.0)", "{0} + {1}"),))
+    # m - m is 0 for a finite m; otherwise (NaN, inf) m is the result, and the sum (NaN then) is not read
+    return Scalar(w.assign(f"({most} if {most} - {most} != 0 else {t}(({most} + {t}(_log({total})))))"), dtype)
+
+
+_FUNCTION_CALL = re.compile(r"math\.|(?<![\w.])_[a-z]\w*\(")
+
+
+def _calls_a_function(w: Writer, x: Pull) -> bool:
+    """Whether an element of `x` calls a function (a transcendental, a NaN-aware helper): worth storing
+    rather than computing twice."""
+    nodes, _ = w.written_apart(lambda: [w.element(x, ("0",) * len(x.shape))])
+    return any(_FUNCTION_CALL.search(getattr(n, "expr", "")) for n in nodes)
+
+
+def _lane_merge(w: Writer, acc: str, identity: str, operator: str) -> LaneFold:
+    """The LaneFold of one accumulator folded with `operator` (a template of two operands)."""
+    left, right = w.fresh("l"), w.fresh("r")
+    merge, results = w.written_apart(lambda: [w.assign(operator.format(left, right))])
+    return LaneFold((acc,), (identity,), (left,), (right,), merge, tuple(results))
 
 
 def _lane_fold(w: Writer, prim: Reduce, consts, accs: list[str], identities: list[str], dtypes) -> LaneFold:

@@ -27,8 +27,9 @@ from fold.pytree import tree_flatten
 from fold.primitives import Map, MatMul, Reduce, Scan, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
-from .build import NotNestable, Scalar, Stored, Writer, map_row, nestable, store_row
+from .build import NotNestable, Scalar, Stored, Writer, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
+from .prune import prune
 
 
 @dataclass(frozen=True)
@@ -210,14 +211,13 @@ def _build(program: Program) -> Kernel:
     w.blocks.append([])
     rows = map_row(w, prim.body, consts, xs, index)
     if len(program.stmts) == 1:
-        for name, out in zip(outputs, rows, strict=True):
-            store_row(w, name, out, (index,))
+        store_rows(w, outputs, rows, (index,))
         outer = ParallelMap(index, n, tuple(w.blocks.pop()))
     elif isinstance(program.stmts[1].prim, SumAxes):
         outer = _sums(w, program.stmts[1:], map_stmt, rows, outputs, index, n)
     else:
         outer = _fold(w, program.stmts[1], map_stmt, rows, env, outputs, index, n)
-    kernel = Kernel(tuple(params), outer)
+    kernel = prune(Kernel(tuple(params), outer))
     _constants[kernel] = constants
     return kernel
 
