@@ -157,6 +157,18 @@ def _single_run(fns: dict, args: tuple, repeats: int, baseline: int) -> dict:
     return out
 
 
+def model_of(one_worker_call: dict, level_bytes: float, measured_2: float) -> dict:
+    """The model's terms from one call on one single-threaded worker: its tasks' compute seconds (the work a
+    worker's core does, split among workers) and the rest of that call's time (client, scheduling, gathering:
+    fixed). Not the single process's time: that process runs numba on every core, so the difference between
+    it and one worker is mostly one thread against several, not overhead."""
+    compute_1 = sum(w["compute"] for w in one_worker_call["worker_task_seconds"].values())
+    overhead = max(one_worker_call["seconds"] - compute_1, 0.0)
+    return {"compute_1_s": compute_1, "overhead_s": overhead, "level_bytes": level_bytes,
+            "predicted_2_workers_s": model_seconds(2, compute_1, overhead, level_bytes), "measured_2_workers_s": measured_2,
+            "curve": {w: model_seconds(w, compute_1, overhead, level_bytes) for w in [1, 2, 8, 16, 32, 64, 128, 256, 512, 1024]}}
+
+
 def model_seconds(workers: int, compute_1: float, overhead: float, level_bytes: float) -> float:
     """Time on `workers`: a fixed per-call overhead, the one-worker compute split evenly, and a combine tree
     of ceil(log2 workers) levels, each one message of `level_bytes` at LATENCY + bytes / BANDWIDTH."""
@@ -205,12 +217,8 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = vocabulary_bytes(v, d)
     records, model, memory = [], {}, {}
     for name in fns:
+        model[name] = model_of(one[name]["breakdown_call"], level_bytes[name], two[name]["seconds"])
         compute_1 = single[name]["seconds"]
-        overhead = max(one[name]["seconds"] - compute_1, 0.0)
-        predicted_2 = model_seconds(2, compute_1, overhead, level_bytes[name])
-        model[name] = {"compute_1_s": compute_1, "overhead_s": overhead, "level_bytes": level_bytes[name],
-                       "predicted_2_workers_s": predicted_2, "measured_2_workers_s": two[name]["seconds"],
-                       "curve": {w: model_seconds(w, compute_1, overhead, level_bytes[name]) for w in [1, 2, 8, 16, 32, 64, 128, 256, 512, 1024]}}
         records.append({"name": name, "single_process_s": compute_1, "one_worker_s": one[name]["seconds"],
                         "two_workers_s": two[name]["seconds"], "speedup_two_vs_single": compute_1 / two[name]["seconds"],
                         "bytes_moved": two[name]["bytes_moved"], "combine_formula_bytes": two[name]["combine_bytes"],

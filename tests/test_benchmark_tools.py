@@ -34,3 +34,16 @@ def test_a_dask_workers_peak_rss_is_its_own_not_the_clients():
         after_reset = next(iter(client.run(_peak_rss).values()))
     # a reset sets the mark to the RSS now, which may have grown by a page since the first reading
     assert 0 < peak < ballast.nbytes and 0 < after_reset < ballast.nbytes, (peak, after_reset)
+
+
+def test_the_dask_model_splits_one_workers_task_compute_and_keeps_the_rest_of_its_call_fixed():
+    """bench_dask's model: compute is what one single-threaded worker's tasks took (divided among workers),
+    overhead the rest of that call; a combine level per doubling costs latency + bytes / bandwidth."""
+    from benchmarks.bench_dask import BANDWIDTH, LATENCY, model_of
+
+    call = {"seconds": 12.0, "worker_task_seconds": {"w1": {"compute": 10.0, "transfer": 0.0, "other": 0.0}}}
+    model = model_of(call, 1e6, 7.5)
+    assert model["compute_1_s"] == 10.0 and model["overhead_s"] == 2.0
+    assert abs(model["predicted_2_workers_s"] - (2.0 + 5.0 + LATENCY + 1e6 / BANDWIDTH)) < 1e-12
+    assert abs(model["curve"][8] - (2.0 + 10.0 / 8 + 3 * (LATENCY + 1e6 / BANDWIDTH))) < 1e-12
+    assert model["measured_2_workers_s"] == 7.5
