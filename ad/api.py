@@ -175,9 +175,9 @@ def jvp(f: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], 
     `primals` and `tangents` are tuples (or lists) of the positional arguments and their tangents, of the
     same structure, shapes and dtypes. An integer or boolean primal takes None, JAX's float0 or zeros as its
     tangent. With `has_aux=True`, `f` returns `(output, aux)` and `jvp` returns `(output, tangent, aux)`.
-    `reduce_rule`: "auto" gives a reduce whose monoid qualifies for Theorem 2.1 the tangent
-    sum_i D(y, a_i, 1) * adot_i; "generic" folds (value, tangent) pairs with the operator's own jvp, as for
-    any other operator (the two agree; vjp's rules are compared the same way).
+    `reduce_rule`: "auto" gives a reduce of scalars whose monoid qualifies for Theorem 2.1 the tangent
+    sum_i <D(y, a_i, e_j), adot_i> for each state leaf j; "generic" folds (value, tangent) pairs with the
+    operator's own jvp, as for any other operator (the two agree; vjp's rules are compared the same way).
 
     >>> import numpy as np, fold
     >>> y, ydot = fold.jvp(lambda x: fold.reduce(fold.monoids.sum, x * x), (np.arange(3.0),), (np.ones(3),))

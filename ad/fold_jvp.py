@@ -8,8 +8,9 @@ A reduce whose monoid qualifies for Theorem 2.1 (commutative, with d) has a chea
 row of the Jacobian in vector-Jacobian form, abar_i = D(y, a_i, ybar), so the tangent of state leaf j is
 ydot_j = sum_i <D(y, a_i, e_j), adot_i>: the primal reduce, then a sum of independent terms (for logaddexp
 sum_i exp(a_i - y) adot_i) instead of a fold whose lifted operator carries every exponential through its
-state. It is taken for scalar float elements unless reduce_rule="generic" is in force, and not for min, max
-and * (their d counts tied extrema, or divides by a zero element; their lifted operators are cheap).
+state. It is taken for scalar float elements where vjp's "auto" would take the monoid rule, unless
+reduce_rule="generic" is in force: so not for +, *, min and max, whose own rules come first (their d
+counts tied extrema, or divides by a zero element; their lifted operators are cheap).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from fold.tracing import bind, trace_body
 
 from .jvp import jvp_inline, jvp_rules
 from .monoid_d import call_d, check_d_result, row_aval
-from .reduce_rules import monoid_qualifies
+from .reduce_rules import choose_rule, element_tree
 from .vjp import current_reduce_rule
 from .zeros import Zero, aval_of, differentiable, instantiate, is_zero
 
@@ -94,9 +95,9 @@ def _fold_jvp(prim, primals, tangents, operand_start: int, passthrough: int = 0)
 
 
 def _monoid_tangent_applies(prim, xs) -> bool:
-    return (isinstance(prim, Reduce) and current_reduce_rule() != "generic" and monoid_qualifies(prim)
-            and recognize_binary_op(prim.body, prim.num_consts) not in ("add", "mul", "maximum", "minimum")
-            and all(aval_of(x).ndim == 1 and aval_of(x).dtype.kind == "f" for x in xs))
+    return (isinstance(prim, Reduce) and current_reduce_rule() != "generic"
+            and all(aval_of(x).ndim == 1 and aval_of(x).dtype.kind == "f" for x in xs)
+            and choose_rule(prim, "auto").name == "monoid")
 
 
 def _monoid_jvp(prim, primals, tangents):
@@ -106,8 +107,7 @@ def _monoid_jvp(prim, primals, tangents):
     ys = bind(prim, *primals)
     if all(is_zero(t) for t in txs):
         return ys, [Zero(aval_of(y)) for y in ys]
-    treedef = prim.body.in_tree.children[0] if prim.body.in_tree.kind == "tuple" else None
-    elem = treedef if treedef is not None else prim.body.out_tree
+    elem = element_tree(prim)
     c = elem.unflatten(list(ys))
     dtypes = [aval_of(y).dtype for y in ys]
     dense = [instantiate(t, aval_of(x)) for t, x in zip(txs, xs, strict=True)]

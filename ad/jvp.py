@@ -15,6 +15,7 @@ from fold.ir import Lit, Program, flat_program
 from fold.rules import RuleTable
 from fold.tracing import bind, trace_body
 
+from .vjp import current_reduce_rule
 from .zeros import Zero, differentiable, is_zero
 
 jvp_rules = RuleTable("jvp")
@@ -57,8 +58,6 @@ def jvp_program(program: Program, tangent_mask: Sequence[bool] | None = None) ->
     if tangent_mask is None:
         tangent_mask = [differentiable(v.aval) for v in program.inputs]
     tangent_mask = tuple(bool(m) and differentiable(v.aval) for m, v in zip(tangent_mask, program.inputs, strict=True))
-    from .vjp import current_reduce_rule  # here: vjp's rules import this module
-
     key = (tangent_mask, current_reduce_rule())  # reductions' tangents follow the reduce rule in force
     per_program = _cache.setdefault(program, {})
     if key in per_program:

@@ -79,10 +79,14 @@ def monoid_qualifies(prim) -> bool:
     return m is not None and m.d is not None and m.commutative and prim.num_consts == 0
 
 
+def element_tree(prim):
+    """The structure of one element (and of the state) of a reduce's operator, as the user wrote it."""
+    return prim.body.in_tree.children[0] if prim.body.in_tree.kind == "tuple" else prim.body.out_tree
+
+
 # Theorem 2.1: abar_i = D(y, a_i, ybar) for a commutative monoid with d: one map, no scans
 def _monoid_vjp(prim, consts, identity, xs, ys, cts):
-    treedef = prim.body.in_tree.children[0] if prim.body.in_tree.kind == "tuple" else None
-    elem = treedef if treedef is not None else prim.body.out_tree
+    elem = element_tree(prim)
     c, g = elem.unflatten(list(ys)), elem.unflatten(list(cts))
     result = fold_map(lambda a: call_d(prim.monoid, c, a, g), elem.unflatten(list(xs)))
     from fold.pytree import tree_flatten

@@ -122,6 +122,10 @@ class Writer:
         # jvp's value beside its tangent) is read from that name, not computed twice
         self._texts: dict[str, tuple[str, list]] = {}
 
+    def _open(self, block: list) -> bool:
+        """Whether `block` is still being written (a name assigned in it is in scope here)."""
+        return any(b is block for b in self.blocks)
+
     def fresh(self, prefix: str = "t") -> str:
         return f"{prefix}{next(self._names)}"
 
@@ -132,7 +136,7 @@ class Writer:
         pure = prefix in ("t", "e") and _pure(expr)
         if pure:
             found = self._texts.get(expr)
-            if found is not None and any(block is found[1] for block in self.blocks):
+            if found is not None and self._open(found[1]):
                 return found[0]
         name = self.fresh(prefix)
         self.emit(Assign(name, expr))
@@ -187,7 +191,7 @@ class Writer:
             return f"{value.name}[{', '.join(index)}]" if value.shape else f"{value.name}[0]"
         key = (id(value), tuple(index))
         found = self._elements.get(key)
-        if found is not None and any(block is found[1] for block in self.blocks):
+        if found is not None and self._open(found[1]):
             return found[0]
         expr = value.element(self, tuple(index))
         name = expr if expr.isidentifier() else self.assign(expr, "e")
