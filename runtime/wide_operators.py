@@ -18,9 +18,29 @@ import fold
 from fold.errors import FoldError
 from fold.ir import Lit, Program
 from fold.primitives import Elementwise
+from fold.recognize import recognize_binary_op
 from fold.tracing import Tracer, bind
 
 WIDE = np.dtype(np.float64)
+
+# Recognised operators that return one of their operands: carried as they are, there is nothing to round.
+SELECTING = ("maximum", "minimum")
+
+
+def carry_for(op: str | None, dtypes) -> tuple[np.dtype, ...] | None:
+    """The dtypes a fold of leaves of these dtypes carries under this operator (recognised name, or None for
+    a user's): float64 for each float32 leaf, unless the operator selects; None when nothing widens."""
+    if op in SELECTING or not any(np.dtype(d) == np.float32 for d in dtypes):
+        return None
+    return tuple(WIDE if np.dtype(d) == np.float32 else np.dtype(d) for d in dtypes)
+
+
+def carried_operator(body: Program, num_consts: int, dtypes) -> tuple[Program, tuple[np.dtype, ...] | None]:
+    """(the operator a fold of leaves of these dtypes (scalar components) runs, the dtypes it carries):
+    widened for float32 leaves (carry_for, widened_operator), else `body` as it is and None."""
+    carry = carry_for(recognize_binary_op(body, num_consts), dtypes)
+    wide = None if carry is None else widened_operator(body)
+    return (body, None) if wide is None else (wide, carry)
 
 
 def widened_operator(body: Program) -> Program | None:

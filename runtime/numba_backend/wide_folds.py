@@ -33,7 +33,7 @@ from fold.primitives import Convert
 from fold.recognize import recognize_binary_op
 
 from .codegen import compile_scalar_program
-from ..wide_operators import WIDE, widened_operator  # noqa: F401 (shared with the numpy backend)
+from ..wide_operators import WIDE, SELECTING, carried_operator, carry_for, widened_operator  # noqa: F401 (shared with the numpy backend and the loop nests)
 
 
 
@@ -48,24 +48,6 @@ def reduce_widens(reduce_prim) -> bool:
     return len(leaves) == 2 and widens(recognize_binary_op(reduce_prim.body, reduce_prim.num_consts), leaves[0].aval.dtype)
 
 
-# Recognised operators that return one of their operands: carried as they are, there is nothing to round.
-SELECTING = ("maximum", "minimum")
-
-
-def carry_for(op: str | None, dtypes) -> tuple[np.dtype, ...] | None:
-    """The `carry` of a kernel folding leaves of these dtypes with this operator (recognised name, or None
-    for a user's): float64 for each float32 leaf, unless the operator selects; None when nothing widens."""
-    if op in SELECTING or not any(np.dtype(d) == np.float32 for d in dtypes):
-        return None
-    return tuple(WIDE if np.dtype(d) == np.float32 else np.dtype(d) for d in dtypes)
-
-
-def carried_operator(body: Program, num_consts: int, dtypes) -> tuple[Program, tuple[np.dtype, ...] | None]:
-    """(the operator a kernel folds leaves of these dtypes (scalar components) with, the kernel's `carry`):
-    widened for float32 leaves (carry_for, widened_operator), else `body` as it is and None."""
-    carry = carry_for(recognize_binary_op(body, num_consts), dtypes)
-    wide = None if carry is None else widened_operator(body)
-    return (body, None) if wide is None else (wide, carry)
 
 
 def fused_fold(reduce_prim, dtype: np.dtype) -> tuple[Callable, bool, tuple[np.dtype, ...] | None]:

@@ -17,14 +17,13 @@ from fold.primitives import Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
-from ..wide_operators import WIDE, widened_operator
+from ..wide_operators import SELECTING, WIDE, widened_operator
 from .accumulation import chain_dtype, reduce_dtype
 from .batching import concat_broadcast, expand_for_body, fit_axis, take_axis
 
 Leaves = list[np.ndarray]
 Combine = Callable[[Leaves, Leaves], Leaves]
 
-SELECTING = ("maximum", "minimum")  # operators returning one of their operands: nothing to round
 _UFUNCS = {"add": np.add, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum, "logaddexp": np.logaddexp}
 
 # Switched off by benchmarks and tests that exercise the generic tree algorithms.
