@@ -34,7 +34,7 @@ def kernel_calls(monkeypatch):
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(cpu, name, counted)
-    run_prepared = cpu.MapReduce.__call__  # map_reduce runs one; fusion.py keeps one per statement
+    run_prepared = cpu.MapReduce.__call__  # map_reduce runs one; elementwise_fusion.py keeps one per statement
 
     def counted_prepared(self, *args, **kwargs):
         calls["map_reduce"] = calls.get("map_reduce", 0) + 1

@@ -574,7 +574,7 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
             w.emit(Assign(acc, r))
 
     commutative = prim.monoid is not None and prim.monoid.commutative
-    folds = (_lane_fold(w, prim, consts, accs, identities, dtypes),) if commutative else ()
+    folds = (lane_fold(w, prim.body, consts, accs, identities, dtypes),) if commutative else ()
     w.loop(xs[0].shape[0], step, folds)
     return [Scalar(a, d) for a, d in zip(accs, dtypes)]
 
@@ -619,13 +619,13 @@ def _lane_merge(w: Writer, acc: str, identity: str, operator: str) -> LaneFold:
     return LaneFold((acc,), (identity,), (left,), (right,), merge, tuple(results))
 
 
-def _lane_fold(w: Writer, prim: Reduce, consts, accs: list[str], identities: list[str], dtypes) -> LaneFold:
+def lane_fold(w: Writer, operator: Program, consts, accs: list[str], identities: list[str], dtypes) -> LaneFold:
     """The fold's operator written once apart, on two states named here, for a backend that folds in lanes."""
     left, right = [w.fresh("l") for _ in accs], [w.fresh("r") for _ in accs]
 
     def combine() -> list[str]:
         states = [Scalar(n, d) for n, d in zip(left + right, dtypes + dtypes)]
-        return [w.assign(w.element(c, ())) for c in w.body(prim.body, list(consts) + states)]
+        return [w.assign(w.element(c, ())) for c in w.body(operator, list(consts) + states)]
 
     merge, results = w.written_apart(combine)
     return LaneFold(tuple(accs), tuple(identities), tuple(left), tuple(right), merge, tuple(results))

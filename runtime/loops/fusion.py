@@ -9,6 +9,8 @@ of a map of a reduce) becomes a loop nest, with its consumer when it has one tha
   captured value): a parallel fold whose state is one row;
 - otherwise the map alone: a parallel map writing its rows.
 
+A map of scalars that a reduce folds (`reduce(op, map(f, xs))`) is a parallel fold of the body's results too.
+
 Inside, maps, reduces, sums, matrix products and elementwise statements at any depth are loops of the nest
 (build.py). A statement the nest cannot write leaves the group as it was. `LoopNest` keeps the statements it
 replaced as a program of its own, which the numpy implementation runs: a backend may always decline.
@@ -27,7 +29,8 @@ from fold.pytree import tree_flatten
 from fold.primitives import Map, MatMul, Reduce, Scan, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
-from .build import NotNestable, Scalar, Stored, Writer, map_row, nestable, store_rows
+from ..wide_operators import carried_operator
+from .build import NotNestable, Scalar, Stored, Writer, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
 
@@ -62,15 +65,23 @@ def _statement_count(program: Program) -> int:
     return sum(1 + sum(_statement_count(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
-def _candidate(stmt: Let) -> bool:
-    """A map the nest takes: one whose body nests a map and folds somewhere (a map of scalar maps and nothing
-    else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental
-    functions several elements per vector instruction, which a nest's scalar statements do not), or one whose
-    body is long."""
+def _candidate(stmt: Let, folded: bool) -> bool:
+    """A map the nest takes: one whose body nests a map and folds somewhere, one whose body is long, or
+    (`folded`: a reduce folds its results) one of scalars. A map of scalar maps and nothing else is
+    elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
+    several elements per vector instruction and fuse with their neighbours; read by a reduce, the nest's
+    outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
-            and ((_nests_a_map(body) and _folds(body)) or _statement_count(body) > LONG_BODY)
+            and ((_nests_a_map(body) and _folds(body)) or _statement_count(body) > LONG_BODY
+                 or (folded and _of_scalars(body)))
             and nestable(body) is None)
+
+
+def _of_scalars(body: Program) -> bool:
+    """Whether the body's inputs and every value it makes are scalars."""
+    return all(v.aval.shape == () for v in body.inputs) and all(
+        o.aval.shape == () for s in body.stmts for o in s.outs)
 
 
 def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
@@ -123,10 +134,11 @@ def _fuse(program: Program) -> Program:
     for stmt in program.stmts:
         if id(stmt) in absorbed:
             continue
-        if not _candidate(stmt):
+        consumers = _consumers(stmt, readers, uses) if isinstance(stmt.prim, Map) else None
+        if not _candidate(stmt, consumers is not None and isinstance(consumers[0].prim, Reduce)):
             stmts.append(stmt)
             continue
-        consumers = _consumers(stmt, readers, uses) or []
+        consumers = consumers or []
         if not consumers and any(isinstance(r.prim, Scan) for r in all_readers.get(id(stmt), ())):
             # a scan's producer is left to the scan's fusion (numba_backend/scan_fusion.py), which reads its
             # rows as it scans: the nest has no scan rule yet, and would store them
@@ -256,21 +268,26 @@ def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs:
     values = [w.value(a, env) for a in reader.args[: nc + k]]
     consts, identity, leaves = values[:nc], values[nc:], reader.args[nc + k:]
     by_var = dict(zip(map_stmt.outs, rows, strict=True))
-    dtypes = [a.aval.dtype for a in reader.outs]
+    # float32 folds carried in float64 and rounded once, as the backends' other folds (wide_operators.py)
+    operator, carried = carried_operator(red.body, nc, [a.aval.dtype for a in reader.outs])
+    dtypes = list(carried or [a.aval.dtype for a in reader.outs])
     states = tuple(State(w.fresh("state"), (), d, out) for d, out in zip(dtypes, outputs, strict=True))
     elements = [by_var[v] for v in leaves]
-    _combine(w, red.body, consts, states, elements)
+    _combine(w, operator, consts, states, elements)
     step = tuple(w.blocks.pop())
     init_parts: list = []
     w.blocks.append(init_parts)
-    for s, e in zip(states, identity, strict=True):
-        w.emit(Assign(s.name, w.element(e, ())))
+    identities = [f"np.{s.dtype.name}({w.element(e, ())})" for s, e in zip(states, identity, strict=True)]
+    for s, e in zip(states, identities, strict=True):
+        w.emit(Assign(s.name, e))
     w.blocks.pop()
     merge_parts = []
     w.blocks.append(merge_parts)
-    _combine(w, red.body, consts, states, [Scalar(f"partial_{s.name}[chunk]", s.dtype) for s in states])
+    _combine(w, operator, consts, states, [Scalar(f"partial_{s.name}[chunk]", s.dtype) for s in states])
     w.blocks.pop()
-    return ParallelFold(index, n, states, tuple(init_parts), step, tuple(merge_parts))
+    commutative = red.monoid is not None and red.monoid.commutative
+    folds = (lane_fold(w, operator, consts, [s.name for s in states], identities, dtypes),) if commutative else ()
+    return ParallelFold(index, n, states, tuple(init_parts), step, tuple(merge_parts), folds=folds)
 
 
 def _combine(w: Writer, body: Program, consts, states, elements) -> None:

@@ -45,7 +45,7 @@ class LaneFold:
 @dataclass(frozen=True)
 class Loop:
     index: str
-    extent: int
+    extent: int | str  # a static trip count, or (only where a backend writes the loop) the text of one
     body: tuple
     folds: tuple[LaneFold, ...] = ()  # the commutative folds whose accumulators the body updates
 
@@ -111,7 +111,8 @@ class State:
 class ParallelFold:
     """The folds of an element per index: `init` sets every state to the identity, `step` folds in the
     element at `index`, `merge` folds in the states of chunk `chunk` (named `partial` + state name), in order,
-    so a non-commutative operator sees its operands in order."""
+    so a non-commutative operator sees its operands in order. `folds`: the states folded by a commutative
+    operator, which a backend may fold in lanes within a chunk as it does an inner Loop's (LaneFold)."""
 
     index: str
     extent: int
@@ -121,6 +122,7 @@ class ParallelFold:
     merge: tuple
     chunk: str = "chunk"
     partial: str = "partial_"
+    folds: tuple[LaneFold, ...] = ()
 
 
 Outer = Union[ParallelMap, ParallelFold]

@@ -45,7 +45,7 @@ def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
     """The kernel's module text, and the functions in it to compile with their options."""
     params = [p.name for p in kernel.inputs] + [p.name for p in kernel.outputs] + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):"]
-    laned = _with_lanes(kernel.outer)
+    laned, whole_chunk = _with_lanes(kernel.outer)
     outer, parts = _in_parts(laned, params)
     # every buffer is allocated once per chunk: those of the outlined parts too, passed to them
     if isinstance(outer, ParallelMap):
@@ -53,7 +53,7 @@ def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
                   *_allocations(laned.body, 8), f"        for {outer.index} in range(lo, hi):",
                   *_nodes(outer.body, 12, hoisted=True)]
     else:
-        lines += _fold_lines(outer, laned.step)
+        lines += _fold_lines(outer, laned.step, whole_chunk)
     return "\n".join([
         f"# scalar helpers {file_digest(scalar_helpers)}",
         "import math",
@@ -84,25 +84,33 @@ def _in_parts(outer, params: list[str]):
             else replace(outer, step=body)), parts
 
 
-def _with_lanes(outer):
-    """The traversal with its innermost loops run in lanes where that pays (nest_lanes)."""
+def _with_lanes(outer) -> tuple[Any, bool]:
+    """The traversal with its innermost loops run in lanes where that pays (nest_lanes), and whether its step
+    is now a fold's whole chunk (its chunk's loop run in lanes, nest_lanes.chunk_in_lanes)."""
     if isinstance(outer, ParallelMap):
-        return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body))
+        return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body)), False
     # the states are read after the traversal: they count as read outside any loop of the step
-    outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.step + outer.merge)
-    return replace(outer, step=nest_lanes.in_lanes(outer.step, outside))
+    outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge)
+    chunk = nest_lanes.chunk_in_lanes(outer, outside)
+    if chunk is not None:
+        return replace(outer, step=chunk), True
+    return replace(outer, step=nest_lanes.in_lanes(outer.step, outside + reads(outer.step))), False
 
 
-def _fold_lines(fold: ParallelFold, allocated: tuple) -> list[str]:
-    """The fold's lines; `allocated`: the step whose buffers are allocated per chunk (before outlining)."""
+def _fold_lines(fold: ParallelFold, allocated: tuple, whole_chunk: bool) -> list[str]:
+    """The fold's lines; `allocated`: the step whose buffers are allocated per chunk (before outlining);
+    `whole_chunk`: the step folds the chunk's indices itself."""
     lines = []
     for s in fold.states:
         shape = (s.shape or (1,)) if s.stored else ()
         lines.append(f"    {fold.partial}{s.name} = np.empty((chunks, {', '.join(map(str, shape))}), np.{s.dtype.name})")
     lines += [f"    for {fold.chunk} in prange(chunks):", *_chunk_bounds(fold.chunk, fold.extent)]
     lines += _nodes(fold.init, 8) + _allocations(allocated, 8)
-    lines.append(f"        for {fold.index} in range(lo, hi):")
-    lines += _nodes(fold.step, 12, hoisted=True)
+    if whole_chunk:
+        lines += _nodes(fold.step, 8, hoisted=True)
+    else:
+        lines.append(f"        for {fold.index} in range(lo, hi):")
+        lines += _nodes(fold.step, 12, hoisted=True)
     for s in fold.states:
         lines.append(f"        {fold.partial}{s.name}[{fold.chunk}] = {s.name}")
     lines += _nodes(fold.init, 4)

@@ -10,9 +10,9 @@ from fold.runtime.loops import fuse_loop_nests
 from .elementwise_fusion import fuse_elementwise
 from .first_extremes import has_first_extremes, mark_first_extremes
 from .fold_producers import private_fold_producers
-from .fusion import fuse
 from .gather_fusion import absorb_gathers
 from .gemm_backward_fusion import fuse_gemm_backward
+from .histogram_fusion import fuse_histograms
 from .lowering import COMPILE_FROM
 from .one_hots import sparse_one_hots
 from .product_fold_fusion import fuse_product_folds
@@ -27,9 +27,10 @@ _prepared: "weakref.WeakKeyDictionary[Program, dict[bool, Program]]" = weakref.W
 
 
 def prepare(program: Program, whole_arrays: bool = False) -> Program:
-    """The program with the backend's fusions applied to its top level (a gemm_map_reduce with its vjp's
-    block sum, one-hot vectors of map bodies read as index and value, scan pairs read by a map, scans
-    with the maps that make their elements and read their results, maps read by a reduce, maps of scalar maps
+    """The program with the backend's fusions applied to its top level (loop nests: maps of maps, and maps
+    folded by a reduce; a gemm_map_reduce with its vjp's block sum, one-hot vectors of map bodies read as index
+    and value, scan pairs read by a map, scans with the maps that make their elements and read their results,
+    maps read by a histogram, maps of scalar maps
     as elementwise statements, scaled matrix products as products of a scaled operand, folds with private
     copies of the cheap values they read, repeated views merged, runs of elementwise statements; in a map body,
     matrix-vector products folded by one kernel); memoised, since gemm block
@@ -42,7 +43,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
         program = fuse_loop_nests(program) if whole_arrays and loop_nests_on() else program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         program = sparse_one_hots(program)
-        staged = hoist_scales(unnest_maps(fuse(fuse_map_scans(fuse_scan_pairs(program)))))
+        staged = hoist_scales(unnest_maps(fuse_histograms(fuse_map_scans(fuse_scan_pairs(program)))))
         found = _whole_array_fusions(staged) if whole_arrays else _body_fusions(staged)
         # a program no pass changed is not stored as its own value: the entry would keep its key alive
         per_program[whole_arrays] = _UNCHANGED if found is given else found
