@@ -47,3 +47,29 @@ def test_the_dask_model_splits_one_workers_task_compute_and_keeps_the_rest_of_it
     assert abs(model["predicted_2_workers_s"] - (2.0 + 5.0 + LATENCY + 1e6 / BANDWIDTH)) < 1e-12
     assert abs(model["curve"][8] - (2.0 + 10.0 / 8 + 3 * (LATENCY + 1e6 / BANDWIDTH))) < 1e-12
     assert model["measured_2_workers_s"] == 7.5
+
+
+def test_the_ab_digest_tells_a_changed_program_from_the_same_one(monkeypatch):
+    """bench_ab calls a slower reading noise only where both trees ran the same programs: its digest must
+    differ when the numba backend prepares the same traced program differently (a fold of a map as a loop
+    nest, or as the older passes leave it), and agree when it prepares it the same way again."""
+    pytest.importorskip("numba")
+    from benchmarks.bench_ab import case_names, digest_of
+    from fold.runtime.numba_backend import passes
+
+    x = np.linspace(0.0, 1.0, 1000)
+
+    def prepared():  # a new function each time: a new Program, which prepare has not seen
+        return passes.prepare(fold.trace(lambda x: fold.reduce(fold.monoids.sum, fold.map(lambda v: v * v, x)), x),
+                              whole_arrays=True)
+
+    first, again = prepared(), prepared()
+    assert first is not again and [s.prim.name for s in first.stmts] == ["loop_nest"]
+    nested = digest_of([first])
+    assert len(nested) == 16 and digest_of([again]) == nested
+    monkeypatch.setattr(passes, "loop_nests_on", lambda: False)
+    unnested = prepared()
+    assert [s.prim.name for s in unnested.stmts] == ["map", "reduce"]
+    assert digest_of([unnested]) != nested
+    kinds = {case.split(":")[0] for case, _ in case_names()}
+    assert kinds == {"numba", "ad", "gemm", "natural", "flat"}
