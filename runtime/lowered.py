@@ -43,7 +43,7 @@ def lowered(f: Callable[..., Any], *args: Any, backend: str = "numba") -> Lowere
     elif backend == "cuda":
         from .loops import fuse_loop_nests
 
-        program = fuse_loop_nests(program)  # what CudaProgram runs (cuda_backend/backend.py)
+        program = fuse_loop_nests(program, folds_of_scalar_maps=False)  # what CudaProgram runs (cuda_backend/backend.py)
     elif backend != "numpy":
         raise ValueError(f"fold.lowered: backend must be 'numba', 'cuda' or 'numpy', got {backend!r}")
     nests = tuple(describe(kernel_of(s.prim)) for s in program.stmts if isinstance(s.prim, LoopNest))

@@ -581,3 +581,14 @@ def test_a_record_monoid_of_a_map_folds_all_its_leaves_in_tiles():
     assert len(kernel.outer.states) == 2 and kernel.outer.folds
     assert _sources(f, x, w).count("__tile = np.empty") == 2
     _close(*_both(f, x, w), 1e-12)
+
+
+def test_the_cuda_backend_keeps_a_fold_of_a_map_of_scalars_as_two_statements():
+    """The cuda backend's reduce kernel reads grid-stride (coalesced); a nest's fold would give each thread a
+    run of consecutive elements. So there the map and the reduce stay apart, while a map of maps still nests."""
+    x, y = rng.normal(size=300), rng.normal(size=300)
+    f = _flat(M.sum, lambda a, b: a * b)
+    assert [s.prim.name for s in fold.lowered(f, x, y, backend="cuda").program.stmts] == ["map", "reduce"]
+    assert [s.prim.name for s in fold.lowered(f, x, y).program.stmts] == ["loop_nest"]
+    C, P = rng.normal(size=(4, 3)), rng.normal(size=(50, 3))
+    assert [s.prim.name for s in fold.lowered(kmeans_cost, C, P, backend="cuda").program.stmts] == ["loop_nest"]

@@ -97,7 +97,10 @@ class CudaProgram:
     `on_device` returns device arrays instead. Each call copies its NumPy inputs to the device once."""
 
     def __init__(self, program: Program):
-        self.program = fuse_loop_nests(program)  # maps of maps and their folds as loop nests (loop_nests.py)
+        # maps of maps and their folds as loop nests (loop_nests.py). A reduce of a map of scalars stays two
+        # statements: the nest's fold gives each thread a run of consecutive elements (a warp's reads are not
+        # coalesced) and merges the runs on one thread, where the reduce kernel reads grid-stride (issue 40)
+        self.program = fuse_loop_nests(program, folds_of_scalar_maps=False)
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         return device.on_host(self.on_device(args))

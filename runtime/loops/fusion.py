@@ -104,23 +104,27 @@ def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
     return None
 
 
-def fuse_loop_nests(program: Program) -> Program:
-    """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised."""
-    found = _fused.get(program)
+def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True) -> Program:
+    """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised.
+    `folds_of_scalar_maps`: whether a reduce of a map of scalars becomes a nest too (a backend's choice: one
+    whose nest folds are slower than its own reduce kernel keeps the two statements)."""
+    memo = _fused[folds_of_scalar_maps]
+    found = memo.get(program)
     if found is None:
-        found = _fuse(program)
+        found = _fuse(program, folds_of_scalar_maps)
         # an unchanged program is not stored as its own value: the entry would keep its key alive
-        _fused[program] = _UNCHANGED if found is program else found
+        memo[program] = _UNCHANGED if found is program else found
     return program if found is _UNCHANGED else found
 
 
 _UNCHANGED = object()
 
 
-_fused: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictionary()
+_fused: "dict[bool, weakref.WeakKeyDictionary[Program, Program]]" = {
+    True: weakref.WeakKeyDictionary(), False: weakref.WeakKeyDictionary()}
 
 
-def _fuse(program: Program) -> Program:
+def _fuse(program: Program, folds_of_scalar_maps: bool) -> Program:
     uses = use_counts(program)
     readers = {a: s for s in program.stmts for a in s.args if isinstance(a, Var)}
     produced_by = {v: s for s in program.stmts for v in s.outs}
@@ -135,7 +139,8 @@ def _fuse(program: Program) -> Program:
         if id(stmt) in absorbed:
             continue
         consumers = _consumers(stmt, readers, uses) if isinstance(stmt.prim, Map) else None
-        if not _candidate(stmt, consumers is not None and isinstance(consumers[0].prim, Reduce)):
+        folded = folds_of_scalar_maps and consumers is not None and isinstance(consumers[0].prim, Reduce)
+        if not _candidate(stmt, folded):
             stmts.append(stmt)
             continue
         consumers = consumers or []
