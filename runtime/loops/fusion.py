@@ -282,7 +282,8 @@ def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs:
     step = tuple(w.blocks.pop())
     init_parts: list = []
     w.blocks.append(init_parts)
-    identities = [f"np.{s.dtype.name}({w.element(e, ())})" for s, e in zip(states, identity, strict=True)]
+    identities = [w.element(e, ()) if e.dtype == s.dtype else f"np.{s.dtype.name}({w.element(e, ())})"
+                  for s, e in zip(states, identity, strict=True)]  # a carried state starts in its own dtype
     for s, e in zip(states, identities, strict=True):
         w.emit(Assign(s.name, e))
     w.blocks.pop()
