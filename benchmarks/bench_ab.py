@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="ab")
     args = parser.parse_args(argv)
     pairs = [(c, m) for c, m in case_names() if not args.only or any(s in c for s in args.only)]
+    if not pairs:
+        parser.error(f"no case name contains any of {args.only}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="fold_ab_") as scratch:
         scratch_path = Path(scratch)

@@ -592,3 +592,20 @@ def test_the_cuda_backend_keeps_a_fold_of_a_map_of_scalars_as_two_statements():
     assert [s.prim.name for s in fold.lowered(f, x, y).program.stmts] == ["loop_nest"]
     C, P = rng.normal(size=(4, 3)), rng.normal(size=(50, 3))
     assert [s.prim.name for s in fold.lowered(kmeans_cost, C, P, backend="cuda").program.stmts] == ["loop_nest"]
+
+
+@pytest.mark.parametrize("monoid", ["sum", "max", "logaddexp"])
+def test_a_fold_of_a_map_in_tiles_or_lanes_compiled_in_parts_gives_the_same_results(monoid, monkeypatch):
+    """A chunk run in tiles or lanes (the whole chunk as the fold's step) and longer than nest_parts.WHOLE is
+    compiled in parts like any other step: the accumulators' copies cross the parts' boundaries."""
+    from fold.runtime.numba_backend import nest_parts
+    from fold.runtime.numba_backend.loop_nests import kernel_source
+
+    monkeypatch.setattr(nest_parts, "WHOLE", 12)
+    monkeypatch.setattr(nest_parts, "PART", 10)
+    f = _flat(getattr(M, monoid), lambda a, b: fold.exp(0.1 * a) * b - a * a + 0.5 * b if monoid == "logaddexp"
+              else (a - b) * (a + b) * 0.5 + a * b - b)
+    x, y = rng.normal(size=1001), rng.normal(size=1001)
+    (source,) = [kernel_source(k) for k in _nests(f, x, y)[1]]
+    assert "def part" in source and ("__tile" in source or "__g in range(i__c__n" in source), source
+    _close(*_both(f, x, y), 1e-12)

@@ -60,6 +60,7 @@ def events(node) -> Iterator[tuple[str, str]]:
         yield from (("read", n) for part in (*node.index, node.expr) for n in names(part))
     elif isinstance(node, (Loop, If)):
         if isinstance(node, Loop):
+            yield from (("read", n) for n in names(str(node.extent)))  # a trip count written as text reads names
             yield "write", node.index
         else:
             yield from (("read", n) for n in names(node.cond))

@@ -3,7 +3,7 @@ mapper: the mapped values are never stored.
 
 `fuse_histograms(program)` rewrites the top level of a program; `FusedMapHistogram` is internal to the
 backend (its numpy implementation runs the two statements it replaced, so declining is always possible). A
-reduce of a map is a loop nest (runtime/loops), on every backend.
+reduce of a map is a loop nest on this backend (runtime/loops).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from fold.runtime.numpy_impl.control import _map as batched_map
 from .captured_operands import capture_problem, carrying, carrying_args, same_for_every_fold
 from .codegen import compile_problem, compile_scalar_program, is_scalar_program
 from .compile_clock import compile_seconds_so_far
-from .wide_folds import carried_operator, wide_add, widen, widens
+from ..wide_operators import carried_operator
+from .wide_folds import wide_add, widen, widens
 
 numba_impls = RuleTable("numba backend")
 _warned: set[tuple[str, str, str]] = set()

@@ -30,7 +30,8 @@ from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_problem, compile_scalar_program
 from .lowering import (_allocate, _identity, _split, components_of, decline, numba_impls, reference_until_hot,
                        run_kernel, worth_compiling)
-from .wide_folds import carried_operator, rounding_inputs, widened_operator
+from ..wide_operators import carried_operator, widened_operator
+from .wide_folds import rounding_inputs
 
 
 @dataclass(frozen=True, eq=False)

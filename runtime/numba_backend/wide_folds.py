@@ -33,8 +33,7 @@ from fold.primitives import Convert
 from fold.recognize import recognize_binary_op
 
 from .codegen import compile_scalar_program
-from ..wide_operators import WIDE, SELECTING, carried_operator, carry_for, widened_operator  # noqa: F401 (shared with the numpy backend and the loop nests)
-
+from ..wide_operators import WIDE, carried_operator
 
 
 def widens(op: str | None, dtype: np.dtype) -> bool:
@@ -46,8 +45,6 @@ def reduce_widens(reduce_prim) -> bool:
     """widens() for a Reduce statement: its recognised operator and its (one) leaf's dtype."""
     leaves = reduce_prim.body.inputs[reduce_prim.num_consts:]
     return len(leaves) == 2 and widens(recognize_binary_op(reduce_prim.body, reduce_prim.num_consts), leaves[0].aval.dtype)
-
-
 
 
 def fused_fold(reduce_prim, dtype: np.dtype) -> tuple[Callable, bool, tuple[np.dtype, ...] | None]:

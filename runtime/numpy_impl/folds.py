@@ -17,7 +17,7 @@ from fold.primitives import Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
-from ..wide_operators import SELECTING, WIDE, widened_operator
+from ..wide_operators import WIDE, carried_operator
 from .accumulation import chain_dtype, reduce_dtype
 from .batching import concat_broadcast, expand_for_body, fit_axis, take_axis
 
@@ -61,10 +61,8 @@ def _carried(prim, consts: Leaves, identity: Leaves, xs: Leaves):
     affine scan's pairs, came out hundreds of ulp from the exact fold, and a * b + b 4 ulp, where the
     numba backend (which carries these folds in float64, runtime/numba_backend/wide_folds.py) was within
     half an ulp. Carried in float64 and rounded once, both are (tests/test_float32_accuracy.py)."""
-    if not any(np.asarray(x).dtype == np.float32 for x in xs) or recognize_binary_op(prim.body, prim.num_consts) in SELECTING:
-        return None
-    body = widened_operator(prim.body)
-    if body is None:
+    body, carry = carried_operator(prim.body, prim.num_consts, [np.asarray(x).dtype for x in xs])
+    if carry is None:
         return None
     wide = lambda vs: [v.astype(WIDE) if np.asarray(v).dtype == np.float32 else v for v in map(np.asarray, vs)]  # noqa: E731
     return body, wide(consts), wide(identity), wide(xs)
