@@ -212,11 +212,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", action="append", default=[], help="keep cases whose name contains this (repeatable)")
+    parser.add_argument("--mode", action="append", default=[], help="keep only this mode (repeatable)")
     parser.add_argument("--out", default="ab")
     args = parser.parse_args(argv)
-    pairs = [(c, m) for c, m in case_names() if not args.only or any(s in c for s in args.only)]
+    pairs = [(c, m) for c, m in case_names() if (not args.only or any(s in c for s in args.only))
+             and (not args.mode or m in args.mode)]
     if not pairs:
-        parser.error(f"no case name contains any of {args.only}")
+        parser.error(f"no case matches --only {args.only} and --mode {args.mode}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="fold_ab_") as scratch:
         scratch_path = Path(scratch)
