@@ -341,3 +341,32 @@ def test_histogram_with_ties_keeps_the_first_maximum_of_each_bin():
                        [cuda.to_device(values), cuda.to_device(index)], workers=7)
     expected = python_histogram(py(first_max), (-np.inf, -1), 6, indices, [values, index])
     np.testing.assert_array_equal(got[1].copy_to_host(), expected[1])
+
+
+def test_folds_own_launches_silence_only_numbas_low_occupancy_warning():
+    """A small input's grid is small by design: on a GPU, Numba's "Grid size 1 will likely result in GPU
+    under-utilization" (fewer than 128 blocks) raised as an error in a test's warnings filter and made the
+    loop nests decline. The simulator never warns, so a kernel stand-in raises it with Numba's exact text."""
+    import warnings
+
+    from numba.core.errors import NumbaPerformanceWarning
+
+    from fold.kernels.cuda.host import start
+
+    class Kernel:
+        def __getitem__(self, grid):
+            self.grid = grid
+            return self.run
+
+        def run(self, *args):
+            self.args = args
+            warnings.warn(NumbaPerformanceWarning("\x1b[1mGrid size 1 will likely result in GPU under-utilization "
+                                                  "due to low occupancy.\x1b[0m"))
+            warnings.warn("a kernel's own warning", RuntimeWarning)
+
+    kernel = Kernel()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="a kernel's own warning"):
+            start(kernel, 1, 32, "a", 2)
+    assert kernel.grid == (1, 32) and kernel.args == ("a", 2) and not seen

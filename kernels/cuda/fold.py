@@ -72,7 +72,7 @@ def grid_totals(combine: Callable, ident: tuple, leaves: list, n: int, shape: ho
     kernel = compile_kernel(key, lambda: source(dtypes, shape), {"combine": combine})
     tiles = shape.blocks(n)
     totals = host.empty(blocks, dtypes)
-    kernel[blocks, shape.threads](*leaves, *ident, n, -(-tiles // blocks), *totals)
+    host.start(kernel, blocks, shape.threads, *leaves, *ident, n, -(-tiles // blocks), *totals)
     return totals
 
 
@@ -140,7 +140,7 @@ def block_totals(combine: Callable, ident: tuple, leaves: list, n: int, shape: h
     kernel = compile_kernel(key, lambda: _block_totals_source(dtypes, shape, reverse, flip), {"combine": combine})
     blocks = shape.blocks(n)
     totals = host.empty(blocks, dtypes)
-    kernel[blocks, shape.threads](*leaves, *ident, n, *totals)
+    host.start(kernel, blocks, shape.threads, *leaves, *ident, n, *totals)
     return totals
 
 

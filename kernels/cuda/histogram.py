@@ -52,10 +52,10 @@ def histogram(combine: Callable, k: int, identity: Sequence[Any], n_bins: int, i
 
 def _atomic_add(indices, values, n: int, out, shape: host.Launch) -> None:
     zero = compile_kernel(("fill",), lambda: _FILL_SOURCE, {})
-    zero[shape.blocks(out.shape[0]), shape.threads](out, out.dtype.type(0))
+    host.start(zero, shape.blocks(out.shape[0]), shape.threads, out, out.dtype.type(0))
     if n:
         add = compile_kernel(("atomic_add",), lambda: _ATOMIC_ADD_SOURCE, {})
-        add[shape.blocks(n), shape.threads](indices, values, n, out)
+        host.start(add, shape.blocks(n), shape.threads, indices, values, n, out)
 
 
 def _private_histograms(combine: Callable, ident: tuple, indices, leaves: list, n: int, outs: list,
@@ -68,9 +68,9 @@ def _private_histograms(combine: Callable, ident: tuple, indices, leaves: list, 
     private = [cuda.device_array((workers, n_bins), d) for d in dtypes]
     k = len(dtypes)
     fill = compile_kernel(("private_fold", combine, dtypes), lambda: _private_source(k), {"combine": combine})
-    fill[-(-workers // shape.threads), shape.threads](indices, *leaves, *ident, n, chunk, *private)
+    host.start(fill, -(-workers // shape.threads), shape.threads, indices, *leaves, *ident, n, chunk, *private)
     merge = compile_kernel(("merge_private", combine, dtypes), lambda: _merge_source(k), {"combine": combine})
-    merge[shape.blocks(n_bins), shape.threads](*private, *outs)
+    host.start(merge, shape.blocks(n_bins), shape.threads, *private, *outs)
 
 
 _FILL_SOURCE = """def kernel(out, value):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -54,6 +55,18 @@ def launch(threads: int | None, items: int | None, dtypes: Sequence[np.dtype] = 
         raise ValueError(f"threads={threads} blocks of {element}-byte elements need {threads * element} bytes of "
                          f"shared memory, more than {SHARED_BYTES}: pass fewer threads")
     return Launch(int(threads), int(items))
+
+
+# Numba warns of a grid under 128 blocks (the text starts with a terminal's bold code, hence the leading .*)
+_LOW_OCCUPANCY = r".*Grid size \d+ will likely result in GPU under-utilization"
+
+
+def start(kernel: Any, blocks: int, threads: int, *args: Any) -> None:
+    """`kernel[blocks, threads](*args)`. A small input's grid is small by design (a merge is one block), so
+    Numba's low-occupancy warning is silenced for fold's own launches; a user's kernels still get it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_LOW_OCCUPANCY)
+        kernel[blocks, threads](*args)
 
 
 def is_int(x: Any) -> bool:

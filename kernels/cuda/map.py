@@ -29,7 +29,7 @@ def map(mapper: Callable, inputs: Sequence[Any], out_dtypes: Sequence[np.dtype],
         m, c, r = len(inputs), len(consts), len(dtypes)
         key = ("map", mapper, m, c, dtypes)
         kernel = compile_kernel(key, lambda: _map_source(m, c, r), {"mapper": mapper})
-        kernel[shape.blocks(n), shape.threads](*host.to_device(inputs), *consts, n, *outs)
+        host.start(kernel, shape.blocks(n), shape.threads, *host.to_device(inputs), *consts, n, *outs)
     return host.returned(outs, on_host)
 
 

@@ -45,7 +45,7 @@ def _scan_into(combine: Callable, ident: tuple, leaves: list, n: int, outs: list
     key = ("block_scan", combine, dtypes, shape, exclusive, reverse, flip)
     kernel = compile_kernel(key, lambda: _block_scan_source(dtypes, shape, exclusive, reverse, flip),
                             {"combine": combine})
-    kernel[blocks, shape.threads](*leaves, *ident, n, *prefixes, *outs)
+    host.start(kernel, blocks, shape.threads, *leaves, *ident, n, *prefixes, *outs)
 
 
 def _block_scan_source(dtypes: tuple, shape: host.Launch, exclusive: bool, reverse: bool, flip: bool) -> str:

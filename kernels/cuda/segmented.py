@@ -26,7 +26,7 @@ def segmented_reduce(combine: Callable, k: int, identity: Sequence[Any], leaves:
     if rows:
         key = ("segmented_reduce", combine, a.dtypes, threads)
         kernel = compile_kernel(key, lambda: _segmented_source(a.dtypes, threads), {"combine": combine})
-        kernel[rows, threads](*host.to_device(a.leaves), *a.ident, length, *outs)
+        host.start(kernel, rows, threads, *host.to_device(a.leaves), *a.ident, length, *outs)
     return host.returned(outs, a.on_host)
 
 
@@ -41,7 +41,7 @@ def segmented_scan(combine: Callable, k: int, identity: Sequence[Any], leaves: S
         flags = (bool(exclusive), bool(reverse))
         key = ("segmented_scan", combine, a.dtypes, threads, flags)
         kernel = compile_kernel(key, lambda: _segmented_scan_source(a.dtypes, threads, *flags), {"combine": combine})
-        kernel[rows, threads](*host.to_device(a.leaves), *a.ident, length, *outs)
+        host.start(kernel, rows, threads, *host.to_device(a.leaves), *a.ident, length, *outs)
     return host.returned(outs, a.on_host)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fold.kernels.cuda.codegen import compile_kernel
-from fold.kernels.cuda.host import SIMULATED
+from fold.kernels.cuda.host import SIMULATED, start
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
 from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap, State
 from fold.runtime.loops.text import allocations, shape_text, statement_lines
@@ -172,12 +172,12 @@ def _run(prim: LoopNest, kernel: Kernel, args: list) -> list:
     outer = kernel.outer
     if isinstance(outer, ParallelMap):
         outs = [device.empty(p.shape, p.dtype) for p in kernel.outputs]
-        main[_blocks(outer.extent), THREADS](*inputs, *[device.for_kernel(o) for o in outs])
+        start(main, _blocks(outer.extent), THREADS, *inputs, *[device.for_kernel(o) for o in outs])
         return [device.adopt(o) for o in outs]
     chunks = chunks_for(outer)
     partials = [device.empty((chunks,) + tuple(s.shape or (1,)) if s.stored else (chunks,), s.dtype)
                 for s in outer.states]
-    main[_blocks(chunks), THREADS](*inputs, *[device.for_kernel(p) for p in partials], chunks)
+    start(main, _blocks(chunks), THREADS, *inputs, *[device.for_kernel(p) for p in partials], chunks)
     flat = [device.empty((max(1, math.prod(p.shape)),), p.dtype) for p in kernel.outputs]
-    merge[1, 1](*[device.for_kernel(p) for p in partials], *[device.for_kernel(o) for o in flat], chunks)
+    start(merge, 1, 1, *[device.for_kernel(p) for p in partials], *[device.for_kernel(o) for o in flat], chunks)
     return [device.reshape(device.adopt(o), tuple(p.shape)) for o, p in zip(flat, kernel.outputs, strict=True)]
