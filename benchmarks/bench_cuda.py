@@ -18,8 +18,10 @@ Cases (each from one run, the GPU named in the JSON):
   each record has the host<->device copies of one call (`transfers`, counted by
   fold.runtime.cuda_backend.counting_transfers) and the time of the call on NumPy inputs returning NumPy
   (`fold_seconds_numpy_io`).
-- `fold_attention`: gemm_map_reduce attention (M = N = 4096, F = D = 64, float32) on the cuda backend,
-  forward and gradient, against torch's scaled_dot_product_attention.
+- `attention_<M>_*`, `cross_entropy_<V>_*`: gemm_map_reduce on the cuda backend (gemm_cases: attention at
+  M = N = 4096 and 16384 against torch's scaled_dot_product_attention, cross-entropy over 131072 classes
+  against torch's F.cross_entropy), forward and forward+backward, time and working memory (the bytes held
+  at once beyond the inputs: CuPy's pool for fold, torch's allocator for torch).
 
 GPU times are medians of wall-clock time around a call followed by a device synchronisation, after a
 warm-up call (so compilation is excluded).
@@ -42,8 +44,13 @@ from .common import RESULTS_DIR, machine, plot_ratios, write_json
 
 # The targets of issue 40, as ratios of fold's time to the reference's (attention at 4096: within 3x of SDPA).
 TARGETS = {"kernel_reduce_sum": 1.3, "kernel_scan_affine": 1.0, "fold_pairwise_reduce": 1.0,
-           "fold_pairwise_grad": 1.0, "fold_affine_scan_grad": 1.0, "fold_attention_forward": 3.0,
-           "fold_attention_forward_backward": 3.0}
+           "fold_pairwise_grad": 1.0, "fold_affine_scan_grad": 1.0, "attention_4096_forward": 3.0,
+           "attention_4096_forward_backward": 3.0, "attention_16384_forward": 1.0,
+           "attention_16384_forward_backward": 1.0, "cross_entropy_131072_forward": 1.0,
+           "cross_entropy_131072_forward_backward": 1.25}
+
+
+GROUPS = ("kernels", "fold", "nest", "gemm")
 
 
 def _sync() -> None:
@@ -229,42 +236,129 @@ def nest_cases(points: int, repeats: int) -> list[dict]:
     return records
 
 
-def attention_cases(size: int, repeats: int) -> list[dict]:
+def working_bytes(fn: Callable[[], Any]) -> int | None:
+    """The most bytes fn() held at once in CuPy's memory pool beyond what was allocated before it (every CuPy
+    array: the blocks, cuBLAS's products; not the Numba kernels' own outputs, rows of M values), after a
+    device synchronisation; None without CuPy."""
+    cupy = _cupy()
+    if cupy is None or simulated():
+        return None
+
+    class Peak(cupy.cuda.MemoryHook):
+        name = "fold_peak"
+
+        def __init__(self) -> None:
+            self.now = self.peak = 0
+
+        def malloc_postprocess(self, **kwargs: Any) -> None:
+            self.now += kwargs["mem_size"]
+            self.peak = max(self.peak, self.now)
+
+        def free_postprocess(self, **kwargs: Any) -> None:
+            self.now -= kwargs["mem_size"]
+
+    hook = Peak()
+    with hook:
+        fn()
+        _sync()
+    return hook.peak
+
+
+def _torch_working_bytes(fn: Callable[[], Any]) -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def _on_device(arrays: list) -> list:
+    from fold.runtime.cuda_backend import device
+
+    return [device.to_device(a) for a in arrays]
+
+
+def gemm_cases(sizes: tuple[int, ...], vocabulary: tuple[int, int, int], repeats: int) -> list[dict]:
+    """gemm_map_reduce on the cuda backend, inputs on the device and results left there: attention (F = D =
+    64, float32) at each M = N of `sizes` against torch's scaled_dot_product_attention; cross-entropy of
+    (M, D) features against a vocabulary of V classes (`vocabulary` = (M, V, D)) against torch's
+    F.cross_entropy of the materialised logits. Forward, and forward+backward (fold's vjp program, which
+    runs the forward in it), with the bytes each holds at once beyond its inputs (`*_working_bytes`)."""
     import fold
-    from examples.gemm_layers import attention
+    from examples.gemm_layers import attention, cross_entropy
 
     rng = np.random.default_rng(2)
-    Q, K, V = (rng.normal(size=(size, 64)).astype(np.float32) for _ in range(3))
-    G = rng.normal(size=(size, 64)).astype(np.float32)
-    forward = fold.jit(attention, backend="cuda")
-    backward = fold.jit(lambda Q, K, V: fold.vjp(attention, Q, K, V)[1](G), backend="cuda")
-    fwd = gpu_seconds(lambda: forward(Q, K, V), repeats)
-    bwd = gpu_seconds(lambda: backward(Q, K, V), repeats)
-    records = [{"case": "fold_attention_forward", "M": size, "dtype": "float32", "fold_seconds": fwd},
-               {"case": "fold_attention_forward_backward", "M": size, "dtype": "float32", "fold_seconds": bwd}]
-    try:
-        import torch
-        import torch.nn.functional as F
+    programs = []
+    for size in sizes:
+        Q, K, V, G = (rng.normal(size=(size, 64)).astype(np.float32) for _ in range(4))
+        programs.append((f"attention_{size}", {"M": size, "N": size, "F": 64, "D": 64}, attention, (Q, K, V), G))
+    m, v, d = vocabulary
+    P, C = (rng.normal(size=(n, d)).astype(np.float32) / np.float32(np.sqrt(d)) for n in (m, v))
+    targets, g = rng.integers(0, v, m), rng.normal(size=m).astype(np.float32)
+    programs.append((f"cross_entropy_{v}", {"M": m, "V": v, "D": d},
+                     lambda P, C, t: cross_entropy(P, C, t), (P, C, targets), g))
+    records = []
+    for name, shape, f, args, cotangent in programs:
+        differentiable = args[:3] if name.startswith("attention") else args[:2]
+        rest = args[len(differentiable):]
+        grad = (lambda f, rest: lambda *a: fold.vjp(lambda *x: f(*x, *rest), *a[:-1])[1](a[-1]))(f, rest)
+        for mode, program, inputs in (("forward", f, args), ("forward_backward", grad, differentiable + (cotangent,))):
+            run = fold.jit(program, backend="cuda", results="device")
+            on_device = _on_device(list(inputs))
+            record = {"case": f"{name}_{mode}", **shape, "dtype": "float32",
+                      "fold_seconds": gpu_seconds(lambda: run(*on_device), repeats),
+                      "fold_working_bytes": working_bytes(lambda: run(*on_device)),
+                      "inputs_bytes": int(sum(a.nbytes for a in inputs))}
+            records.append(record)
+        try:
+            records[-2:] = _torch_columns(name, args, cotangent, records[-2:], repeats)
+        except Exception as err:  # noqa: BLE001 - torch is an optional column
+            for record in records[-2:]:
+                record["reference_error"] = f"{type(err).__name__}: {err}"[:200]
+    return records
 
-        torch.backends.cuda.matmul.allow_tf32 = False
-        tq, tk, tv = (torch.tensor(a, device="cuda", requires_grad=True)[None, None] for a in (Q, K, V))
-        tg = torch.tensor(G, device="cuda")[None, None]
 
-        def torch_forward():
+def _torch_columns(name: str, args: tuple, cotangent: np.ndarray, records: list[dict], repeats: int) -> list[dict]:
+    """torch's time and working bytes for the same forward and forward+backward (TF32 off)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if name.startswith("attention"):
+        tq, tk, tv = (torch.tensor(a, device="cuda", requires_grad=True)[None, None] for a in args)
+        tg = torch.tensor(cotangent, device="cuda")[None, None]
+        reference = "torch scaled_dot_product_attention"
+
+        def forward():
             with torch.no_grad():
                 F.scaled_dot_product_attention(tq, tk, tv)
 
-        def torch_backward():
+        def backward():
             out = F.scaled_dot_product_attention(tq, tk, tv)
             torch.autograd.grad(out, (tq, tk, tv), tg)
+    else:
+        P, C, targets = args
+        tp, tc = (torch.tensor(a, device="cuda", requires_grad=True) for a in (P, C))
+        tt, tg = torch.tensor(targets, device="cuda"), torch.tensor(cotangent, device="cuda")
+        reference = "torch F.cross_entropy of P @ C.T (materialised logits)"
 
-        for record, fn in zip(records, (torch_forward, torch_backward), strict=True):
-            seconds = gpu_seconds(fn, repeats)
-            record.update(reference="torch scaled_dot_product_attention", reference_seconds=seconds,
-                          ratio=record["fold_seconds"] / seconds)
-    except Exception as err:  # noqa: BLE001 - torch is an optional column
-        for record in records:
-            record["reference_error"] = f"{type(err).__name__}: {err}"[:200]
+        def forward():
+            with torch.no_grad():
+                F.cross_entropy(tp @ tc.T, tt, reduction="none")
+
+        def backward():
+            out = F.cross_entropy(tp @ tc.T, tt, reduction="none")
+            torch.autograd.grad(out, (tp, tc), tg)
+
+    for record, fn in zip(records, (forward, backward), strict=True):
+        seconds = gpu_seconds(fn, repeats)
+        record.update(reference=reference, reference_seconds=seconds, ratio=record["fold_seconds"] / seconds,
+                      reference_working_bytes=_torch_working_bytes(fn))
+        if record["fold_working_bytes"] is not None:
+            record["memory_ratio"] = record["fold_working_bytes"] / max(record["reference_working_bytes"], 1)
     return records
 
 
@@ -274,18 +368,22 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     parser.add_argument("--plot", type=Path, help="only plot this results file (no GPU needed)")
+    parser.add_argument("--only", nargs="+", choices=GROUPS, help="run these groups of cases only")
     args = parser.parse_args(argv)
     if args.plot:
         return plot(args.plot)
-    big, medium, attention_size = (10**5, 10**4, 256) if args.quick else (10**8, 10**7, 4096)
+    big, medium, sizes, vocabulary = ((10**5, 10**4, (256,), (256, 4096, 64)) if args.quick else
+                                      (10**8, 10**7, (4096, 16384), (8192, 131072, 1024)))
     if simulated():  # every simulated thread is a Python thread: a smoke test of the code paths only
-        big, medium, attention_size = 1000, 300, 16
+        big, medium, sizes, vocabulary = 1000, 300, (16,), (8, 40, 4)
     bandwidth = copy_bandwidth(min(big * 8, 2 * 10**9), args.repeats)
     records: list[dict] = []
     for name, run in (("kernels", lambda: kernel_cases(big, args.repeats, bandwidth)),
                       ("fold", lambda: fold_cases(medium, args.repeats)),
                       ("nest", lambda: nest_cases(medium // 10, args.repeats)),
-                      ("attention", lambda: attention_cases(attention_size, args.repeats))):
+                      ("gemm", lambda: gemm_cases(sizes, vocabulary, args.repeats))):
+        if args.only and name not in args.only:
+            continue
         start = time.perf_counter()
         try:
             records += run()
@@ -299,9 +397,10 @@ def main(argv: list[str] | None = None) -> Path:
             r.update(target=TARGETS[r["case"]], passed=r["ratio"] <= TARGETS[r["case"]])
     gpu = gpu_name()
     payload = {"machine": {**machine(), "gpu": gpu, "copy_bandwidth_bytes_per_second": bandwidth},
-               "quick": args.quick, "records": records}
+               "quick": args.quick, "groups": list(args.only or GROUPS), "records": records}
     slug = gpu.lower().replace("nvidia", "").strip().replace(" ", "_")
-    path = write_json(args.out / f"cuda_{slug}{'_quick' if args.quick else ''}.json", payload)
+    suffix = ("_quick" if args.quick else "") + ("_" + "_".join(args.only) if args.only else "")
+    path = write_json(args.out / f"cuda_{slug}{suffix}.json", payload)
     plot(path)
     return path
 
@@ -313,6 +412,8 @@ def plot(json_path: Path) -> Path | None:
 
     payload = json.loads(Path(json_path).read_text())
     records = [{**r, "name": r["case"]} for r in payload["records"] if "ratio" in r]
+    if not records:
+        return None  # no reference ran (the simulator, without torch): nothing to plot
     for r in records:
         if r.get("case") in TARGETS:
             r.update(target=TARGETS[r["case"]], passed=r["ratio"] <= TARGETS[r["case"]])

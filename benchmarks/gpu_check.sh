@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a real GPU, in one run of a few minutes (the device tool's machine, or any CUDA box):
-# the cuda tests with NUMBA_ENABLE_CUDASIM=0, then benchmarks/bench_cuda.py. Logs and results go to $OUT
+# the cuda tests with NUMBA_ENABLE_CUDASIM=0, then benchmarks/bench_cuda.py and gpu_profile_gemm.py. Logs and results go to $OUT
 # (the device tool's folder that comes back) or ./gpu_check_out.
 #
 # The device image has NumPy 2.5 beside numba-cuda 0.30.4, which cannot compile with it; a NumPy 2.4 wheel in
@@ -30,8 +30,11 @@ fi
 python3 -c "from importlib.metadata import version as v; import numpy; print('numpy', numpy.__version__, *(f'{d} {v(d)}' for d in ('numba', 'numba-cuda', 'cupy-cuda13x')))" | tee -a "$OUT/gpu.txt"
 
 echo "== cuda tests on the GPU"
-timeout ${TEST_SECONDS:-240} python3 -m pytest tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_residency.py tests/test_cuda_ptx.py tests/test_cuda_loop_nests.py \
+timeout ${TEST_SECONDS:-240} python3 -m pytest tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_residency.py tests/test_cuda_ptx.py tests/test_cuda_loop_nests.py tests/test_cuda_gemm.py \
   -p no:cacheprovider -q -n 8 --tb=short -W ignore::numba.core.errors.NumbaPerformanceWarning 2>&1 | tee "$OUT/cuda_tests.log" | tail -40
 
 echo "== bench_cuda"
 timeout ${BENCH_SECONDS:-240} python3 -m benchmarks.bench_cuda --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.log" | tail -30
+
+echo "== where gemm_map_reduce's time goes (benchmarks/gpu_profile_gemm.py)"
+timeout ${PROFILE_SECONDS:-150} python3 -m benchmarks.gpu_profile_gemm 2>&1 | tee "$OUT/profile_gemm.log" | tail -8

@@ -370,3 +370,4 @@ def test_folds_own_launches_silence_only_numbas_low_occupancy_warning():
         with pytest.raises(RuntimeWarning, match="a kernel's own warning"):
             start(kernel, 1, 32, "a", 2)
     assert kernel.grid == (1, 32) and kernel.args == ("a", 2) and not seen
+

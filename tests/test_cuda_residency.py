@@ -54,13 +54,16 @@ def test_results_left_on_the_device_and_device_arguments_are_not_copied():
         np.testing.assert_allclose(value, expected, rtol=1e-12)
 
 
-@pytest.mark.parametrize("between", ["structural", "elementwise"])
-def test_a_statement_not_lowered_copies_its_inputs_to_the_host_and_its_results_back(between):
-    """s[::-1] runs on the host (structural statements are not on the device yet): one array each way.
-    `0.5 * s` runs on the device with CuPy's ufuncs on a GPU (no copy) and on the host on the simulator,
-    where there is no CuPy (one array each way): on an H200 the simulator's count was wrong by one each way."""
+@pytest.mark.parametrize("between", ["structural", "elementwise", "product", "gather"])
+def test_statements_between_kernels_stay_on_the_device_unless_they_need_the_host(between):
+    """s[::-1], 0.5 * s and a matrix product run on the device (their NumPy calls take device arrays: CuPy on a
+    GPU): the input is copied in and the result out, nothing between. A gather (an index array) still runs
+    on the host: its input is copied there and its result back, one array each way."""
     x = rng.uniform(-0.001, 0.001, 300)
-    middle = {"structural": lambda s: s[::-1], "elementwise": lambda s: 0.5 * s}[between]
+    w = rng.uniform(-1.0, 1.0, (300, 300))
+    order = rng.permutation(300)
+    middle = {"structural": lambda s: s[::-1], "elementwise": lambda s: 0.5 * s, "product": lambda s: w @ s,
+              "gather": lambda s: s[order]}[between]
 
     def f(x):
         s = fold.scan(grow, x, identity=0.0)
@@ -69,12 +72,13 @@ def test_a_statement_not_lowered_copies_its_inputs_to_the_host_and_its_results_b
     with counting_transfers() as copies:
         got = fold.jit(f, backend="cuda")(x)
     np.testing.assert_allclose(got, fold.jit(f, backend="numpy")(x), rtol=1e-12)
-    on_host = between == "structural" or device._cupy() is None
-    if on_host:
+    extra = {"structural": 0, "elementwise": 0, "product": 1, "gather": 1}[between]  # the product's w: a constant
+    if between == "gather":
         assert (copies.to_device, copies.to_host) == (2, 2), copies
         assert copies.bytes_to_host == x.nbytes + 8 and copies.bytes_to_device == 2 * x.nbytes, copies
     else:
-        assert (copies.to_device, copies.to_host) == (1, 1), copies
+        assert (copies.to_device, copies.to_host) == (1 + extra, 1), copies
+        assert copies.bytes_to_device == x.nbytes + extra * w.nbytes and copies.bytes_to_host == 8, copies
 
 
 def test_a_gradient_whose_statements_are_all_lowered_copies_only_its_input():
@@ -98,11 +102,17 @@ def test_an_output_that_is_an_argument_is_a_copy_on_the_device():
 
 @pytest.mark.skipif(device._cupy() is not None, reason="the simulator's device arrays: CuPy's refuse NumPy by themselves")
 def test_simulated_device_arrays_refuse_numpy():
-    """What makes the counts honest on the simulator: NumPy cannot read a device array behind our back."""
+    """What makes the counts honest on the simulator: NumPy cannot read a device array behind our back, nor
+    mix one with a host array."""
     x = device.to_device(np.ones(3))
-    for read in (np.asarray, lambda a: np.add(a, 1.0), lambda a: np.concatenate([a, a])):
+    for read in (np.asarray, lambda a: np.add(a, np.ones(3)), lambda a: np.concatenate([a, np.ones(3)]),
+                 lambda a: np.array(a)):
         with pytest.raises(TypeError):
             read(x)
+    # NumPy's calls on device arrays alone compute on the device (as CuPy's arrays make them do)
+    for on_device in (np.add(x, 1.0), np.concatenate([x, x]), np.transpose(x), x @ x, np.sum(x)):
+        assert device.is_device(on_device) or np.ndim(on_device) == 0
+    np.testing.assert_array_equal(device.to_host(np.concatenate([x, x + 1.0])), [1, 1, 1, 2, 2, 2])
 
 
 def test_the_results_option_is_checked():

@@ -23,6 +23,7 @@ from .. import numpy_impl  # noqa: F401  (the reference implementations it falls
 from ..interpreter import eval_program, lowering
 from ..loops import fuse_loop_nests
 from . import device
+from . import gemm  # noqa: F401  (registers gemm_map_reduce's rules)
 from . import loop_nests  # noqa: F401  (registers the loop nest's rule)
 from .lowering import cuda_impls
 

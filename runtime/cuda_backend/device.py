@@ -13,9 +13,13 @@ Every copy a program's values make between the host and the device goes through 
 which add to the `Transfers` of each `counting_transfers()` block open on this thread. Scalars that a kernel
 takes as arguments (an identity, a captured scalar) are kernel arguments, not copies, and are not counted.
 
+A statement that the numpy implementation runs as NumPy calls (a transpose, a matrix product, a map's
+batched body) can run on device arrays directly: NumPy hands a CuPy array to CuPy (its `__array_ufunc__`
+and `__array_function__`), and the simulator's arrays do the same with NumPy underneath, refusing, as CuPy
+does, a host array among the operands.
+
 Exercised only on a real GPU (the simulator takes the other branch of each): the CuPy branches of
-`to_device`, `to_host`, `for_kernel`, `adopt`, `reshape`, `astype`, `stack_last`, `broadcast_to`, `copy`,
-and all of `elementwise` (CuPy's ufuncs on device arrays).
+`to_device`, `to_host`, `for_kernel`, `adopt`, `reshape`, `astype`, `stack_last`, `broadcast_to`, `copy`.
 """
 
 from __future__ import annotations
@@ -88,10 +92,13 @@ def _cupy() -> Any:
 if SIMULATED:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
-    class SimulatedDeviceArray(FakeCUDAArray):
-        """The simulator's device array, made to refuse implicit conversion to NumPy (as CuPy's arrays do):
-        NumPy would otherwise read it through the `__array_interface__` it forwards, and a statement
-        running on the host would copy it without the copy being counted."""
+    from numpy.lib.mixins import NDArrayOperatorsMixin
+
+    class SimulatedDeviceArray(NDArrayOperatorsMixin, FakeCUDAArray):
+        """The simulator's device array, made to behave as CuPy's arrays do: it refuses implicit conversion
+        to NumPy (NumPy would otherwise read it through the `__array_interface__` it forwards, and a statement
+        running on the host would copy it without the copy being counted), and NumPy's calls and Python's
+        operators on it compute a device array."""
 
         def __init__(self, ary: np.ndarray):
             super().__init__(ary)
@@ -101,8 +108,15 @@ if SIMULATED:
                             "fold.runtime.cuda_backend.device.to_host")
 
         __array__ = _refuse
-        __array_function__ = _refuse
-        __array_ufunc__ = None  # NumPy's ufuncs raise TypeError on it
+
+        def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+            """NumPy's ufuncs on device operands run "on the device", as CuPy's __array_ufunc__ does; a host
+            array among the operands is refused, as CuPy refuses it."""
+            return _simulated(getattr(ufunc, method)(*_unwrapped(inputs), **_unwrapped(kwargs)))
+
+        def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+            """NumPy's functions (np.transpose, np.sum, ...) on device arrays, as CuPy's __array_function__."""
+            return _simulated(func(*_unwrapped(args), **_unwrapped(kwargs)))
 
         @property
         def __array_interface__(self) -> Any:
@@ -113,7 +127,19 @@ if SIMULATED:
             self._refuse()
 
         def __getitem__(self, idx: Any) -> Any:
-            return _simulated(self._ary[idx])
+            return _simulated(self._ary[_unwrapped(idx)])
+
+        def __setitem__(self, idx: Any, value: Any) -> None:
+            self._ary[_unwrapped(idx)] = _unwrapped(value)
+
+        def __getattr__(self, name: str) -> Any:
+            """An ndarray's other attributes and methods (x.flags, x.swapaxes(...)), their arrays on the device."""
+            if name.startswith("__") or name == "_ary":
+                raise AttributeError(name)
+            found = getattr(self._ary, name)
+            if callable(found):
+                return lambda *args, **kwargs: _simulated(found(*_unwrapped(args), **_unwrapped(kwargs)))
+            return _simulated(found)
 
         def reshape(self, *args: Any, **kwargs: Any) -> "SimulatedDeviceArray":
             return _simulated(self._ary.reshape(*args, **kwargs))
@@ -125,7 +151,24 @@ if SIMULATED:
             return f"SimulatedDeviceArray(shape={self._ary.shape}, dtype={self._ary.dtype})"
 
     def _simulated(ary: Any) -> Any:
+        """NumPy's results as device arrays (a scalar stays a scalar, as CuPy's 0-d arrays are not)."""
+        if isinstance(ary, (tuple, list)):
+            return type(ary)(_simulated(a) for a in ary)
         return SimulatedDeviceArray(ary) if isinstance(ary, np.ndarray) else ary
+
+    def _unwrapped(values: Any) -> Any:
+        """The NumPy arrays behind device arrays, in nested tuples, lists and dicts; a host array with
+        dimensions is refused (CuPy refuses to mix one with its arrays)."""
+        if isinstance(values, FakeCUDAArray):
+            return values._ary
+        if isinstance(values, np.ndarray) and values.ndim:
+            raise TypeError(f"a host array of shape {values.shape} among a device computation's operands: "
+                            f"copy it with fold.runtime.cuda_backend.device.to_device")
+        if isinstance(values, (tuple, list)):
+            return type(values)(_unwrapped(v) for v in values)
+        if isinstance(values, dict):
+            return {k: _unwrapped(v) for k, v in values.items()}
+        return values
 
 
 def is_device(x: Any) -> bool:
@@ -172,6 +215,28 @@ def empty(shape: tuple, dtype: np.dtype) -> Any:
         return SimulatedDeviceArray(np.empty(shape, dtype))
     cupy = _cupy()
     return cupy.empty(shape, dtype) if cupy is not None else cuda.device_array(shape, dtype)
+
+
+def zeros(shape: tuple, dtype: np.dtype) -> Any:
+    """A device array of zeros."""
+    if SIMULATED:
+        return SimulatedDeviceArray(np.zeros(shape, dtype))
+    cupy = _cupy()
+    if cupy is not None:
+        return cupy.zeros(shape, dtype)
+    out = cuda.device_array(shape, dtype)
+    out.copy_to_device(np.zeros(shape, dtype))
+    return out
+
+
+def arange(n: int, dtype: np.dtype) -> Any:
+    """0, 1, ..., n - 1 made on the device."""
+    if SIMULATED:
+        return SimulatedDeviceArray(np.arange(n, dtype=dtype))
+    return _require_cupy("counting on the device").arange(n, dtype=dtype)
+
+
+asarray = to_device  # the name array code uses (`arrays.asarray`) for "this value where my arrays are"
 
 
 def on_device(values: Sequence[Any]) -> list:
@@ -251,29 +316,28 @@ def _require_cupy(what: str) -> Any:
     return cupy
 
 
-# The Elementwise ops as CuPy ufuncs (CuPy names them as NumPy does); sigmoid is composed.
-_CUPY_NAMES = {
-    "add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide", "pow": "power", "mod": "mod",
-    "floordiv": "floor_divide", "maximum": "maximum", "minimum": "minimum", "logaddexp": "logaddexp",
-    "neg": "negative", "abs": "abs", "sign": "sign", "exp": "exp", "log": "log", "log1p": "log1p",
-    "expm1": "expm1", "sin": "sin", "cos": "cos", "tanh": "tanh", "sqrt": "sqrt", "lt": "less",
-    "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal", "ne": "not_equal",
-    "and": "logical_and", "or": "logical_or", "not": "logical_not", "where": "where",
-}
+def _as_operand(host: Any, deepest: int) -> Any:
+    """A host operand of a device computation: one element as a NumPy scalar (no copy; broadcasting it gives
+    the shape it would give where it has no more dimensions than the deepest device operand), else copied."""
+    if np.size(host) == 1 and np.ndim(host) <= deepest:
+        return np.asarray(host).reshape(())[()]
+    return to_device(host)
 
 
 def elementwise(op: str, values: Sequence[Any]) -> Any | None:
-    """The scalar operation `op` applied by CuPy on the device (NumPy's broadcasting), where at least one
-    operand is a CuPy array; None where CuPy is absent (the simulator: the statement runs on the host, its
-    copies counted). Host operands of one element are passed as NumPy scalars (no copy); larger ones are
-    copied (counted). Exercised only on a real GPU with CuPy."""
-    cupy = _cupy()
-    if cupy is None or not any(isinstance(v, cupy.ndarray) for v in values):
+    """The scalar operation `op` on the device, where at least one operand is a device array: NumPy's
+    function for it (runtime/numpy_impl/elementwise.py's table), which hands device operands to CuPy (its
+    __array_ufunc__ and __array_function__) or to the simulator's arrays. Host operands of one element are
+    passed as NumPy scalars (no copy, `_as_operand`); larger ones are copied (counted). None where no operand
+    is on the device."""
+    from ..numpy_impl.elementwise import NUMPY_SCALAR_FNS
+
+    if not any(is_device(v) for v in values):
         return None
-    operands = [v if isinstance(v, cupy.ndarray) else (np.asarray(v)[()] if np.size(v) == 1 and np.ndim(v) == 0
-                                                        else to_device(v)) for v in values]
+    deepest = max(v.ndim for v in values if is_device(v))
+    operands = [v if is_device(v) else _as_operand(v, deepest) for v in values]
     if op == "sigmoid":
         (x,) = operands
-        return (1.0 / (1.0 + cupy.exp(-x))).astype(x.dtype, copy=False)
-    name = _CUPY_NAMES.get(op)
-    return None if name is None else getattr(cupy, name)(*operands)
+        with np.errstate(over="ignore"):  # exp(-x) overflows to inf for very negative x: the limit 0, rightly
+            return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype, copy=False)
+    return NUMPY_SCALAR_FNS[op](*operands)

@@ -35,6 +35,9 @@ from .device_functions import device_function
 from .residency import resident, small_arguments_on_host
 
 cuda_impls = RuleTable("cuda backend", default=resident(None))
+# A map's scalar kernel takes its captured values as scalar arguments: of those on the device (read on the
+# host, counted), at most this many; a block of a gemm's column data is not copied back to be scalars
+CAPTURED_SCALARS = 8
 
 
 def _decline(prim, reason: str) -> None:
@@ -167,16 +170,19 @@ def _reduce_by_index(prim: ReduceByIndex, args: list, depth: int):
 
 @cuda_impls.register(Map)
 @resident
-@small_arguments_on_host(lambda prim: prim.num_consts)
 def _map(prim: Map, args: list, depth: int):
     """A map at the top level whose body is written as a scalar function: one thread per row, captured
-    values passed to every thread as scalars. Another body runs batched (silently, as elementwise code does)."""
+    values passed to every thread as scalars (a few read from the device). Another body, or one capturing
+    more device values, runs batched on the device values (silently, as elementwise code does)."""
     consts, xs = args[: prim.num_consts], args[prim.num_consts:]
     if depth or not xs or not prim.body.stmts:
         return None  # a map inside a map runs batched, as a whole; a body without statements only passes values on
+    if sum(int(np.prod(c.shape)) for c in consts if device.is_device(c)) > CAPTURED_SCALARS:
+        return None  # runs batched on the device: the kernel would take these as scalars, read on the host
     mapper, _ = device_function(prim.body)
     if mapper is None:
         return None  # the body runs batched, as on numpy, with the folds inside it lowered where they can be
+    consts = device.on_host(consts)
     shapes = [v.aval.shape for v in prim.body.inputs[prim.num_consts:]]
     out_avals = list(prim.body.out_avals)
     out_dtypes = [a.dtype for a in out_avals for _ in range(a.size)]

@@ -3,9 +3,10 @@ says so, else on the host, its device inputs copied there and its results copied
 device.py). Every statement of a program passes through `resident` (the cuda rule table's default), so none
 reads a device array as a NumPy one.
 
-On a real GPU with CuPy, an elementwise statement runs on the device with CuPy's ufuncs instead
-(device.elementwise): no copies. Under the simulator that path returns None and the statement runs on the
-host, counted; so the simulator's counts are an upper bound of a GPU's.
+An elementwise statement runs on the device instead (device.elementwise: CuPy's ufuncs on a GPU), and so
+does a statement of ON_DEVICE, whose numpy implementation is NumPy calls that device arrays take over
+(device.py): a map's batched body, the structural statements, matrix products (cuBLAS through CuPy) and
+sums. None of them copies; their host operands are copied to the device first (counted).
 """
 
 from __future__ import annotations
@@ -13,10 +14,16 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from fold.primitives import Elementwise
+from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Map, MatMul, Reshape, StaticIndex,
+                             StopGradient, SumAxes, Transpose)
 
 from ..interpreter import numpy_impls
 from . import device
+
+# The statements whose numpy implementation runs on device arrays as it is (NumPy calls and array methods
+# only: no np.asarray, no host array made inside)
+ON_DEVICE = frozenset({Map, Transpose, Reshape, BroadcastTo, StaticIndex, Concatenate, MatMul, SumAxes, Convert,
+                       StopGradient})
 
 
 def resident(rule: Callable | None) -> Callable:
@@ -30,15 +37,15 @@ def resident(rule: Callable | None) -> Callable:
 
 def on_host(prim, values: list, depth: int) -> list:
     """The numpy implementation of the statement: directly where no value is on the device (a body that the
-    numpy implementation runs batched), else on host copies of its inputs, its results copied back; an
-    elementwise statement on CuPy's ufuncs instead where CuPy is (a real GPU only)."""
+    numpy implementation runs batched), on the device for an elementwise statement or one of ON_DEVICE, else
+    on host copies of its inputs, its results copied back."""
     impl = numpy_impls.lookup(prim)
     if not any(device.is_device(v) for v in values):
         return impl(prim, values, depth)
     if isinstance(prim, Elementwise):
-        out = device.elementwise(prim.op, values)
-        if out is not None:
-            return [out]
+        return [device.elementwise(prim.op, values)]
+    if type(prim) in ON_DEVICE:
+        return impl(prim, device.on_device(values), depth)
     return device.on_device(impl(prim, device.on_host(values), depth))
 
 

@@ -8,6 +8,7 @@ intermediates are alive at a time.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable
 
 import numpy as np
@@ -26,10 +27,11 @@ def block_grid(m: int, n: int, block: tuple[int, int]):
         yield i0, min(i0 + bi, m), [(j0, min(j0 + bj, n)) for j0 in range(0, n, bj)]
 
 
-def per_row(prim, args: list, depth: int, at_top_level: Callable[[object, list], list]) -> list:
+def per_row(prim, args: list, depth: int, at_top_level: Callable[[object, list], list], arrays: ModuleType = np) -> list:
     """A statement inside `depth` maps, run at the top level once per row of the maps: its values have
     `depth` leading batch dimensions, each full or 1. The heads of a multi-head attention are one block walk
-    each, as they would be in a Python loop; there is no batched block walk."""
+    each, as they would be in a Python loop; there is no batched block walk. `arrays` makes the new arrays
+    (`zeros`, `asarray`): NumPy, or the cuda backend's device module."""
     batch = np.broadcast_shapes(*[a.shape[:depth] for a in args])
 
     def row(index: tuple) -> list:
@@ -38,8 +40,8 @@ def per_row(prim, args: list, depth: int, at_top_level: Callable[[object, list],
     results = [at_top_level(prim, row(index)) for index in np.ndindex(*batch)]
     if not results:  # no rows: empty outputs of the shapes one row would have
         avals = shape_rules.lookup(prim)(prim, *[ShapedArray(tuple(a.shape[depth:]), a.dtype) for a in args])
-        return [np.zeros(batch + tuple(v.shape), v.dtype) for v in avals]
-    return [np.stack([np.asarray(r[k]) for r in results]).reshape(batch + np.shape(results[0][k]))
+        return [arrays.zeros(batch + tuple(v.shape), v.dtype) for v in avals]
+    return [np.stack([arrays.asarray(r[k]) for r in results]).reshape(batch + tuple(results[0][k].shape))
             for k in range(len(results[0]))]
 
 
@@ -47,12 +49,15 @@ BlockRunner = Callable[[object, list], list]  # (block program, its inputs) -> i
 
 
 @numpy_impls.register(GemmMapReduce)
-def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
+def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = eval_program,
+          arrays: ModuleType = np) -> list:
+    """`arrays` makes the totals (`empty`, `zeros`, `asarray`): NumPy, or the cuda backend's device module."""
     if depth:
-        return per_row(prim, args, depth, lambda p, row: _gemm(p, row, 0, run_block))
+        return per_row(prim, args, depth, lambda p, row: _gemm(p, row, 0, run_block, arrays), arrays)
     consts, identity, rows, cols = split_gemm_args(prim, args)
+    identity = [arrays.asarray(e) for e in identity]  # where the totals are
     m, n = rows[0].shape[0], cols[0].shape[0]
-    totals = empty_totals(identity, m)
+    totals = empty_totals(identity, m, arrays)
     for i0, i1, col_blocks in block_grid(m, n, prim.block):
         row_blk = [r[i0:i1] for r in rows]
         fold_row_block(prim, identity, totals, slice(i0, i1), col_blocks, lambda j0, j1: run_block(
@@ -60,9 +65,9 @@ def _gemm(prim: GemmMapReduce, args: list, depth: int, run_block: BlockRunner = 
     return totals
 
 
-def empty_totals(identity: list, m: int) -> list[np.ndarray]:
+def empty_totals(identity: list, m: int, arrays: ModuleType = np) -> list[np.ndarray]:
     """The row totals of a gemm_map_reduce, to be written row block by row block."""
-    return [np.empty((m,) + np.shape(e), np.asarray(e).dtype) for e in identity]
+    return [arrays.empty((m,) + tuple(e.shape), e.dtype) for e in map(arrays.asarray, identity)]
 
 
 def fold_row_block(prim: GemmMapReduce, identity: list, totals: list[np.ndarray], rows: slice, col_blocks: list,
@@ -96,11 +101,12 @@ def role_slice(value: np.ndarray, role: str, rows: slice, cols: slice) -> np.nda
 
 
 @numpy_impls.register(GemmBlockSum)
-def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: BlockRunner = eval_program) -> list:
+def _gemm_block_sum(prim: GemmBlockSum, args: list, depth: int, run_block: BlockRunner = eval_program,
+                    arrays: ModuleType = np) -> list:
     if depth:
-        return per_row(prim, args, depth, lambda p, row: _gemm_block_sum(p, row, 0, run_block))
+        return per_row(prim, args, depth, lambda p, row: _gemm_block_sum(p, row, 0, run_block, arrays), arrays)
     m, n = role_extents(prim, args)
-    sums = BlockSums(prim, m, n)
+    sums = BlockSums(prim, m, n, arrays)
     for i0, i1, col_blocks in block_grid(m, n, prim.block):
         rows = slice(i0, i1)
         for j0, j1 in col_blocks:
@@ -124,11 +130,11 @@ class BlockSums:
     whole grid are summed in float64: a float32 running sum drifts with the count of its terms. A column's
     parts, one per row block (tens), are added in place: their sums are a gradient's largest (N x D)."""
 
-    def __init__(self, prim: GemmBlockSum, m: int, n: int):
+    def __init__(self, prim: GemmBlockSum, m: int, n: int, arrays: ModuleType = np):
         self.prim, self.n = prim, n
         self.dtypes = [a.dtype for a in prim.blocks[0][1].out_avals]
         extent = {"row": m, "col": n}
-        new = np.empty if m and n else np.zeros  # where the grid has blocks, add() writes each entry first
+        new = arrays.empty if m and n else arrays.zeros  # where the grid has blocks, add() writes each entry first
         self.sums = [new(a.shape if r == "whole" else (extent[r],) + a.shape[1:], _wide(a.dtype) if r == "whole" else a.dtype)
                      for a, r in zip(prim.blocks[0][1].out_avals, prim.out_roles, strict=True)]
         self._row_buffers: dict[int, np.ndarray] = {}
@@ -152,7 +158,7 @@ class BlockSums:
         first column block, rounded into the sum after its last)."""
         buffer = self._row_buffers.get(j)
         if buffer is None:
-            self._row_buffers[j] = np.array(part, dtype=np.float64)
+            self._row_buffers[j] = part.astype(np.float64)
         else:
             buffer += part
         if last:
