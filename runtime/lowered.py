@@ -41,9 +41,9 @@ def lowered(f: Callable[..., Any], *args: Any, backend: str = "numba") -> Lowere
 
         program = prepare(program, whole_arrays=True)
     elif backend == "cuda":
-        from .loops import fuse_loop_nests
+        from .cuda_backend.fused import prepared
 
-        program = fuse_loop_nests(program, folds_of_scalar_maps=False)  # what CudaProgram runs (cuda_backend/backend.py)
+        program = prepared(program)  # what CudaProgram runs (cuda_backend/backend.py)
     elif backend != "numpy":
         raise ValueError(f"fold.lowered: backend must be 'numba', 'cuda' or 'numpy', got {backend!r}")
     nests = tuple(describe(kernel_of(s.prim)) for s in program.stmts if isinstance(s.prim, LoopNest))

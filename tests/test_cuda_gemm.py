@@ -91,3 +91,23 @@ def test_no_columns_gives_the_identity_on_the_device():
     got = fold.jit(f, backend="cuda")(P, C)
     np.testing.assert_array_equal(got, np.full(5, -np.inf))
 
+
+def test_elementwise_runs_are_one_kernel_each(monkeypatch):
+    """A gemm's block map (exp(s - m) with its guards for infinities) and a top-level run run as
+    kernels.cuda.map_over, once per run: per block of the gemm, once for the top-level run."""
+    from fold.kernels import cuda as cuda_kernels
+
+    calls = []
+    original = cuda_kernels.map_over
+    monkeypatch.setattr(cuda_kernels, "map_over", lambda *a, **k: calls.append(a[2]) or original(*a, **k))
+    Q, K, V = (rng.normal(size=s) for s in ((40, 8), (70, 8), (70, 4)))
+    attention = lambda q, k, v: gemm_layers.attention(q, k, v, block=(16, 24))  # noqa: E731
+    np.testing.assert_allclose(fold.jit(attention, backend="cuda")(Q, K, V),
+                               gemm_layers.attention_naive(Q, K, V, np.zeros((40, 4)))[0], rtol=1e-12, atol=1e-12)
+    over_blocks = [shape for shape in calls if len(shape) == 2 and shape[1] > 1]  # not a run over rows' values
+    assert len(over_blocks) == 3 * 3 and {shape[1] for shape in over_blocks} == {24, 22}, calls  # 70 = 24 + 24 + 22
+    calls.clear()
+    x, m = rng.normal(size=(30, 5)), rng.normal(size=(30, 1))
+    got = fold.jit(lambda x, m: fold.exp(x - m) * 2.0 + x, backend="cuda")(x, m)
+    np.testing.assert_allclose(got, np.exp(x - m) * 2.0 + x, rtol=1e-14)
+    assert calls == [(30, 5)], calls

@@ -5,6 +5,7 @@ test` sets NUMBA_ENABLE_CUDASIM=1)."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -371,3 +372,35 @@ def test_folds_own_launches_silence_only_numbas_low_occupancy_warning():
             start(kernel, 1, 32, "a", 2)
     assert kernel.grid == (1, 32) and kernel.args == ("a", 2) and not seen
 
+
+@cuda.jit(device=True)
+def shifted_exp_and_sign(x, m):
+    return math.exp(x - m), x > m
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 9), (3, 4, 6), (2, 3, 2, 5), (0, 4)])
+def test_map_over_reads_broadcast_operands_in_place(shape):
+    """Every index of an N-d shape, one operand full and one broadcast along all but one axis (stride 0,
+    never expanded): a per-row maximum against a block of scores."""
+    x = rng.normal(size=shape)
+    m_shape = shape[:1] + (1,) * (len(shape) - 1)
+    m = rng.normal(size=m_shape)
+    from fold.runtime.cuda_backend import device
+
+    per_row = device.broadcast_view(device.to_device(m), shape)  # how the cuda backend passes it
+    assert per_row.strides[1:] == (0,) * (len(shape) - 1)
+    on_device = [device.for_kernel(device.to_device(x)), device.for_kernel(per_row)]
+    shifted, above = kc.map_over(shifted_exp_and_sign, on_device, shape, [np.float64, np.bool_])
+    np.testing.assert_allclose(shifted.copy_to_host(), np.exp(x - m), rtol=1e-15)
+    np.testing.assert_array_equal(above.copy_to_host(), x > m)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kc.map_over(shifted_exp_and_sign, [cuda.to_device(np.ones(3)), cuda.to_device(np.ones(4))], (3,),
+                         [np.float64, np.bool_]), r"inputs\[1\] has shape \(4,\), not the map's \(3,\)"),
+    (lambda: kc.map_over(shifted_exp_and_sign, [], (), [np.float64]), "1 to 4 dimensions, got ()"),
+    (lambda: kc.map_over(shifted_exp_and_sign, [cuda.to_device(np.ones(3))] * 2, (3,), []), "at least one result"),
+])
+def test_map_over_names_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

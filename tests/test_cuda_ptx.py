@@ -116,6 +116,25 @@ SCRIPT = textwrap.dedent('''
         kernels.append((f"{name} map", _map_source(len(inputs), consts, len(outs)), mapper,
                         (*[array(d, 1) for d in inputs], *[types.float64] * consts, types.int64, *[array(d, 1) for d in outs])))
 
+    # a fused elementwise run (runtime/cuda_backend/fused.py) over 2 and 3 dimensions, its broadcast operands
+    # strided ("A": stride 0 along the broadcast axes), float32 and a boolean result
+    from fold.kernels.cuda.map import _map_over_source
+    from fold.runtime.cuda_backend.fused import prepared
+    from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
+
+    def guarded_exp(s, m):
+        return fold.where(m == -np.inf, 0.0, fold.exp(s - m)) * 0.5, s > m
+
+    for ndim in (2, 3):
+        s32, m32 = np.ones((3,) * ndim, np.float32), np.ones((3,) + (1,) * (ndim - 1), np.float32)
+        run = next(t.prim for t in prepared(fold.trace(guarded_exp, s32, m32)).stmts if isinstance(t.prim, FusedElementwise))
+        fused, problem = device_function(run.body)
+        assert fused is not None, problem
+        strided = types.Array(numba.from_dtype(np.dtype(np.float32)), ndim, "A")
+        outs = [array(v.aval.dtype, ndim) for v in run.region.outputs]
+        kernels.append((f"fused elementwise run, {ndim} dimensions", _map_over_source(len(run.region.inputs), ndim, len(outs)),
+                        fused, (*[strided] * len(run.region.inputs), types.int64, *[types.int64] * (ndim - 1), *outs)))
+
     # loop nests (runtime/cuda_backend/loop_nests.py): a fold with its one-thread merge, a fold of a (k, d)
     # row state (local arrays), a parallel map; float32, the helpers they call compiled beside them
     import math

@@ -39,8 +39,8 @@ level instead reads the elements in a coalesced grid-stride order (see fold.py).
 
 from .fold import reduce
 from .histogram import histogram
-from .map import map  # noqa: A004 (the combinator's name)
+from .map import map, map_over  # noqa: A004 (the combinator's name)
 from .scan import scan
 from .segmented import segmented_reduce, segmented_scan
 
-__all__ = ["histogram", "map", "reduce", "scan", "segmented_reduce", "segmented_scan"]
+__all__ = ["histogram", "map", "map_over", "reduce", "scan", "segmented_reduce", "segmented_scan"]

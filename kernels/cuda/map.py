@@ -1,11 +1,14 @@
 """Map: one thread per element, each calling the mapper on its element's scalars (and the captured
-scalars, passed to every call first)."""
+scalars, passed to every call first); map_over: the same over every index of an N-d shape, its inputs
+read through their strides (broadcast ones in place)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from numba import cuda
 
 from . import host
 from .codegen import compile_kernel, lines, names
@@ -41,4 +44,52 @@ def _map_source(m: int, c: int, r: int) -> str:
     if i < n:
         {names("y", r)} = mapper({args})
 {lines("out{j}[i] = y{j}", r, 8)}
+"""
+
+
+MAX_NDIM = 4  # the most dimensions map_over indexes
+
+
+def map_over(mapper: Callable, inputs: Sequence[Any], shape: Sequence[int], out_dtypes: Sequence[np.dtype], *,
+             threads: int | None = None) -> tuple:
+    """mapper(x0[idx], x1[idx], ...) for every index idx of `shape`: one device array of `shape` per dtype in
+    `out_dtypes`. Each input is a device array of `shape` read through its strides, so that one broadcast
+    along some axes (stride 0 there, as NumPy's and CuPy's broadcast_to make it) is never expanded: a
+    fused elementwise run's per-row values against a block of a gemm."""
+    shape = tuple(int(s) for s in shape)
+    if not 1 <= len(shape) <= MAX_NDIM:
+        raise ValueError(f"shape: map_over indexes 1 to {MAX_NDIM} dimensions, got {shape}")
+    for j, x in enumerate(inputs):
+        if tuple(x.shape) != shape:
+            raise ValueError(f"inputs[{j}] has shape {tuple(x.shape)}, not the map's {shape}")
+    dtypes = tuple(np.dtype(d) for d in out_dtypes)
+    if not dtypes:
+        raise ValueError("out_dtypes: a map needs at least one result")
+    launch = host.launch(threads, 1)
+    host.check_arity(mapper, len(inputs), "mapper")
+    outs = [cuda.device_array(shape, d) for d in dtypes]
+    n = math.prod(shape)
+    if n:
+        m, d, r = len(inputs), len(shape), len(dtypes)
+        kernel = compile_kernel(("map_over", mapper, m, d, dtypes), lambda: _map_over_source(m, d, r),
+                                {"mapper": mapper})
+        host.start(kernel, launch.blocks(n), launch.threads, *inputs, n, *shape[1:], *outs)
+    return tuple(outs)
+
+
+def _map_over_source(m: int, d: int, r: int) -> str:
+    """Thread k takes the k-th index of the shape in C order (consecutive threads, consecutive elements of
+    the last axis: the outputs' writes are coalesced)."""
+    index = ", ".join(f"i{a}" for a in range(d))
+    unravel = ["rest = k"]
+    for a in range(d - 1, 0, -1):
+        unravel += [f"i{a} = rest % e{a}", f"rest = rest // e{a}"]
+    unravel.append("i0 = rest")
+    params = ", ".join(filter(None, [names("x", m), "n", ", ".join(f"e{a}" for a in range(1, d)), names("out", r)]))
+    return f"""def kernel({params}):
+    k = cuda.grid(1)
+    if k < n:
+{chr(10).join(" " * 8 + line for line in unravel)}
+        {names("y", r)} = mapper({", ".join(f"x{j}[{index}]" for j in range(m))})
+{lines("out{j}[" + index + "] = y{j}", r, 8)}
 """

@@ -21,9 +21,9 @@ from fold.ir import Program
 
 from .. import numpy_impl  # noqa: F401  (the reference implementations it falls back to)
 from ..interpreter import eval_program, lowering
-from ..loops import fuse_loop_nests
 from . import device
 from . import gemm  # noqa: F401  (registers gemm_map_reduce's rules)
+from .fused import prepared
 from . import loop_nests  # noqa: F401  (registers the loop nest's rule)
 from .lowering import cuda_impls
 
@@ -98,10 +98,11 @@ class CudaProgram:
     `on_device` returns device arrays instead. Each call copies its NumPy inputs to the device once."""
 
     def __init__(self, program: Program):
-        # maps of maps and their folds as loop nests (loop_nests.py). A reduce of a map of scalars stays two
-        # statements: the nest's fold gives each thread a run of consecutive elements (a warp's reads are not
-        # coalesced) and merges the runs on one thread, where the reduce kernel reads grid-stride (issue 40)
-        self.program = fuse_loop_nests(program, folds_of_scalar_maps=False)
+        # maps of maps and their folds as loop nests (loop_nests.py), runs of elementwise statements as one
+        # kernel each (fused.py). A reduce of a map of scalars stays two statements: the nest's fold gives
+        # each thread a run of consecutive elements (a warp's reads are not coalesced) and merges the runs on
+        # one thread, where the reduce kernel reads grid-stride (issue 40)
+        self.program = prepared(program)
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         return device.on_host(self.on_device(args))

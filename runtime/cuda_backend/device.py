@@ -297,6 +297,17 @@ def broadcast_to(x: Any, shape: tuple) -> Any:
     return cupy.ascontiguousarray(cupy.broadcast_to(x, shape))
 
 
+def broadcast_view(x: Any, shape: tuple) -> Any:
+    """`x` broadcast to `shape` as a view (stride 0 along the broadcast axes: nothing copied), for a kernel
+    that reads its operands through their strides (kernels.cuda.map_over)."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    padded = x.reshape((1,) * (len(shape) - x.ndim) + tuple(x.shape))
+    if SIMULATED:
+        return SimulatedDeviceArray(np.broadcast_to(padded._ary, shape))
+    return _require_cupy("broadcasting").broadcast_to(padded, shape)
+
+
 def copy(x: Any) -> Any:
     """A device array's own copy, on the device."""
     if SIMULATED:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fold.primitives import Map, Reduce, ReduceByIndex, Scan
+from fold.primitives import Iota, Map, Reduce, ReduceByIndex, Scan
 from fold.recognize import recognize_binary_op
 from fold.rules import RuleTable
 from fold.runtime.numba_backend.captured_operands import capture_problem
@@ -195,3 +195,10 @@ def _map(prim: Map, args: list, depth: int):
     if columns is None:
         return None
     return _placed(_leaves([device.adopt(c) for c in columns], [a.shape for a in out_avals]), stays)
+
+
+@cuda_impls.register(Iota)
+def _iota(prim: Iota, args: list, depth: int) -> list:
+    """0 .. n-1 made on the device, where the values it meets are (a gemm's column indices against targets):
+    it has no operands to say where it runs."""
+    return [device.reshape(device.arange(prim.n, prim.dtype), (1,) * depth + (prim.n,))]

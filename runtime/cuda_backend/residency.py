@@ -18,12 +18,13 @@ from fold.primitives import (BroadcastTo, Concatenate, Convert, Elementwise, Map
                              StopGradient, SumAxes, Transpose)
 
 from ..interpreter import numpy_impls
+from ..numba_backend.elementwise_fusion import FusedElementwise
 from . import device
 
 # The statements whose numpy implementation runs on device arrays as it is (NumPy calls and array methods
 # only: no np.asarray, no host array made inside)
 ON_DEVICE = frozenset({Map, Transpose, Reshape, BroadcastTo, StaticIndex, Concatenate, MatMul, SumAxes, Convert,
-                       StopGradient})
+                       StopGradient, FusedElementwise})
 
 
 def resident(rule: Callable | None) -> Callable:
