@@ -111,3 +111,18 @@ def test_elementwise_runs_are_one_kernel_each(monkeypatch):
     got = fold.jit(lambda x, m: fold.exp(x - m) * 2.0 + x, backend="cuda")(x, m)
     np.testing.assert_allclose(got, np.exp(x - m) * 2.0 + x, rtol=1e-14)
     assert calls == [(30, 5)], calls
+
+
+def test_a_blocks_map_of_its_scores_runs_as_elementwise_statements():
+    """The block program maps the user's function over the block's scores as a map of a map (rows, then
+    entries); the cuda backend runs it as the elementwise statements it amounts to (unnest.py), not as
+    maps batched two deep."""
+    from fold.primitives import GemmMapReduce, Map
+    from fold.runtime.cuda_backend.fused import prepared
+
+    Q, K, V = (rng.normal(size=s) for s in ((40, 8), (70, 8), (70, 4)))
+    program = fold.trace(lambda q, k, v: gemm_layers.attention(q, k, v, block=(16, 24)), Q, K, V)
+    block = next(s.prim for s in program.stmts if isinstance(s.prim, GemmMapReduce)).block_program((16, 24))
+    maps_of_maps = lambda p: [s for s in p.stmts if isinstance(s.prim, Map)  # noqa: E731
+                              and any(isinstance(t.prim, Map) for t in s.prim.body.stmts)]
+    assert maps_of_maps(block) and not maps_of_maps(prepared(block))

@@ -21,6 +21,7 @@ import numpy as np
 from fold.ir import Program
 from fold.kernels.cuda.map import MAX_NDIM
 from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
+from fold.runtime.numba_backend.unnest import unnest_maps
 
 from ..loops import fuse_loop_nests
 from . import device
@@ -32,11 +33,14 @@ _prepared: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictio
 
 
 def prepared(program: Program) -> Program:
-    """The program as the cuda backend runs it: maps of maps as loop nests (a reduce of a map of scalars
-    stays two statements: see backend.py), then runs of elementwise statements fused. Memoised."""
+    """The program as the cuda backend runs it: a map of a map with an elementwise scalar body (a gemm
+    block's map of its scores) as the elementwise statements it amounts to (unnest.py), maps of maps with
+    folds as loop nests (a reduce of a map of scalars stays two statements: see backend.py), then runs of
+    elementwise statements fused. Memoised."""
     found = _prepared.get(program)
     if found is None:
-        found = _prepared[program] = fuse_elementwise(fuse_loop_nests(program, folds_of_scalar_maps=False))
+        nests = fuse_loop_nests(unnest_maps(program), folds_of_scalar_maps=False)
+        found = _prepared[program] = fuse_elementwise(nests)
     return found
 
 
