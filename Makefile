@@ -29,7 +29,7 @@ test: export NUMBA_ENABLE_CUDASIM ?= 1
 test: export FOLD_CHECK ?= 1
 test: $(STAMP)
 	FOLD_BACKEND=numba $(PYTEST)
-	FOLD_BACKEND=numpy $(PYTEST) --ignore=tests/test_kernels.py --ignore=tests/test_numba_backend.py --ignore=tests/test_vector_math.py --ignore=tests/test_gemm_backward_fusion.py --ignore=tests/test_product_fold.py --ignore=tests/test_wide_kernels.py --ignore=tests/test_one_hots.py --ignore=tests/test_first_extremes.py --ignore=tests/test_numba_captures.py --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_ptx.py --ignore=tests/test_cuda_loop_nests.py --ignore=tests/test_wheel.py --ignore=tests/test_cli.py --ignore=tests/test_compile_feedback.py --ignore=tests/test_loop_nests.py --ignore=tests/test_cuda_residency.py --ignore=tests/test_faults.py --ignore=tests/test_dask_sharding.py
+	FOLD_BACKEND=numpy $(PYTEST) --ignore=tests/test_kernels.py --ignore=tests/test_numba_backend.py --ignore=tests/test_vector_math.py --ignore=tests/test_gemm_backward_fusion.py --ignore=tests/test_product_fold.py --ignore=tests/test_wide_kernels.py --ignore=tests/test_one_hots.py --ignore=tests/test_first_extremes.py --ignore=tests/test_numba_captures.py --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_ptx.py --ignore=tests/test_cuda_loop_nests.py --ignore=tests/test_cuda_gemm.py --ignore=tests/test_wheel.py --ignore=tests/test_cli.py --ignore=tests/test_compile_feedback.py --ignore=tests/test_loop_nests.py --ignore=tests/test_cuda_residency.py --ignore=tests/test_faults.py --ignore=tests/test_dask_sharding.py
 
 # the docs site, built --strict into site/ (git-ignored); the docs extra is installed on first use
 DOCS_STAMP := $(VENV)/.docs-installed
