@@ -303,8 +303,11 @@ def gemm_cases(sizes: tuple[int, ...], vocabulary: tuple[int, int, int], repeats
     records = []
     for name, shape, f, args, cotangent in programs:
         differentiable = args[:3] if name.startswith("attention") else args[:2]
-        rest = args[len(differentiable):]
-        grad = (lambda f, rest: lambda *a: fold.vjp(lambda *x: f(*x, *rest), *a[:-1])[1](a[-1]))(f, rest)
+        rest = args[len(differentiable):]  # the class indices: not differentiated
+
+        def grad(*a, f=f, rest=rest):  # the cotangents of the differentiable inputs, the cotangent last
+            return fold.vjp(lambda *x: f(*x, *rest), *a[:-1])[1](a[-1])
+
         for mode, program, inputs in (("forward", f, args), ("forward_backward", grad, differentiable + (cotangent,))):
             run = fold.jit(program, backend="cuda", results="device")
             on_device = _on_device(list(inputs))

@@ -19,7 +19,7 @@ and `__array_function__`), and the simulator's arrays do the same with NumPy und
 does, a host array among the operands.
 
 Exercised only on a real GPU (the simulator takes the other branch of each): the CuPy branches of
-`to_device`, `to_host`, `for_kernel`, `adopt`, `reshape`, `astype`, `stack_last`, `broadcast_to`, `copy`.
+`to_device`, `to_host`, `for_kernel`, `adopt`, `reshape`, `astype`, `stack_last`, `broadcast_view`, `copy`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 from numba import config, cuda
+
+from ..numpy_impl.elementwise import NUMPY_SCALAR_FNS
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
@@ -289,23 +291,18 @@ def stack_last(parts: Sequence[Any]) -> Any:
 
 def broadcast_to(x: Any, shape: tuple) -> Any:
     """`x` broadcast to `shape` on the device, as a contiguous array (a kernel reads it like any other)."""
-    if tuple(x.shape) == tuple(shape):
-        return x
-    if SIMULATED:
-        return SimulatedDeviceArray(np.ascontiguousarray(np.broadcast_to(x._ary, shape)))
-    cupy = _require_cupy("broadcasting")
-    return cupy.ascontiguousarray(cupy.broadcast_to(x, shape))
+    return x if tuple(x.shape) == tuple(shape) else broadcast_view(x, shape).copy()
 
 
 def broadcast_view(x: Any, shape: tuple) -> Any:
     """`x` broadcast to `shape` as a view (stride 0 along the broadcast axes: nothing copied), for a kernel
-    that reads its operands through their strides (kernels.cuda.map_over)."""
+    that reads its operands through their strides (kernels.cuda.map_over). NumPy's broadcast_to hands a
+    CuPy array to CuPy, a simulated one to the simulator's arrays; a bare Numba array cannot be broadcast."""
     if tuple(x.shape) == tuple(shape):
         return x
-    padded = x.reshape((1,) * (len(shape) - x.ndim) + tuple(x.shape))
-    if SIMULATED:
-        return SimulatedDeviceArray(np.broadcast_to(padded._ary, shape))
-    return _require_cupy("broadcasting").broadcast_to(padded, shape)
+    if not SIMULATED:
+        _require_cupy("broadcasting")
+    return np.broadcast_to(x, shape)
 
 
 def copy(x: Any) -> Any:
@@ -335,16 +332,11 @@ def _as_operand(host: Any, deepest: int) -> Any:
     return to_device(host)
 
 
-def elementwise(op: str, values: Sequence[Any]) -> Any | None:
+def elementwise(op: str, values: Sequence[Any]) -> Any:
     """The scalar operation `op` on the device, where at least one operand is a device array: NumPy's
     function for it (runtime/numpy_impl/elementwise.py's table), which hands device operands to CuPy (its
     __array_ufunc__ and __array_function__) or to the simulator's arrays. Host operands of one element are
-    passed as NumPy scalars (no copy, `_as_operand`); larger ones are copied (counted). None where no operand
-    is on the device."""
-    from ..numpy_impl.elementwise import NUMPY_SCALAR_FNS
-
-    if not any(is_device(v) for v in values):
-        return None
+    passed as NumPy scalars (no copy, `_as_operand`); larger ones are copied (counted)."""
     deepest = max(v.ndim for v in values if is_device(v))
     operands = [v if is_device(v) else _as_operand(v, deepest) for v in values]
     if op == "sigmoid":

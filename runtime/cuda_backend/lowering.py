@@ -177,7 +177,7 @@ def _map(prim: Map, args: list, depth: int):
     consts, xs = args[: prim.num_consts], args[prim.num_consts:]
     if depth or not xs or not prim.body.stmts:
         return None  # a map inside a map runs batched, as a whole; a body without statements only passes values on
-    if sum(int(np.prod(c.shape)) for c in consts if device.is_device(c)) > CAPTURED_SCALARS:
+    if sum(c.size for c in consts if device.is_device(c)) > CAPTURED_SCALARS:
         return None  # runs batched on the device: the kernel would take these as scalars, read on the host
     mapper, _ = device_function(prim.body)
     if mapper is None:
