@@ -102,9 +102,10 @@ def test_lowered_shows_the_nest_and_what_it_materialises():
 
 def test_a_nest_with_a_statement_it_cannot_write_stays_as_it_was():
     X = rng.normal(size=(30, 5, 4))
+    bins = np.array([0, 2, 1, 2])
 
-    def f(X):  # a scan inside: no loop-nest rule yet
-        return fold.map(lambda m: fold.map(lambda r: fold.scan(M.sum, r), m), X)
+    def f(X):  # a histogram inside: no loop-nest rule yet
+        return fold.map(lambda m: fold.reduce(M.sum, fold.map(lambda r: fold.reduce_by_index(M.sum, 3, bins, r), m)), X)
 
     program, kernels = _nests(f, X)
     assert not kernels
@@ -112,14 +113,61 @@ def test_a_nest_with_a_statement_it_cannot_write_stays_as_it_was():
     _close(got, want, 1e-12)
 
 
+SCANNED_ROWS = {
+    "inclusive sum": lambda r: fold.scan(M.sum, r),
+    "reverse exclusive max": lambda r: fold.scan(M.max, r, reverse=True, exclusive=True),
+    "user operator, two leaves": lambda r: fold.scan(lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]),
+                                                     (1.0 + 0.1 * fold.tanh(r), r), identity=(1.0, 0.0))[1],
+    "reverse logaddexp": lambda r: fold.scan(M.logaddexp, r, reverse=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("case", sorted(SCANNED_ROWS))
+def test_a_map_whose_rows_are_scanned_and_folded_is_one_loop_nest(case, dtype):
+    """A scan of each row is a sequential loop of the nest (forward or backward, each prefix stored in a
+    row-sized buffer), float32 carried in float64 as the numpy backend's scans: the map and the fold of its
+    results are one kernel, and its results are the reference's. The gradient (scans of the rows' cotangents)
+    is a nest too."""
+    scanned = SCANNED_ROWS[case]
+    f = lambda X: fold.reduce(M.sum, fold.map(lambda r: fold.reduce(M.sum, fold.sin(scanned(r)) * r), X))  # noqa: E731
+    X = rng.normal(size=(50, 23)).astype(dtype)
+    program, kernels = _nests(f, X)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
+    assert all(np.prod(b.shape) <= 23 for b in buffers(kernels[0].outer.step)), describe(kernels[0])
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    _close(*_both(f, X), rtol)
+    grad = fold.grad(f)
+    assert _nests(grad, X)[1]
+    _close(*_both(grad, X), 1e-10 if dtype == np.float64 else 1e-4)
+
+
+def test_the_generic_rule_gradient_of_a_row_logsumexp_runs_its_rows_scans_in_a_nest():
+    """The generic vjp of a reduce (exclusive forward and reverse scans of each row, then a map of them) is
+    one nest over the rows; it matches the monoid rule's gradient."""
+    lse = lambda X: fold.reduce(M.sum, fold.map(lambda r: fold.reduce(M.logaddexp, r), X))  # noqa: E731
+    X = rng.normal(size=(60, 17))
+    generic = lambda X: fold.vjp(lse, X, reduce_rule="generic")[1](1.0)  # noqa: E731
+    program, _ = _nests(generic, X)
+    nested_scans = [t for s in program.stmts if isinstance(s.prim, LoopNest) for m in s.prim.program.stmts
+                    if m.prim.name == "map" for t in m.prim.body.stmts if t.prim.name == "scan"]
+    assert len(nested_scans) == 2, program
+    got, want = _both(generic, X)
+    _close(got, want, 1e-12)
+    monoid = fold.jit(lambda X: fold.vjp(lse, X, reduce_rule="monoid")[1](1.0), backend="numba")(X)
+    _close(got, monoid, 1e-10)
+
+
 # ---------------------------------------------------------------- random nests
 
 _UNARY = [fold.tanh, fold.sin, lambda x: x * x, lambda x: -x, lambda x: fold.exp(-x * x)]
 _BINARY = [lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b, fold.maximum, lambda a, b: fold.where(a > b, a, 0.5 * b)]
-_MONOIDS = [M.sum, M.max, M.min, M.logaddexp, "affine_first"]
+_MONOIDS = [M.sum, M.max, M.min, M.logaddexp, "affine_first", "scanned"]
 
 
 def _fold(kind, xs):
+    if kind == "scanned":  # a scan of the row, then its sum: a sequential loop storing each prefix
+        return fold.reduce(M.sum, fold.tanh(fold.scan(M.max, xs, reverse=True) * xs))
     if kind == "affine_first":  # a user operator, not commutative: x -> a x + b composed, first leaf only kept
         return fold.reduce(lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]), (1.0 + 0.1 * fold.tanh(xs), xs),
                            identity=(1.0, 0.0))[1]
@@ -154,9 +202,9 @@ def test_random_nests_and_their_gradients_match_the_numpy_backend(spec):
     r = np.random.default_rng(seed)
     X, w = 0.5 * r.normal(size=(7,) + shape[1:]), r.normal(size=shape[-1])
     f = _program(shape, ops)
-    if len(shape) > 2:  # the outer map's body nests a map: the loop nest runs it, forward and backward
-        assert _nests(f, X, w)[1]
-        assert _nests(fold.grad(lambda X, w: fold.reduce(M.sum, f(X, w)), argnums=(0, 1)), X, w)[1]
+    # the outer map's body folds (its rows, or a map of its rows): the loop nest runs it, forward and backward
+    assert _nests(f, X, w)[1]
+    assert _nests(fold.grad(lambda X, w: fold.reduce(M.sum, f(X, w)), argnums=(0, 1)), X, w)[1]
     got, want = _both(f, X, w)
     _close(got, want, 1e-9)
     loss = lambda X, w: fold.reduce(M.sum, f(X, w))  # noqa: E731
@@ -609,3 +657,21 @@ def test_a_fold_of_a_map_in_tiles_or_lanes_compiled_in_parts_gives_the_same_resu
     (source,) = [kernel_source(k) for k in _nests(f, x, y)[1]]
     assert "def part" in source and ("__tile" in source or "__g in range(i__c__n" in source), source
     _close(*_both(f, x, y), 1e-12)
+
+
+def test_nests_with_the_same_kernel_text_keep_their_own_closed_over_constants():
+    """Two programs closing over different arrays build kernels of the same text: each reads its own
+    constants, whichever was built last (they were once kept per kernel text, and the first program then read
+    the second's array)."""
+    X = rng.normal(size=(40, 6))
+    first, second = rng.normal(size=6), rng.normal(size=6)
+
+    def closing_over(weights):
+        return lambda X: fold.reduce(M.sum, fold.map(lambda r: fold.tanh(fold.reduce(M.sum, r * weights)), X))
+
+    f, g = closing_over(first), closing_over(second)
+    (nest_f,), (nest_g,) = _nests(f, X)[1], _nests(g, X)[1]
+    assert nest_f == nest_g  # the same text
+    jitted_f, jitted_g = fold.jit(f, backend="numba"), fold.jit(g, backend="numba")
+    for h, weights in ((jitted_f, first), (jitted_g, second), (jitted_f, first)):
+        np.testing.assert_allclose(h(X), np.sum(np.tanh(X @ weights)), rtol=1e-12)

@@ -67,7 +67,17 @@ def test_gradients_through_the_captured_scalar_run_in_the_kernels(kind, kernel_c
     loss = lambda x, t: (f(x, t) * f(x, t)).sum()  # noqa: E731
     x = rng.uniform(-0.1, 0.1, 20_001)
     assert_same(*both(fold.grad(loss, argnums=(0, 1)), x, 0.7), rtol=1e-8, scaled=True)
-    assert kernel_calls.get("segmented_reduce" if kind == "reduce_by_index" else "scan"), kernel_calls
+    if kind == "reduce_by_index":  # each bin's fold of its elements, a map folding its rows: a loop nest
+        assert "loop_nest" in _prepared_names(fold.grad(loss, argnums=(0, 1)), x, 0.7)
+    else:
+        assert kernel_calls.get("scan"), kernel_calls
+
+
+def _prepared_names(f, *args) -> list[str]:
+    """The statements of f's program as the numba backend runs it."""
+    from fold.runtime.numba_backend.passes import prepare
+
+    return [s.prim.name for s in prepare(fold.trace(f, *args), whole_arrays=True).stmts]
 
 
 def test_vector_integer_and_float32_captures(kernel_calls, no_fallback):
@@ -91,7 +101,7 @@ def test_a_fold_in_a_map_capturing_a_value_shared_by_all_rows(kernel_calls, no_f
     expected, got = both(f, X, 0.7)
     assert_same(expected, got, rtol=1e-10, scaled=True)
     np.testing.assert_allclose(got, [reference(row, 0.7) for row in X], rtol=1e-9)
-    assert kernel_calls.get("segmented_reduce"), kernel_calls
+    assert _prepared_names(f, X, 0.7) == ["loop_nest"]  # a map folding its rows
 
 
 def test_a_fold_in_a_loop_body_capturing_a_value(kernel_calls, no_fallback):
@@ -109,13 +119,30 @@ def fallback_warnings(f, *args) -> tuple[list[str], object]:
     return [str(w.message) for w in caught if "runs on the numpy backend" in str(w.message)], got
 
 
-def test_a_value_that_differs_from_row_to_row_runs_on_numpy_with_one_warning():
+def test_a_value_that_differs_from_row_to_row_is_read_by_the_loop_nest():
+    """A fold capturing a value of its row (t of row i) ran on numpy after a warning: its fold kernel carries
+    only values shared by all rows. The map folding its rows is now a loop nest, where t is a scalar of the
+    row like any other: no warning, the reference's results."""
     X, T = rng.uniform(-0.1, 0.1, (4, 50)), rng.uniform(0.2, 1.0, 4)
     f = lambda X, T: fold.map(lambda row, t: fold.reduce(combine(t), row, identity=0.0), X, T)  # noqa: E731
     messages, got = fallback_warnings(f, X, T)
+    assert messages == []
+    assert _prepared_names(f, X, T) == ["loop_nest"]
+    np.testing.assert_allclose(got, [reference(row, t) for row, t in zip(X, T, strict=True)], rtol=1e-12)
+
+
+def test_a_value_that_differs_from_row_to_row_runs_on_numpy_with_one_warning():
+    """Where no loop nest takes the map (a histogram in its body has no nest rule), the per-row capture still
+    runs on numpy, after one warning saying why."""
+    X, T = rng.uniform(-0.1, 0.1, (4, 50)), rng.uniform(0.2, 1.0, 4)
+    bins = np.arange(50) % 3
+    f = lambda X, T: fold.map(lambda row, t: fold.reduce(  # noqa: E731
+        combine(t), fold.reduce_by_index(fold.monoids.sum, 3, bins, row), identity=0.0), X, T)
+    messages, got = fallback_warnings(f, X, T)
     assert messages == ["numba backend: reduce runs on the numpy backend (its operator captures a value that "
                         "differs from row to row)"]
-    np.testing.assert_allclose(got, [reference(row, t) for row, t in zip(X, T, strict=True)], rtol=1e-12)
+    want = [reference(np.bincount(bins, row, 3), t) for row, t in zip(X, T, strict=True)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_more_captured_scalars_than_a_kernel_carries_run_on_numpy_with_one_warning():

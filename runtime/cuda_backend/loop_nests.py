@@ -162,7 +162,7 @@ def _loop_nest(prim: LoopNest, args: list, depth: int) -> list:
 
 def _run(prim: LoopNest, kernel: Kernel, args: list) -> list:
     main, merge = _compiled(prim, kernel)
-    constants, values, inputs = constants_of(kernel), iter(args), []
+    constants, values, inputs = constants_of(prim), iter(args), []
     for p in kernel.inputs:
         value = constants[p.name] if p.role == "constant" else next(values)
         value = device.to_device(value if device.is_device(value) else np.ascontiguousarray(value, dtype=p.dtype))

@@ -12,7 +12,8 @@ Every value is one of three kinds while a body is written:
   (or read from inside a loop over something else) and costs a loop to compute, which would otherwise be
   recomputed at every read.
 
-Statements with no rule here (scans, gathers, histograms, folds of elements that are not scalars) raise
+A scan of a row is a sequential loop storing each prefix. Statements with no rule here (gathers, histograms,
+folds or scans of elements that are not scalars) raise
 `NotNestable`, and the statements stay as they were.
 """
 
@@ -29,14 +30,15 @@ import numpy as np
 
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
-from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, StaticIndex,
-                             StopGradient, SumAxes, Transpose)
+from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
+                             StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 from .text import defined, names
+from ..wide_operators import carried_operator, carry_for
 
 
 
@@ -562,21 +564,76 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
         raise NotNestable("a reduce of elements that are not scalars is not in the loop nest yet")
     if nc == 0 and k == 1 and recognize_binary_op(prim.body, 0) == "logaddexp":
         return [_logsumexp(w, identity[0], xs[0], out_avals[0].dtype)]
-    identities = [w.element(e, ()) for e in identity]
+    dtypes = [np.dtype(a.dtype) for a in out_avals]
+    operator, carried = carried_operator(prim.body, nc, dtypes) if _long(xs[0]) else (prim.body, None)
+    carried = list(carried or dtypes)
+    identities = [_cast(w.element(e, ()), c, d) for e, c, d in zip(identity, carried, dtypes, strict=True)]
     accs = [w.assign(e, "acc") for e in identities]
-    dtypes = [a.dtype for a in out_avals]
 
     def step(i: str) -> None:
         elements = [Scalar(w.assign(w.element(x, (i,))), x.dtype) for x in xs]
-        combined = w.body(prim.body, list(consts) + [Scalar(a, d) for a, d in zip(accs, dtypes)] + elements)
+        combined = w.body(operator, list(consts) + [Scalar(a, c) for a, c in zip(accs, carried)] + elements)
         results = [w.assign(w.element(c, ())) for c in combined]
         for acc, r in zip(accs, results, strict=True):
             w.emit(Assign(acc, r))
 
     commutative = prim.monoid is not None and prim.monoid.commutative
-    folds = (lane_fold(w, prim.body, consts, accs, identities, dtypes),) if commutative else ()
+    folds = (lane_fold(w, operator, consts, accs, identities, carried),) if commutative else ()
     w.loop(xs[0].shape[0], step, folds)
-    return [Scalar(a, d) for a, d in zip(accs, dtypes)]
+    return [Scalar(a if c == d else w.assign(_cast(a, d, c)), d) for a, c, d in zip(accs, carried, dtypes, strict=True)]
+
+
+# A row's float32 fold longer than this is carried in float64 and rounded once, as the backends' other
+# folds (wide_operators.py), so its error does not grow with its length. A shorter one is folded in float32:
+# NumPy's own pairwise sum adds up to 128 elements in a straight run, and the conversions cost a nest with
+# short rows a quarter of its time (k-means' distances over 16 coordinates, 265 against 342 ms).
+CARRY_FROM = 128
+
+
+def _long(x: Value) -> bool:
+    return x.shape[0] > CARRY_FROM
+
+
+def _cast(expr: str, to: np.dtype, was: np.dtype) -> str:
+    """`expr` (of dtype `was`) as `to`."""
+    return expr if to == was else f"np.{np.dtype(to).name}({expr})"
+
+
+@_rules.register(Scan)
+def _scan(w: Writer, prim: Scan, args: list[Value], out_avals) -> list[Value]:
+    """A scan of a row's scalars: one sequential loop (forward or backward) storing each prefix, float32
+    carried in float64 and rounded as it is stored (as the numpy backend's scans)."""
+    k, nc = prim.num_leaves, prim.num_consts
+    consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
+    if any(x.shape[1:] != () for x in xs):
+        raise NotNestable("a scan of elements that are not scalars is not in the loop nest yet")
+    dtypes = [np.dtype(a.dtype) for a in out_avals]
+    operator, carried = carried_operator(prim.body, nc, dtypes)
+    carried = list(carried or dtypes)
+    accs = [w.assign(_cast(w.element(e, ()), c, d), "acc") for e, c, d in zip(identity, carried, dtypes, strict=True)]
+    n = xs[0].shape[0]
+    outs = [Stored(w.fresh("b"), (n,), d) for d in dtypes]
+    for out in outs:
+        w.emit(Buffer(out.name, out.shape, out.dtype))
+
+    def store(at: str) -> None:
+        for out, acc in zip(outs, accs, strict=True):
+            w.emit(Store(out.name, (at,), f"np.{out.dtype.name}({acc})"))
+
+    def step(i: str) -> None:
+        at = w.assign(f"{n - 1} - {i}", "j") if prim.reverse else i
+        elements = [Scalar(w.assign(w.element(x, (at,))), x.dtype) for x in xs]
+        if prim.exclusive:
+            store(at)
+        combined = w.body(operator, list(consts) + [Scalar(a, c) for a, c in zip(accs, carried)] + elements)
+        results = [w.assign(w.element(c, ())) for c in combined]
+        for acc, r in zip(accs, results, strict=True):
+            w.emit(Assign(acc, r))
+        if not prim.exclusive:
+            store(at)
+
+    w.loop(n, step)  # in order: a scan's prefixes are not reassociated
+    return outs
 
 
 def _logsumexp(w: Writer, identity: Value, x: Value, dtype: np.dtype) -> Scalar:
@@ -591,13 +648,15 @@ def _logsumexp(w: Writer, identity: Value, x: Value, dtype: np.dtype) -> Scalar:
     most = w.assign(start, "acc")
     w.loop(x.shape[0], lambda i: w.emit(Assign(most, f"_maximum({most}, {w.element(x, (i,))})")),
            (_lane_merge(w, most, start, "_maximum({0}, {1})"),))
-    total = w.assign(f"{t}(math.exp({t}(({start} - {most}))))", "acc")
+    carried = carry_for("add", [dtype]) if _long(x) else None  # a long row's float32 sum carried in float64
+    wide = f"np.{(carried or (np.dtype(dtype),))[0].name}"
+    total = w.assign(f"{wide}(math.exp({t}(({start} - {most}))))", "acc")
 
     def add(i: str) -> None:
         term = w.assign(f"{t}(math.exp({t}(({w.element(x, (i,))} - {most}))))")
-        w.emit(Assign(total, f"{t}(({total} + {term}))"))
+        w.emit(Assign(total, f"{wide}(({total} + {term}))"))
 
-    w.loop(x.shape[0], add, (_lane_merge(w, total, f"{t}(0.0)", "{0} + {1}"),))
+    w.loop(x.shape[0], add, (_lane_merge(w, total, f"{wide}(0.0)", "{0} + {1}"),))
     # m - m is 0 for a finite m; otherwise (NaN, inf) m is the result, and the sum (NaN then) is not read
     return Scalar(w.assign(f"({most} if {most} - {most} != 0 else {t}(({most} + {t}(_log({total})))))"), dtype)
 
@@ -636,7 +695,7 @@ def nestable(program: Program) -> str | None:
     for stmt in program.stmts:
         if _rules.get(stmt.prim) is None or (isinstance(stmt.prim, Elementwise) and stmt.prim.op not in TEMPLATES):
             return f"{stmt.prim.name} has no loop-nest rule"
-        if isinstance(stmt.prim, Reduce) and any(a.aval.ndim != 1 for a in stmt.args[stmt.prim.num_consts + stmt.prim.num_leaves:]):
+        if isinstance(stmt.prim, (Reduce, Scan)) and any(a.aval.ndim != 1 for a in stmt.args[stmt.prim.num_consts + stmt.prim.num_leaves:]):
             return "a reduce of elements that are not scalars"
         for body in stmt.prim.bodies():
             problem = nestable(body)

@@ -10,6 +10,8 @@ of a map of a reduce) becomes a loop nest, with its consumer when it has one tha
 - otherwise the map alone: a parallel map writing its rows.
 
 A map of scalars that a reduce folds (`reduce(op, map(f, xs))`) is a parallel fold of the body's results too.
+A map whose body folds or scans its rows with no map inside (a row's logsumexp or norm) is a nest as a map of
+maps is, unless it multiplies a matrix by the row (see `_candidate`).
 
 Inside, maps, reduces, sums, matrix products and elementwise statements at any depth are loops of the nest
 (build.py). A statement the nest cannot write leaves the group as it was. `LoopNest` keeps the statements it
@@ -24,12 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import fold
+
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
 from fold.primitives import Map, MatMul, Reduce, Scan, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
-from ..wide_operators import carried_operator
+from ..wide_operators import carried_operator, carry_for
 from .build import NotNestable, Scalar, Stored, Writer, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
@@ -50,10 +54,13 @@ def _nests_a_map(program: Program) -> bool:
     return any(isinstance(s.prim, Map) or any(_nests_a_map(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
-def _folds(program: Program) -> bool:
-    """Whether a fold (a reduce, a sum over axes, a matrix product) stands anywhere in `program`."""
-    return any(isinstance(s.prim, (Reduce, SumAxes, MatMul)) or any(_folds(b) for b in s.prim.bodies())
-               for s in program.stmts)
+_ARRAY_FOLDS = (Reduce, SumAxes, MatMul)
+
+
+def _folds(program: Program, kinds: tuple = _ARRAY_FOLDS + (Scan,)) -> bool:
+    """Whether a fold of these kinds (a reduce, a scan, a sum over axes, a matrix product) stands anywhere in
+    `program`."""
+    return any(isinstance(s.prim, kinds) or any(_folds(b, kinds) for b in s.prim.bodies()) for s in program.stmts)
 
 
 # A map body of more statements than this is written once as straight-line code in a nest: the older
@@ -65,15 +72,21 @@ def _statement_count(program: Program) -> int:
     return sum(1 + sum(_statement_count(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
-def _candidate(stmt: Let, folded: bool) -> bool:
-    """A map the nest takes: one whose body nests a map and folds somewhere, one whose body is long, or
-    (`folded`: a reduce folds its results) one of scalars. A map of scalar maps and nothing else is
-    elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
+def _candidate(stmt: Let, folded: bool, row_folds: bool) -> bool:
+    """A map the nest takes: one whose body nests a map and folds somewhere (a map of a map of a reduce), one
+    whose body is long, (`folded`: a reduce folds its results) one of scalars, or (`row_folds`) one whose body
+    folds or scans its rows and multiplies no matrices: the nest writes a matrix product as scalar loops,
+    where the numba backend's product kernel folds a captured matrix times the row in registers and its
+    gradient scatters one-hot rows (k-means' matrix form: 64 against 243 ms forward, 124 against 1777 ms
+    for the gradient, which stored (points, centroids) one-hot arrays in the nest). A map of scalar maps and
+    nothing else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
     several elements per vector instruction and fuse with their neighbours; read by a reduce, the nest's
     outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
-            and ((_nests_a_map(body) and _folds(body)) or _statement_count(body) > LONG_BODY
+            and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
+                 or (row_folds and _folds(body) and not _folds(body, (MatMul,)))
+                 or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body)))
             and nestable(body) is None)
 
@@ -104,14 +117,34 @@ def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
     return None
 
 
-def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True) -> Program:
+def _as_reduces(consumers: list[Let]) -> list[Let]:
+    """The consumers, a lone sum of a vector (`fold.sum` of a map's scalar results) written as the sum monoid's
+    reduce: the nest then folds it as any commutative reduce (in lanes, float32 carried in float64)."""
+    if len(consumers) != 1 or not isinstance(consumers[0].prim, SumAxes):
+        return consumers
+    (stmt,) = consumers
+    x = stmt.args[0]
+    if x.aval.ndim != 1 or x.aval.dtype.kind != "f":
+        return consumers
+    dtype = x.aval.dtype
+    if dtype not in _SUM_REDUCES:
+        _SUM_REDUCES[dtype] = fold.trace(lambda v: fold.reduce(fold.monoids.sum, v), np.zeros(2, dtype)).stmts[0]
+    template = _SUM_REDUCES[dtype]
+    return [Let(stmt.outs, template.prim, (template.args[0], x))]
+
+
+_SUM_REDUCES: dict[np.dtype, Let] = {}
+
+
+def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_folds: bool = True) -> Program:
     """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised.
-    `folds_of_scalar_maps`: whether a reduce of a map of scalars becomes a nest too (a backend's choice: one
-    whose nest folds are slower than its own reduce kernel keeps the two statements)."""
-    memo = _fused[folds_of_scalar_maps]
+    `folds_of_scalar_maps`: whether a reduce of a map of scalars becomes a nest too; `row_folds`: whether a map
+    whose body folds or scans its rows, with no map inside, does (a backend's choices: one whose nest folds are
+    slower than its own reduce and per-row kernels keeps the statements apart)."""
+    memo = _fused.setdefault((folds_of_scalar_maps, row_folds), weakref.WeakKeyDictionary())
     found = memo.get(program)
     if found is None:
-        found = _fuse(program, folds_of_scalar_maps)
+        found = _fuse(program, folds_of_scalar_maps, row_folds)
         # an unchanged program is not stored as its own value: the entry would keep its key alive
         memo[program] = _UNCHANGED if found is program else found
     return program if found is _UNCHANGED else found
@@ -120,11 +153,10 @@ def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True) -> Prog
 _UNCHANGED = object()
 
 
-_fused: "dict[bool, weakref.WeakKeyDictionary[Program, Program]]" = {
-    True: weakref.WeakKeyDictionary(), False: weakref.WeakKeyDictionary()}
+_fused: "dict[tuple[bool, bool], weakref.WeakKeyDictionary[Program, Program]]" = {}
 
 
-def _fuse(program: Program, folds_of_scalar_maps: bool) -> Program:
+def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool) -> Program:
     uses = use_counts(program)
     readers = {a: s for s in program.stmts for a in s.args if isinstance(a, Var)}
     produced_by = {v: s for s in program.stmts for v in s.outs}
@@ -139,17 +171,19 @@ def _fuse(program: Program, folds_of_scalar_maps: bool) -> Program:
         if id(stmt) in absorbed:
             continue
         consumers = _consumers(stmt, readers, uses) if isinstance(stmt.prim, Map) else None
-        folded = folds_of_scalar_maps and consumers is not None and isinstance(consumers[0].prim, Reduce)
-        if not _candidate(stmt, folded):
+        folding = None if consumers is None else _as_reduces(consumers)
+        folded = folds_of_scalar_maps and folding is not None and isinstance(folding[0].prim, Reduce)
+        if not _candidate(stmt, folded, row_folds):
             stmts.append(stmt)
             continue
         consumers = consumers or []
         if not consumers and any(isinstance(r.prim, Scan) for r in all_readers.get(id(stmt), ())):
             # a scan's producer is left to the scan's fusion (numba_backend/scan_fusion.py), which reads its
-            # rows as it scans: the nest has no scan rule yet, and would store them
+            # rows as it scans: the nest's scans are a row's sequential loops, not a parallel scan, and it
+            # would store them
             stmts.append(stmt)
             continue
-        group = [stmt] + consumers
+        group = [stmt] + (folding or consumers)
         nest = _loop_nest(group)
         if nest is None:
             stmts.append(stmt)
@@ -186,7 +220,9 @@ def _loop_nest(group: list[Let]) -> Let | None:
     return Let(outs, prim, tuple(args))
 
 
-_kernels: "weakref.WeakKeyDictionary[LoopNest, Kernel]" = weakref.WeakKeyDictionary()
+# per statement: its kernel and the constants the kernel reads. Two statements may build equal kernels (the
+# same text) reading different constants, so the constants are kept with the statement, not the kernel.
+_kernels: "weakref.WeakKeyDictionary[LoopNest, tuple[Kernel, dict]]" = weakref.WeakKeyDictionary()
 
 
 def kernel_of(prim: LoopNest) -> Kernel:
@@ -194,10 +230,16 @@ def kernel_of(prim: LoopNest) -> Kernel:
     found = _kernels.get(prim)
     if found is None:
         found = _kernels[prim] = _build(prim.program)
-    return found
+    return found[0]
 
 
-def _build(program: Program) -> Kernel:
+def constants_of(prim: LoopNest) -> dict[str, np.ndarray]:
+    """The values of the kernel's "constant" parameters (arrays the traced program closed over)."""
+    kernel_of(prim)
+    return _kernels[prim][1]
+
+
+def _build(program: Program) -> tuple[Kernel, dict]:
     params: list[Param] = []
 
     def constant(value: np.ndarray) -> str:
@@ -234,16 +276,7 @@ def _build(program: Program) -> Kernel:
         outer = _sums(w, program.stmts[1:], map_stmt, rows, outputs, index, n)
     else:
         outer = _fold(w, program.stmts[1], map_stmt, rows, env, outputs, index, n)
-    kernel = prune(Kernel(tuple(params), outer))
-    _constants[kernel] = constants
-    return kernel
-
-
-_constants: "weakref.WeakKeyDictionary[Kernel, dict]" = weakref.WeakKeyDictionary()
-
-
-def constants_of(kernel: Kernel) -> dict[str, np.ndarray]:
-    return _constants[kernel]
+    return prune(Kernel(tuple(params), outer)), constants
 
 
 def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: list[str], index: str, n: int):
@@ -252,8 +285,9 @@ def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: lis
     states, init, merge = [], [], []
     for reader, output in zip(readers, outputs, strict=True):
         row, aval = by_var[reader.args[0]], reader.outs[0].aval
-        state = State(w.fresh("state"), tuple(aval.shape), aval.dtype, output, stored=True)
-        dt = aval.dtype.name
+        carried = (carry_for("add", [aval.dtype]) or (aval.dtype,))[0]  # float32 added up in float64, as _fold
+        state = State(w.fresh("state"), tuple(aval.shape), carried, output, stored=True)
+        dt = carried.name
         w.each_nonzero(row, lambda idx: w.emit(Store(
             state.name, idx, f"np.{dt}({_at(state.name, idx)} + {w.element(row, idx)})")))
         init += _fill(w, state, "0")

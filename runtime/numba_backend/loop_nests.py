@@ -158,7 +158,7 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
     kernel = kernel_of(prim)
     fn = compiled_kernel(prim)
     inputs = []
-    constants = constants_of(kernel)
+    constants = constants_of(prim)
     values = iter(args)
     for p in kernel.inputs:
         value = constants[p.name] if p.role == "constant" else next(values)
