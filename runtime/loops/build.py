@@ -571,11 +571,7 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     accs = [w.assign(e, "acc") for e in identities]
 
     def step(i: str) -> None:
-        elements = [Scalar(w.assign(w.element(x, (i,))), x.dtype) for x in xs]
-        combined = w.body(operator, list(consts) + [Scalar(a, c) for a, c in zip(accs, carried)] + elements)
-        results = [w.assign(w.element(c, ())) for c in combined]
-        for acc, r in zip(accs, results, strict=True):
-            w.emit(Assign(acc, r))
+        fold_into(w, operator, consts, accs, carried, [Scalar(w.assign(w.element(x, (i,))), x.dtype) for x in xs])
 
     commutative = prim.monoid is not None and prim.monoid.commutative
     folds = (lane_fold(w, operator, consts, accs, identities, carried),) if commutative else ()
@@ -592,6 +588,14 @@ CARRY_FROM = 128
 
 def _long(x: Value) -> bool:
     return x.shape[0] > CARRY_FROM
+
+
+def fold_into(w: Writer, operator: Program, consts: list, accs: list[str], dtypes: list, elements: list) -> None:
+    """accs = operator(consts, accs, elements), written here: one step of a fold or a scan."""
+    combined = w.body(operator, list(consts) + [Scalar(a, d) for a, d in zip(accs, dtypes, strict=True)] + elements)
+    results = [w.assign(w.element(c, ())) for c in combined]
+    for acc, r in zip(accs, results, strict=True):
+        w.emit(Assign(acc, r))
 
 
 def _cast(expr: str, to: np.dtype, was: np.dtype) -> str:
@@ -625,10 +629,7 @@ def _scan(w: Writer, prim: Scan, args: list[Value], out_avals) -> list[Value]:
         elements = [Scalar(w.assign(w.element(x, (at,))), x.dtype) for x in xs]
         if prim.exclusive:
             store(at)
-        combined = w.body(operator, list(consts) + [Scalar(a, c) for a, c in zip(accs, carried)] + elements)
-        results = [w.assign(w.element(c, ())) for c in combined]
-        for acc, r in zip(accs, results, strict=True):
-            w.emit(Assign(acc, r))
+        fold_into(w, operator, consts, accs, carried, elements)
         if not prim.exclusive:
             store(at)
 
@@ -696,7 +697,7 @@ def nestable(program: Program) -> str | None:
         if _rules.get(stmt.prim) is None or (isinstance(stmt.prim, Elementwise) and stmt.prim.op not in TEMPLATES):
             return f"{stmt.prim.name} has no loop-nest rule"
         if isinstance(stmt.prim, (Reduce, Scan)) and any(a.aval.ndim != 1 for a in stmt.args[stmt.prim.num_consts + stmt.prim.num_leaves:]):
-            return "a reduce of elements that are not scalars"
+            return f"a {stmt.prim.name} of elements that are not scalars"
         for body in stmt.prim.bodies():
             problem = nestable(body)
             if problem is not None:

@@ -34,7 +34,7 @@ from fold.primitives import Map, MatMul, Reduce, Scan, SumAxes
 
 from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
-from .build import NotNestable, Scalar, Stored, Writer, lane_fold, map_row, nestable, store_rows
+from .build import NotNestable, Scalar, Stored, Writer, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
 
@@ -332,10 +332,7 @@ def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs:
 
 def _combine(w: Writer, body: Program, consts, states, elements) -> None:
     """states = body(consts, states, elements), written here."""
-    combined = w.body(body, list(consts) + [Scalar(s.name, s.dtype) for s in states] + list(elements))
-    results = [w.assign(w.element(c, ())) for c in combined]
-    for s, r in zip(states, results, strict=True):
-        w.emit(Assign(s.name, r))
+    fold_into(w, body, consts, [s.name for s in states], [s.dtype for s in states], list(elements))
 
 
 def _at(name: str, idx: tuple) -> str:
