@@ -1,4 +1,6 @@
 import os
+import sys
+import threading
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -10,6 +12,37 @@ os.environ.setdefault("FOLD_CHECK", "1")
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _serialise_simulated_shared_arrays() -> None:
+    """Numba's CUDA simulator runs a block's threads as Python threads, and the first thread to reach a
+    `cuda.shared.array` line allocates the block's array for that line: it looks the line up, allocates,
+    then records it, with no lock (numba/cuda/simulator/kernelapi.py, FakeCUDAShared.array). A thread that
+    switches in between allocates an array of its own, its partials never meet the block's, and a correct
+    kernel gives garbage now and then (the segmented scan test failed so once in a full run). The same
+    lookup under a lock."""
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    lock, dynamic = threading.Lock(), kernelapi.FakeCUDAShared.array
+
+    def array(self, shape, dtype):
+        if shape == 0:  # dynamic shared memory: one buffer, no lookup
+            return dynamic(self, shape, dtype)
+        if isinstance(dtype, kernelapi.types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        line = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            if line not in self._allocations:
+                self._allocations[line] = kernelapi.np.empty(shape, dtype)
+            return self._allocations[line]
+
+    kernelapi.FakeCUDAShared.array = array
+
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    _serialise_simulated_shared_arrays()
 
 
 def pytest_report_header(config):

@@ -404,3 +404,39 @@ def test_map_over_reads_broadcast_operands_in_place(shape):
 def test_map_over_names_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_blocks_threads_share_one_shared_array_on_the_simulator(monkeypatch):
+    """Each thread writes its slot and reads its neighbour's after the barrier. On the simulator the
+    allocation is slowed so that every thread reaches it before the first records it: unserialised (as
+    Numba ships it), each thread got an array of its own and read garbage; tests/conftest.py serialises it."""
+    from numba import config
+
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("about Numba's CUDA simulator; on a GPU the kernel tests above cover shared memory")
+    import time
+
+    from numba.cuda.simulator import kernelapi
+
+    class SlowEmpty:
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def empty(*args, **kwargs):
+            time.sleep(0.01)
+            return np.empty(*args, **kwargs)
+
+    monkeypatch.setattr(kernelapi, "np", SlowEmpty())
+
+    @cuda.jit
+    def neighbours(out):
+        t = cuda.threadIdx.x
+        s = cuda.shared.array(16, np.float64)
+        s[t] = t
+        cuda.syncthreads()
+        out[cuda.blockIdx.x, t] = s[(t + 1) % 16]
+
+    out = np.full((3, 16), -1.0)
+    neighbours[3, 16](out)
+    np.testing.assert_array_equal(out, np.broadcast_to((np.arange(16) + 1) % 16, (3, 16)))
