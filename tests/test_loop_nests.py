@@ -358,6 +358,55 @@ def test_a_fold_whose_operator_is_a_lambda_is_not_split_into_lanes():
     _close(got, fold.jit(f(M.logaddexp), backend="numba")(X), 1e-13)
 
 
+def _tanh_of_dots(X, w):
+    return fold.map(lambda x: fold.tanh(fold.sum(x * w)), X)
+
+
+@lanes_only
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
+@pytest.mark.parametrize("n", [3, 4, 41])
+def test_rows_go_side_by_side_where_a_transcendental_follows_their_fold(n, dtype, rtol):
+    """tanh of each row's dot product: no innermost loop has the tanh, so four rows go through the body side
+    by side, the row's loop once for all four (each row's sum its own, in its own order) and the tanh one
+    vector call; summed, the sum in four copies merged after. 3 rows: no group; 41: ten groups and one left."""
+    X, w = rng.normal(size=(n, 5)).astype(dtype), rng.normal(size=5).astype(dtype)
+    summed = lambda X, w: fold.sum(_tanh_of_dots(X, w))  # noqa: E731
+    for f in (_tanh_of_dots, summed, fold.grad(summed, argnums=(0, 1))):
+        got, want = _both(f, X, w)
+        _close(got, want, rtol)
+    for f in (_tanh_of_dots, summed):
+        text = _sources(f, X, w)
+        assert "vtanh" in text and "i__c__g in range(i__c__n // 4)" in text and "e2__3 = in1[i__3, i1]" in text, text
+        assert text.count("for i1 in range(5)") == 2, text  # the group's, and the rows left over
+    assert "state6__3" in _sources(summed, X, w)
+
+
+@lanes_only
+def test_rows_side_by_side_fold_into_an_ordered_operator_lane_after_lane():
+    """A user operator (affine maps composed: not commutative) over the rows' (1 + tanh(x . w) / 10, sum x):
+    the rows' folds and tanh run side by side, and the operator takes them in row order, on one state."""
+    X, w = rng.normal(size=(23, 6)), rng.normal(size=6)
+
+    def f(X, w):
+        pairs = fold.map(lambda x: (1.0 + 0.1 * fold.tanh(fold.sum(x * w)), fold.sum(x)), X)
+        return fold.reduce(lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1]), pairs, identity=(1.0, 0.0))
+
+    text = _sources(f, X, w)
+    assert "vtanh(" in text and "i__c__g" in text, text
+    assert "state12__1" not in text and text.index("state12 = t17__0") < text.index("state12 = t17__1"), text
+    _close(*_both(f, X, w), 1e-12)
+
+
+@lanes_only
+def test_rows_side_by_side_each_keep_their_own_buffer():
+    """A row's prefix sums are stored in a row buffer and read back: four rows side by side, four buffers."""
+    X, w = rng.normal(size=(23, 6)), rng.normal(size=6)
+    f = lambda X, w: fold.map(lambda r: fold.tanh(fold.sum(fold.scan(M.sum, r) * w)), X)  # noqa: E731
+    text = _sources(f, X, w)
+    assert "vtanh(" in text and all(f"b1__{lane}[i2] = " in text for lane in range(4)), text
+    _close(*_both(f, X, w), 1e-12)
+
+
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-13), (np.float32, 2e-6)])
 @pytest.mark.parametrize("identity", [None, -np.inf])
 def test_a_logaddexp_fold_is_its_maximum_then_a_sum_of_exponentials(dtype, rtol, identity):

@@ -50,8 +50,11 @@ def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
     # every buffer is allocated once per chunk: those of the outlined parts too, passed to them
     if isinstance(outer, ParallelMap):
         lines += [f"    for chunk in prange(chunks):", *_chunk_bounds("chunk", outer.extent),
-                  *_allocations(laned.body, 8), f"        for {outer.index} in range(lo, hi):",
-                  *_nodes(outer.body, 12, hoisted=True)]
+                  *_allocations(laned.body, 8)]
+        if whole_chunk:
+            lines += _nodes(outer.body, 8, hoisted=True)
+        else:
+            lines += [f"        for {outer.index} in range(lo, hi):", *_nodes(outer.body, 12, hoisted=True)]
     else:
         lines += _fold_lines(outer, laned.step, whole_chunk)
     return "\n".join([
@@ -85,13 +88,16 @@ def _in_parts(outer, params: list[str]):
 
 
 def _with_lanes(outer) -> tuple[Any, bool]:
-    """The traversal with its innermost loops run in lanes where that pays (nest_lanes), and whether its step
-    is now a fold's whole chunk (its chunk's loop run in lanes, nest_lanes.chunk_in_lanes)."""
+    """The traversal with its indices (nest_lanes.outer_in_lanes) or its innermost loops run in lanes where
+    that pays (nest_lanes), and whether its body is now a whole chunk (its chunk's loop run in lanes)."""
     if isinstance(outer, ParallelMap):
+        chunk = nest_lanes.outer_in_lanes(outer, Counter())
+        if chunk is not None:
+            return ParallelMap(outer.index, outer.extent, chunk), True
         return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body)), False
     # the states are read after the traversal: they count as read outside any loop of the step
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge)
-    chunk = nest_lanes.chunk_in_lanes(outer, outside)
+    chunk = nest_lanes.outer_in_lanes(outer, outside) or nest_lanes.chunk_in_lanes(outer, outside)
     if chunk is not None:
         return replace(outer, step=chunk), True
     return replace(outer, step=nest_lanes.in_lanes(outer.step, outside + reads(outer.step))), False

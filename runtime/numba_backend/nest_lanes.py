@@ -20,6 +20,12 @@ own, started at the identity, and the copies are combined with the fold's operat
 logaddexp or a sum over a row runs WIDTH elements at a time. That reassociates the fold, which its
 operator's commutativity and associativity allow (rounding aside). The iterations that do not fill a group run the loop's body
 as it was.
+
+The outer traversal runs in lanes the same way (outer_in_lanes) where its body has a transcendental function
+that no innermost loop would run in lanes: tanh of each row's dot product, a log-sigmoid of a row's score.
+WIDTH rows then go side by side through the body; its inner loops run once for all of them, each statement
+written once per lane (a lane rule's as one vector call), so each row folds its own elements in its own
+order, and only the outer fold's commutative states are split.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from collections import Counter
 from typing import Iterable
 
 from fold.kernels.cpu import vector_math
-from fold.runtime.loops.nest import Assign, Buffer, If, LaneFold, Loop, ParallelFold, Store
+from fold.runtime.loops.nest import Assign, Buffer, If, LaneFold, Loop, ParallelFold, ParallelMap, Store, buffers
 from fold.runtime.loops.text import events, names, reads, size
 
 from .codegen import LANE_RULES
@@ -95,6 +101,54 @@ def _lane_call(expr: str) -> tuple[str, str, list[str]] | None:
     return op, dtype, [ast.unparse(a) for a in call.args]
 
 
+def outer_in_lanes(outer: ParallelMap | ParallelFold, reads_outside: Counter) -> tuple | None:
+    """The nodes running the indices lo <= index < hi of a chunk of `outer` WIDTH at a time, where its body has
+    loops and transcendental functions that no innermost loop would run in lanes (_pays_outside); None where
+    it has none, a value is carried that a lane cannot have its own copy of, or the body would grow by more
+    than MAX_ADDED statements. A fold's commutative states are split into a copy per lane."""
+    body = outer.body if isinstance(outer, ParallelMap) else outer.step
+    if not vector_math.AVAILABLE or all(isinstance(n, (Assign, Store)) for n in body) or not _pays_outside(body):
+        return None
+    loop = _chunk_loop(outer.index, body, () if isinstance(outer, ParallelMap) else outer.folds)
+    laned = _laned(loop, reads_outside + reads([loop]), nested=True)
+    if laned == [loop] or size(laned) - size([loop]) > MAX_ADDED:
+        return None
+    return tuple(laned)
+
+
+def _chunk_loop(index: str, body: tuple, folds: tuple) -> Loop:
+    """A chunk's indices lo <= index < hi as one loop of a dynamic extent."""
+    offset = f"{index}__c"
+    return Loop(offset, "hi - lo", (Assign(index, f"lo + {offset}"), *body), folds)
+
+
+def _pays_outside(nodes: tuple) -> bool:
+    """Whether the statements with a lane rule that in_lanes leaves scalar (outside any loop, or in a loop
+    that is not an innermost straight-line one long enough for lanes) run more often than those it runs in
+    lanes: a row's tanh after its dot product, not a row's log after a thousand exps (there the row's own
+    loop in lanes reads its elements contiguously and folds them in copies; side by side, a logsumexp
+    gradient over rows of 1000 took 1.07-1.21x as long)."""
+    left, laned = _lane_calls(nodes, 1)
+    return left > laned
+
+
+def _lane_calls(nodes: tuple, runs: int) -> tuple[int, int]:
+    """(left scalar, run in lanes by in_lanes): the statements with a lane rule, each counted as often as its
+    loops run it per pass over `nodes` (a loop of a dynamic extent counted as MIN_EXTENT iterations)."""
+    left = laned = 0
+    for node in nodes:
+        if isinstance(node, Assign) and _lane_call(node.expr):
+            left += runs
+        elif isinstance(node, (Loop, If)):
+            trips = 1 if isinstance(node, If) else (MIN_EXTENT if isinstance(node.extent, str) else node.extent)
+            innermost = isinstance(node, Loop) and all(isinstance(n, (Assign, Store)) for n in node.body)
+            inner_left, inner_laned = _lane_calls(node.body, runs * trips)
+            if innermost and trips >= MIN_EXTENT:
+                inner_left, inner_laned = 0, inner_left
+            left, laned = left + inner_left, laned + inner_laned
+    return left, laned
+
+
 def chunk_in_lanes(fold: ParallelFold, reads_outside: Counter) -> tuple | None:
     """The nodes folding the elements lo <= index < hi of a chunk of `fold` in lanes: its commutative states
     (ParallelFold.folds) split into a copy per lane, so that the chunk's running values no longer wait for one
@@ -102,8 +156,7 @@ def chunk_in_lanes(fold: ParallelFold, reads_outside: Counter) -> tuple | None:
     run WIDTH at a time; None where the step cannot be (not straight-line, no such state)."""
     if not fold.folds:
         return None
-    offset = f"{fold.index}__c"
-    loop = Loop(offset, "hi - lo", (Assign(fold.index, f"lo + {offset}"), *fold.step), fold.folds)
+    loop = _chunk_loop(fold.index, fold.step, fold.folds)
     total = reads_outside + reads([loop])
     if vector_math.AVAILABLE and any(_lane_call(n.expr) for n in fold.step if isinstance(n, Assign)):
         laned = _laned(loop, total, split_alone=True)
@@ -166,41 +219,42 @@ def _tiled(loop: Loop, dtypes: dict, reads_total: Counter, index: str) -> tuple 
     return tuple(nodes)
 
 
-def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False) -> list:
+def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: bool = False) -> list:
     """The loop run in lanes (its group loop, the fold copies' merge, then the rest), or [loop] unchanged.
-    `split_alone`: splitting the folds pays even where no statement has a lane rule."""
+    `split_alone`: splitting the folds pays even where no statement has a lane rule. `nested`: the body may
+    hold loops, buffers and branches (the outer traversal's body); a loop that reads nothing carried runs
+    once for all lanes, its statements written per lane."""
     body = loop.body
     dynamic = isinstance(loop.extent, str)
-    if ((not dynamic and loop.extent < MIN_EXTENT) or not all(isinstance(n, (Assign, Store)) for n in body)
+    if ((not dynamic and loop.extent < MIN_EXTENT)
+            or not all(isinstance(n, (Assign, Store)) for n in body) and not nested
             or not all(isinstance(n, Assign) for fold in loop.folds for n in fold.merge)):
         return [loop]
-    stored = {n.target for n in body if isinstance(n, Store)}
+    own = {b.name for b in buffers(body)}  # a lane gets its own copy
+    stored = {n for node in body for kind, n in events(node) if kind == "store"} - own
     body_reads = reads(body)
     if stored & set(body_reads):
         return [loop]
     split = {acc for fold in loop.folds for acc in fold.accs}
-    assigned = [n.target for n in body if isinstance(n, Assign)]
-    carried, seen = set(), set()
-    for node in body:
-        carried |= {n for n in [n for kind, n in events(node) if kind == "read"] if n in set(assigned) and n not in seen}
-        if isinstance(node, Assign):
-            seen.add(node.target)
-    carried |= {n for n in set(assigned) if reads_total[n] > body_reads[n]}
+    assigned = {n for node in body for n in _assigned(node)}
+    indices = {n.index for n in _loops(body)}
+    carried = _read_first(body, assigned | own, set())
+    carried |= {n for n in assigned | own if reads_total[n] > body_reads[n]}
     carried -= split
-    serial, parallel = _serial(body, carried), []
-    for node in body:
-        if node not in serial:
-            parallel.append(node)
-    if not (split_alone and split) and not any(_lane_call(n.expr) for n in parallel if isinstance(n, Assign)):
+    serial = _serial(body, carried, own)
+    parallel = [node for node in body if node not in serial]
+    if not (split_alone and split) and not _has_lane_call(parallel):
         return [loop]
-    local = (set(assigned) - carried) | {loop.index} | split
+    local = (assigned - carried - indices) | (own - carried) | {loop.index} | split
+    if any(isinstance(n.extent, str) and set(names(n.extent)) & local for n in _loops(parallel)):
+        return [loop]  # an inner loop whose trip count differs from lane to lane
     rename = _renamer(local)
     group = f"{loop.index}__g"
     extent = f"{loop.index}__n" if dynamic else loop.extent
     first = f"({extent} - {extent} % {WIDTH})" if dynamic else loop.extent - loop.extent % WIDTH
     lines = [Assign(rename(loop.index, lane), f"{group} * {WIDTH} + {lane}") for lane in range(WIDTH)]
     for node in parallel:
-        lines += _parallel_statement(node, rename)
+        lines += _side_by_side(node, rename)
     lines += [_renamed(node, rename, lane) for lane in range(WIDTH) for node in body if node in serial]
     nodes = [Assign(extent, loop.extent)] if dynamic else []
     nodes += [Assign(rename(acc, lane), acc if lane == 0 else identity)
@@ -215,16 +269,72 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False) -> list:
     return nodes
 
 
-def _serial(body: tuple, carried: set[str]) -> set:
-    """The nodes that read or write a carried value (or read one that does), and every store."""
+def _assigned(node) -> Iterable[str]:
+    """The names a node assigns (loops and branches entered), loop indices not counted."""
+    if isinstance(node, Assign):
+        yield from names(node.target)
+    elif isinstance(node, (Loop, If)):
+        for inner in node.body:
+            yield from _assigned(inner)
+
+
+def _loops(nodes: Iterable) -> Iterable[Loop]:
+    for node in nodes:
+        if isinstance(node, Loop):
+            yield node
+        if isinstance(node, (Loop, If)):
+            yield from _loops(node.body)
+
+
+def _read_first(nodes: tuple, candidates: set[str], seen: set[str]) -> set[str]:
+    """The candidates read before `nodes` (one pass, in order) surely write them: values carried from the
+    previous pass. A branch's writes, or those of a loop that may not run, are not sure; `seen` grows."""
+    carried = set()
+    for node in nodes:
+        if isinstance(node, (Assign, Store)):
+            carried |= {n for kind, n in events(node) if kind == "read" and n in candidates and n not in seen}
+            seen |= set(names(node.target)) if isinstance(node, Assign) else set()
+        elif isinstance(node, Loop):
+            runs = not isinstance(node.extent, str) and node.extent > 0
+            carried |= {n for n in names(str(node.extent)) if n in candidates and n not in seen}
+            inner = seen | {node.index}
+            carried |= _read_first(node.body, candidates, inner)
+            if runs:
+                seen |= inner
+        elif isinstance(node, If):
+            carried |= {n for n in names(node.cond) if n in candidates and n not in seen}
+            carried |= _read_first(node.body, candidates, set(seen))
+        elif isinstance(node, Buffer):
+            seen.add(node.name)  # its elements are stored before they are read (Buffer)
+    return carried
+
+
+def _has_lane_call(nodes: Iterable) -> bool:
+    return any((isinstance(n, Assign) and _lane_call(n.expr)) or (isinstance(n, (Loop, If)) and _has_lane_call(n.body))
+               for n in nodes)
+
+
+def _serial(body: tuple, carried: set[str], own: set[str] = frozenset()) -> set:
+    """The nodes that read or write a carried value (or read one that does), and every store into an array
+    the lanes share."""
     tainted, serial = set(carried), set()
     for node in body:
-        if isinstance(node, Store) or (isinstance(node, Assign) and (node.target in tainted
-                                                                     or tainted & set(names(node.expr)))):
+        touched = {n for _, n in events(node)}
+        shared_store = isinstance(node, Store) and node.target not in own
+        if shared_store or touched & tainted:
             serial.add(node)
-            if isinstance(node, Assign):
-                tainted.add(node.target)
+            tainted |= {n for kind, n in events(node) if kind in ("write", "store")}
     return serial
+
+
+def _side_by_side(node, rename) -> list:
+    """A node that reads nothing carried, for every lane: a loop runs once, its statements per lane."""
+    if isinstance(node, Assign):
+        return _parallel_statement(node, rename)
+    if isinstance(node, Loop):
+        inner = [line for n in node.body for line in _side_by_side(n, rename)]
+        return [Loop(node.index, node.extent, tuple(inner))]
+    return [_renamed(node, rename, lane) for lane in range(WIDTH)]
 
 
 def _renamer(local: set[str]):
@@ -241,7 +351,14 @@ def _renamer(local: set[str]):
 def _renamed(node, rename, lane):
     if isinstance(node, Assign):
         return Assign(rename(node.target, lane), rename(node.expr, lane))
-    return Store(node.target, tuple(rename(i, lane) for i in node.index), rename(node.expr, lane))
+    if isinstance(node, Store):
+        return Store(rename(node.target, lane), tuple(rename(i, lane) for i in node.index), rename(node.expr, lane))
+    if isinstance(node, Buffer):
+        return Buffer(rename(node.name, lane), node.shape, node.dtype)
+    if isinstance(node, If):
+        return If(rename(node.cond, lane), tuple(_renamed(n, rename, lane) for n in node.body))
+    return Loop(node.index, rename(str(node.extent), lane) if isinstance(node.extent, str) else node.extent,
+                tuple(_renamed(n, rename, lane) for n in node.body))
 
 
 def _parallel_statement(node: Assign, rename) -> list[Assign]:
