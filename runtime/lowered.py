@@ -36,7 +36,9 @@ def lowered(f: Callable[..., Any], *args: Any, backend: str = "numba") -> Lowere
     from .loops import LoopNest, describe, kernel_of
 
     program = dce(trace(f, *args))
+    as_run = _as_built  # a backend's last rewrite of a nest's kernel
     if backend == "numba":
+        from .numba_backend.loop_nests import as_run
         from .numba_backend.passes import prepare
 
         program = prepare(program, whole_arrays=True)
@@ -46,5 +48,9 @@ def lowered(f: Callable[..., Any], *args: Any, backend: str = "numba") -> Lowere
         program = prepared(program)  # what CudaProgram runs (cuda_backend/backend.py)
     elif backend != "numpy":
         raise ValueError(f"fold.lowered: backend must be 'numba', 'cuda' or 'numpy', got {backend!r}")
-    nests = tuple(describe(kernel_of(s.prim)) for s in program.stmts if isinstance(s.prim, LoopNest))
+    nests = tuple(describe(as_run(kernel_of(s.prim))) for s in program.stmts if isinstance(s.prim, LoopNest))
     return Lowered(program, nests, backend)
+
+
+def _as_built(kernel):
+    return kernel

@@ -358,6 +358,60 @@ def test_a_fold_whose_operator_is_a_lambda_is_not_split_into_lanes():
     _close(got, fold.jit(f(M.logaddexp), backend="numba")(X), 1e-13)
 
 
+# ------------------------------------- a transcendental a later loop computes again (numba_backend/nest_reuse.py)
+
+def _two_loops(between: tuple = ()):
+    """A ParallelMap over rows: a loop summing exp(x * t1) over the row, then `between`, then a loop writing
+    exp(x * t1) * the sum."""
+    from fold.runtime.loops.nest import Assign, Kernel, Loop, Param, ParallelMap, Store
+
+    f64 = np.dtype(np.float64)
+    first = Loop("j", 8, (Assign("e1", "in0[i, j]"), Assign("t2", "np.float64(math.exp(np.float64((e1 * t1))))"),
+                          Assign("acc3", "np.float64((acc3 + t2))")))
+    second = Loop("k", 8, (Assign("e4", "in0[i, k]"), Assign("t5", "np.float64(math.exp(np.float64((e4 * t1))))"),
+                           Store("out0", ("i", "k"), "np.float64((t5 * acc3))")))
+    body = (Assign("t1", "np.float64(0.5)"), Assign("acc3", "np.float64(0.0)"), first, *between, second)
+    return Kernel((Param("in0", (3, 8), f64, "input"), Param("out0", (3, 8), f64, "output")),
+                  ParallelMap("i", 3, body))
+
+
+def test_a_later_loops_transcendental_is_read_from_the_first_loops_buffer():
+    from fold.runtime.loops.nest import Assign, Buffer, Loop, Store
+    from fold.runtime.numba_backend.nest_reuse import reused
+
+    body = reused(_two_loops()).outer.body
+    buffer, first, second = body[2], body[3], body[4]
+    assert isinstance(buffer, Buffer) and buffer.shape == (8,) and buffer.dtype == np.float64, body
+    assert first.body[-1] == Store(buffer.name, ("j",), "t2"), first
+    assert Assign("t5", f"{buffer.name}[k]") in second.body and isinstance(second, Loop), second
+
+
+def test_a_value_that_changes_between_the_loops_is_computed_again():
+    """t1 is assigned again between the loops: the second loop's exp(x * t1) is another value."""
+    from fold.runtime.loops.nest import Assign
+    from fold.runtime.numba_backend.nest_reuse import reused
+
+    kernel = _two_loops((Assign("t1", "np.float64(2.0)"),))
+    assert reused(kernel) == kernel
+
+
+@lanes_only
+def test_a_logsumexp_hessian_vector_product_computes_each_exp_once_per_pass():
+    """The HVP of a row's logsumexp sums exp(x - lse) * tangent over the row, then writes exp(x - lse) times
+    (tangent - that sum): the second pass reads the first's exponentials from a row buffer. Two vector exp
+    calls in the nest's group loops (the row's sum of exp(x - max), the first pass), none in the output's."""
+    X = rng.normal(size=(30, 103))
+    X[3, :40] = -np.inf
+    T = rng.normal(size=X.shape)
+
+    def hvp(X):
+        return fold.jvp(fold.grad(_logsumexp_rows), (X,), (T,))[1]
+
+    text = _sources(hvp, X)
+    assert text.count("vexp(") == 2 and "r0[i" in text, text
+    _close(*_both(hvp, X), 1e-12)
+
+
 def _tanh_of_dots(X, w):
     return fold.map(lambda x: fold.tanh(fold.sum(x * w)), X)
 
@@ -561,7 +615,8 @@ def _loops(kernel):
 
 def test_the_same_pure_expression_is_computed_once_where_its_block_is_open():
     """Two tanh statements of the same operand (as a gradient's recomputed forward and its derivative) are
-    one call; a sum over a row shifted by another sum over it reads that sum's final value."""
+    one call (rows side by side: one vector call for a group of rows, one scalar call for the rows left
+    over); a sum over a row shifted by another sum over it reads that sum's final value."""
     X = rng.normal(size=(40, 6, 5))
 
     def f(X):
@@ -569,7 +624,7 @@ def test_the_same_pure_expression_is_computed_once_where_its_block_is_open():
             lambda r: fold.sum(fold.tanh(r) * fold.tanh(r)) + fold.sum(r - fold.sum(r)), m)), X))
 
     text = _sources(f, X)
-    assert text.count("math.tanh(") + text.count("vtanh(") == 1, text
+    assert text.count("math.tanh(") <= 1 and text.count("vtanh(") <= 1 and "tanh(" in text, text
     got, want = _both(f, X)
     _close(got, want, 1e-12)
 

@@ -37,26 +37,13 @@ from fold.rules import RuleTable
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
-from .text import defined, names
+from .text import defined, names, pure as is_pure
 from ..wide_operators import carried_operator, carry_for
 
 
 
 # the most pulled statements an element is written through before the array is stored
 MAX_CHAIN = 48
-
-
-# names a nest assigns more than once (accumulators, fold states), and the arrays it reads that are never
-# written (kernel inputs and constants): an expression reading the first, or reading any other array, is
-# not pure, since what it reads may change between two places it is written
-_REASSIGNED = re.compile(r"(acc|s|state)\d+")
-_READ_ONLY_ARRAY = re.compile(r"(in|k)\d+")
-_SUBSCRIPTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
-
-
-def _pure(expr: str) -> bool:
-    return (not any(_REASSIGNED.fullmatch(n) for n in names(expr))
-            and all(_READ_ONLY_ARRAY.fullmatch(a) for a in _SUBSCRIPTED.findall(expr)))
 
 
 class NotNestable(Exception):
@@ -135,7 +122,7 @@ class Writer:
         self.blocks[-1].append(node)
 
     def assign(self, expr: str, prefix: str = "t") -> str:
-        pure = prefix in ("t", "e") and _pure(expr)
+        pure = prefix in ("t", "e") and is_pure(expr)
         if pure:
             found = self._texts.get(expr)
             if found is not None and self._open(found[1]):

@@ -49,6 +49,29 @@ def names(text: str) -> list[str]:
     return _NAME.findall(text)
 
 
+def substitute(text: str, replace: Callable[[str], str]) -> str:
+    """`text` with each name it mentions replaced by replace(name)."""
+    return _NAME.sub(lambda m: replace(m.group(0)), text)
+
+
+# names a nest assigns more than once (accumulators, fold states), and the arrays it reads that are never
+# written (kernel inputs and constants): an expression reading the first, or reading any other array, is
+# not pure, since what it reads may change between two places it is written
+REASSIGNED = re.compile(r"(acc|s|state)\d+")
+_READ_ONLY_ARRAY = re.compile(r"(in|k)\d+")
+_SUBSCRIPTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
+
+
+def reads_only_inputs(expr: str) -> bool:
+    """Whether every array `expr` subscripts is a kernel input or constant (never written)."""
+    return all(_READ_ONLY_ARRAY.fullmatch(a) for a in _SUBSCRIPTED.findall(expr))
+
+
+def pure(expr: str) -> bool:
+    """Whether `expr` has the same value wherever it is written while the names it reads are in scope."""
+    return not any(REASSIGNED.fullmatch(n) for n in names(expr)) and reads_only_inputs(expr)
+
+
 def events(node) -> Iterator[tuple[str, str]]:
     """("read" | "write" | "store", name) in execution order within one pass over `node`: "store" names the
     array a Store writes into (an element, not the name)."""

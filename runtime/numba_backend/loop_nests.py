@@ -21,7 +21,7 @@ from fold.runtime.loops import LoopNest, constants_of, kernel_of
 from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
-from . import nest_lanes, nest_parts, scalar_helpers
+from . import nest_lanes, nest_parts, nest_reuse, scalar_helpers
 from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
@@ -41,8 +41,14 @@ def kernel_source(kernel: Kernel) -> str:
     return kernel_module(kernel)[0]
 
 
+def as_run(kernel: Kernel) -> Kernel:
+    """The nest as this backend runs it: with what a later loop would compute again stored (nest_reuse)."""
+    return nest_reuse.reused(kernel)
+
+
 def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
     """The kernel's module text, and the functions in it to compile with their options."""
+    kernel = as_run(kernel)
     params = [p.name for p in kernel.inputs] + [p.name for p in kernel.outputs] + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):"]
     laned, whole_chunk = _with_lanes(kernel.outer)

@@ -81,7 +81,7 @@ def _in_lanes(nodes: tuple, total: Counter, budget: list[int]) -> tuple:
     return tuple(out)
 
 
-def _lane_call(expr: str) -> tuple[str, str, list[str]] | None:
+def lane_call(expr: str) -> tuple[str, str, list[str]] | None:
     """(operation, dtype, argument texts) of `np.<dtype>(<call>(<args>))`, where <call> has a lane form."""
     try:
         tree = ast.parse(expr, mode="eval").body
@@ -137,7 +137,7 @@ def _lane_calls(nodes: tuple, runs: int) -> tuple[int, int]:
     loops run it per pass over `nodes` (a loop of a dynamic extent counted as MIN_EXTENT iterations)."""
     left = laned = 0
     for node in nodes:
-        if isinstance(node, Assign) and _lane_call(node.expr):
+        if isinstance(node, Assign) and lane_call(node.expr):
             left += runs
         elif isinstance(node, (Loop, If)):
             trips = 1 if isinstance(node, If) else (MIN_EXTENT if isinstance(node.extent, str) else node.extent)
@@ -158,7 +158,7 @@ def chunk_in_lanes(fold: ParallelFold, reads_outside: Counter) -> tuple | None:
         return None
     loop = _chunk_loop(fold.index, fold.step, fold.folds)
     total = reads_outside + reads([loop])
-    if vector_math.AVAILABLE and any(_lane_call(n.expr) for n in fold.step if isinstance(n, Assign)):
+    if vector_math.AVAILABLE and any(lane_call(n.expr) for n in fold.step if isinstance(n, Assign)):
         laned = _laned(loop, total, split_alone=True)
         return None if laned == [loop] else tuple(laned)
     return _tiled(loop, {s.name: s.dtype for s in fold.states}, total, fold.index)
@@ -310,7 +310,7 @@ def _read_first(nodes: tuple, candidates: set[str], seen: set[str]) -> set[str]:
 
 
 def _has_lane_call(nodes: Iterable) -> bool:
-    return any((isinstance(n, Assign) and _lane_call(n.expr)) or (isinstance(n, (Loop, If)) and _has_lane_call(n.body))
+    return any((isinstance(n, Assign) and lane_call(n.expr)) or (isinstance(n, (Loop, If)) and _has_lane_call(n.body))
                for n in nodes)
 
 
@@ -363,7 +363,7 @@ def _renamed(node, rename, lane):
 
 def _parallel_statement(node: Assign, rename) -> list[Assign]:
     """One statement for every lane: a lane rule's vector call where it has one, else once per lane."""
-    call = _lane_call(node.expr)
+    call = lane_call(node.expr)
     if call is None:
         return [_renamed(node, rename, lane) for lane in range(WIDTH)]
     op, dtype, args = call
