@@ -360,15 +360,15 @@ def test_a_fold_whose_operator_is_a_lambda_is_not_split_into_lanes():
 
 # ------------------------------------- a transcendental a later loop computes again (numba_backend/nest_reuse.py)
 
-def _two_loops(between: tuple = ()):
-    """A ParallelMap over rows: a loop summing exp(x * t1) over the row, then `between`, then a loop writing
-    exp(x * t1) * the sum."""
+def _two_loops(between: tuple = (), scale: str = "t1"):
+    """A ParallelMap over rows: a loop summing exp(x * scale) over the row into acc3, then `between`, then a
+    loop writing exp(x * scale) * acc3."""
     from fold.runtime.loops.nest import Assign, Kernel, Loop, Param, ParallelMap, Store
 
     f64 = np.dtype(np.float64)
-    first = Loop("j", 8, (Assign("e1", "in0[i, j]"), Assign("t2", "np.float64(math.exp(np.float64((e1 * t1))))"),
+    first = Loop("j", 8, (Assign("e1", "in0[i, j]"), Assign("t2", f"np.float64(math.exp(np.float64((e1 * {scale}))))"),
                           Assign("acc3", "np.float64((acc3 + t2))")))
-    second = Loop("k", 8, (Assign("e4", "in0[i, k]"), Assign("t5", "np.float64(math.exp(np.float64((e4 * t1))))"),
+    second = Loop("k", 8, (Assign("e4", "in0[i, k]"), Assign("t5", f"np.float64(math.exp(np.float64((e4 * {scale}))))"),
                            Store("out0", ("i", "k"), "np.float64((t5 * acc3))")))
     body = (Assign("t1", "np.float64(0.5)"), Assign("acc3", "np.float64(0.0)"), first, *between, second)
     return Kernel((Param("in0", (3, 8), f64, "input"), Param("out0", (3, 8), f64, "output")),
@@ -393,6 +393,29 @@ def test_a_value_that_changes_between_the_loops_is_computed_again():
 
     kernel = _two_loops((Assign("t1", "np.float64(2.0)"),))
     assert reused(kernel) == kernel
+
+
+def test_a_value_the_earlier_loop_changes_is_computed_again():
+    """exp(x * acc3): the first loop reads acc3 as it runs, the second its final value."""
+    from fold.runtime.numba_backend.nest_reuse import reused
+
+    kernel = _two_loops(scale="acc3")
+    assert reused(kernel) == kernel
+
+
+@lanes_only
+def test_softmax_rows_compute_each_exp_once():
+    """exp(x - max) is summed in one loop and divided by the sum in the next: the first loop stores it. The
+    max is an accumulator's final value, assigned before both loops and in neither."""
+    X = rng.normal(size=(20, 70)).astype(np.float32)
+    X[2, :30] = -np.inf
+
+    def softmax_rows(X):
+        return fold.map(lambda r: (lambda e: e / fold.sum(e))(fold.exp(r - fold.reduce(M.max, r))), X)
+
+    text = _sources(softmax_rows, X)
+    assert "r0[i" in text and text.count("vexpf(") == 1, text
+    _close(*_both(softmax_rows, X), 2e-6)
 
 
 @lanes_only

@@ -10,7 +10,7 @@ nest is built: where a loop's statement with a lane rule (exp, log, tanh, ...: w
 has the same value as one in an earlier sibling loop of the same trip count, the earlier loop stores it in
 a buffer of the row's length (in cache: 4 KB for 1000 float32) and the later one reads it. Only values that
 cannot change between the loops qualify: expressions of the loop's index, of read-only arrays and of
-temporaries assigned once outside both loops.
+names assigned neither in the loops nor between them (an accumulator's final value, read by both, counts).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from fold.runtime.loops.nest import Assign, Buffer, If, Kernel, Loop, ParallelMap, Store
 from fold.runtime.loops.prune import prune
-from fold.runtime.loops.text import REASSIGNED, names, reads_only_inputs, substitute
+from fold.runtime.loops.text import names, reads_only_inputs, substitute
 
 from .nest_lanes import lane_call
 
@@ -106,7 +106,9 @@ def _shared(earlier: Loop, later: Loop, unstable: set[str]) -> list[tuple[str, A
 
 def _canonical(loop: Loop, unstable: set[str]) -> dict[str, str]:
     """Each temporary the loop assigns once, as the text of its value in terms of the loop's index (`@`),
-    read-only arrays and names that are the same in every loop; those that read anything else are left out."""
+    read-only arrays and names assigned neither in the loop nor in `unstable`; those that read anything else
+    (a value the loop changes, a buffer) are left out. A name the earlier loop assigns stays in the later
+    loop's text as itself, never in the earlier's, so the two never match through it."""
     counts: dict[str, int] = {}
     for node in loop.body:
         if isinstance(node, Assign):
@@ -126,7 +128,7 @@ def _canonical(loop: Loop, unstable: set[str]) -> dict[str, str]:
                 return "@"
             if n in texts:
                 return f"({texts[n]})"
-            if n in counts or REASSIGNED.fullmatch(n) or n in unstable:
+            if n in counts or n in unstable:  # assigned in the loop, or between the two loops
                 ok = False
             return n
 
