@@ -363,11 +363,13 @@ def test_a_fold_whose_operator_is_a_lambda_is_not_split_into_lanes():
 def _two_loops(between: tuple = (), scale: str = "t1"):
     """A ParallelMap over rows: a loop summing exp(x * scale) over the row into acc3, then `between`, then a
     loop writing exp(x * scale) * acc3."""
-    from fold.runtime.loops.nest import Assign, Kernel, Loop, Param, ParallelMap, Store
+    from fold.runtime.loops.nest import Assign, Kernel, LaneFold, Loop, Param, ParallelMap, Store
 
     f64 = np.dtype(np.float64)
+    # the sum's merge operands named as build.py names them (l<n>, r<n>)
+    total = LaneFold(("acc3",), ("np.float64(0.0)",), ("l0",), ("r0",), (Assign("t9", "np.float64((l0 + r0))"),), ("t9",))
     first = Loop("j", 8, (Assign("e1", "in0[i, j]"), Assign("t2", f"np.float64(math.exp(np.float64((e1 * {scale}))))"),
-                          Assign("acc3", "np.float64((acc3 + t2))")))
+                          Assign("acc3", "np.float64((acc3 + t2))")), (total,))
     second = Loop("k", 8, (Assign("e4", "in0[i, k]"), Assign("t5", f"np.float64(math.exp(np.float64((e4 * {scale}))))"),
                            Store("out0", ("i", "k"), "np.float64((t5 * acc3))")))
     body = (Assign("t1", "np.float64(0.5)"), Assign("acc3", "np.float64(0.0)"), first, *between, second)
@@ -379,9 +381,13 @@ def test_a_later_loops_transcendental_is_read_from_the_first_loops_buffer():
     from fold.runtime.loops.nest import Assign, Buffer, Loop, Store
     from fold.runtime.numba_backend.nest_reuse import reused
 
-    body = reused(_two_loops()).outer.body
+    from fold.runtime.loops.text import defined
+
+    kernel = _two_loops()
+    body = reused(kernel).outer.body
     buffer, first, second = body[2], body[3], body[4]
     assert isinstance(buffer, Buffer) and buffer.shape == (8,) and buffer.dtype == np.float64, body
+    assert buffer.name not in defined(kernel.outer.body) | {"l0", "r0"}, buffer  # a name of its own
     assert first.body[-1] == Store(buffer.name, ("j",), "t2"), first
     assert Assign("t5", f"{buffer.name}[k]") in second.body and isinstance(second, Loop), second
 
@@ -414,7 +420,7 @@ def test_softmax_rows_compute_each_exp_once():
         return fold.map(lambda r: (lambda e: e / fold.sum(e))(fold.exp(r - fold.reduce(M.max, r))), X)
 
     text = _sources(softmax_rows, X)
-    assert "r0[i" in text and text.count("vexpf(") == 1, text
+    assert "kept0[i" in text and text.count("vexpf(") == 1, text
     _close(*_both(softmax_rows, X), 2e-6)
 
 
@@ -431,7 +437,7 @@ def test_a_logsumexp_hessian_vector_product_computes_each_exp_once_per_pass():
         return fold.jvp(fold.grad(_logsumexp_rows), (X,), (T,))[1]
 
     text = _sources(hvp, X)
-    assert text.count("vexp(") == 2 and "r0[i" in text, text
+    assert text.count("vexp(") == 2 and "kept0[i" in text, text
     _close(*_both(hvp, X), 1e-12)
 
 

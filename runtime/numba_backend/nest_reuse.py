@@ -56,7 +56,7 @@ def _block(nodes: tuple, serial) -> tuple:
                 continue
             buffers, stores, reads = [], [], {}
             for name_a, assign_b, dtype in found:
-                buffer = f"r{next(serial)}"
+                buffer = f"kept{next(serial)}"  # build.py names a merge's right operands r<n>
                 buffers.append(Buffer(buffer, (later.extent,), np.dtype(dtype)))
                 stores.append(Store(buffer, (earlier.index,), name_a))
                 reads[assign_b.target] = f"{buffer}[{later.index}]"
