@@ -89,11 +89,12 @@ def _unstable(nodes: list) -> set[str]:
 def _shared(earlier: Loop, later: Loop, unstable: set[str]) -> list[tuple[str, Assign, str]]:
     """(the earlier loop's name, the later loop's assignment, its dtype) for each transcendental of the later
     loop whose value the earlier loop computes too."""
+    numbering: dict[str, int] = {}  # shared by the two loops: the same value, the same number
     known = {}
-    for target, text in _canonical(earlier, unstable).items():
-        known.setdefault(text, target)
+    for target, number in _canonical(earlier, unstable, numbering).items():
+        known.setdefault(number, target)
     found = []
-    later_texts = _canonical(later, unstable)
+    later_texts = _canonical(later, unstable, numbering)
     for node in later.body:
         if not (isinstance(node, Assign) and lane_call(node.expr)):
             continue
@@ -104,8 +105,8 @@ def _shared(earlier: Loop, later: Loop, unstable: set[str]) -> list[tuple[str, A
     return found
 
 
-def _canonical(loop: Loop, unstable: set[str]) -> dict[str, str]:
-    """Each temporary the loop assigns once, as the text of its value in terms of the loop's index (`@`),
+def _canonical(loop: Loop, unstable: set[str], numbering: dict[str, int]) -> dict[str, int]:
+    """Each temporary the loop assigns once, numbered by its value in terms of the loop's index (`@`),
     read-only arrays and names assigned neither in the loop nor in `unstable`; those that read anything else
     (a value the loop changes, a buffer) are left out. A name the earlier loop assigns stays in the later
     loop's text as itself, never in the earlier's, so the two never match through it."""
@@ -114,7 +115,7 @@ def _canonical(loop: Loop, unstable: set[str]) -> dict[str, str]:
         if isinstance(node, Assign):
             for n in names(node.target):
                 counts[n] = counts.get(n, 0) + 1
-    texts: dict[str, str] = {}
+    texts: dict[str, int] = {}
     for node in loop.body:
         if not (isinstance(node, Assign) and counts.get(node.target) == 1 and node.target.isidentifier()):
             continue
@@ -126,13 +127,13 @@ def _canonical(loop: Loop, unstable: set[str]) -> dict[str, str]:
             nonlocal ok
             if n == loop.index:
                 return "@"
-            if n in texts:
-                return f"({texts[n]})"
+            if n in texts:  # by its number: spelt out, a chain reading each value twice doubles per statement
+                return f"#{texts[n]}"
             if n in counts or n in unstable:  # assigned in the loop, or between the two loops
                 ok = False
             return n
 
         text = substitute(node.expr, canonical)
         if ok:
-            texts[node.target] = text
+            texts[node.target] = numbering.setdefault(text, len(numbering))
     return texts
