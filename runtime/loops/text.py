@@ -91,6 +91,17 @@ def events(node) -> Iterator[tuple[str, str]]:
             yield from events(inner)
 
 
+def assigned(nodes: Iterable) -> set[str]:
+    """The names `nodes` assign (loops and branches entered), loop indices and buffers not counted."""
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, Assign):
+            found |= set(names(node.target))
+        elif isinstance(node, (Loop, If)):
+            found |= assigned(node.body)
+    return found
+
+
 def reads(nodes: Iterable) -> Counter:
     """How often each name is read in `nodes` (a Store's array not counted)."""
     return Counter(name for node in nodes for kind, name in events(node) if kind == "read")

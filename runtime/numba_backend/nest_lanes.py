@@ -37,7 +37,7 @@ from typing import Iterable
 
 from fold.kernels.cpu import vector_math
 from fold.runtime.loops.nest import Assign, Buffer, If, LaneFold, Loop, ParallelFold, ParallelMap, Store, buffers
-from fold.runtime.loops.text import events, names, reads, size
+from fold.runtime.loops.text import assigned as written, events, names, reads, size
 
 from .codegen import LANE_RULES
 
@@ -236,7 +236,7 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
     if stored & set(body_reads):
         return [loop]
     split = {acc for fold in loop.folds for acc in fold.accs}
-    assigned = {n for node in body for n in _assigned(node)}
+    assigned = written(body)
     indices = {n.index for n in _loops(body)}
     carried = _read_first(body, assigned | own, set())
     carried |= {n for n in assigned | own if reads_total[n] > body_reads[n]}
@@ -267,15 +267,6 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
         nodes.append(Loop(rest, f"{extent} % {WIDTH}" if dynamic else loop.extent - first,
                           (Assign(loop.index, f"{first} + {rest}"), *body), loop.folds))
     return nodes
-
-
-def _assigned(node) -> Iterable[str]:
-    """The names a node assigns (loops and branches entered), loop indices not counted."""
-    if isinstance(node, Assign):
-        yield from names(node.target)
-    elif isinstance(node, (Loop, If)):
-        for inner in node.body:
-            yield from _assigned(inner)
 
 
 def _loops(nodes: Iterable) -> Iterable[Loop]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from fold.runtime.loops.nest import Assign, Buffer, If, Kernel, Loop, ParallelMap, Store
 from fold.runtime.loops.prune import prune
-from fold.runtime.loops.text import names, reads_only_inputs, substitute
+from fold.runtime.loops.text import assigned, names, reads_only_inputs, substitute
 
 from .nest_lanes import lane_call
 
@@ -51,7 +51,7 @@ def _block(nodes: tuple, serial) -> tuple:
             if not (_straight(earlier) and earlier.extent == later.extent):
                 continue
             between = nodes[a + 1: b]
-            found = _shared(earlier, later, _unstable(between))
+            found = _shared(earlier, later, assigned(between))
             if not found:
                 continue
             buffers, stores, reads = [], [], {}
@@ -73,17 +73,6 @@ def _straight(node) -> bool:
     """An innermost loop of a static trip count."""
     return isinstance(node, Loop) and isinstance(node.extent, int) and all(
         isinstance(n, (Assign, Store)) for n in node.body)
-
-
-def _unstable(nodes: list) -> set[str]:
-    """The names `nodes` assign (loops and branches entered): a value read across them may have changed."""
-    found = set()
-    for node in nodes:
-        if isinstance(node, Assign):
-            found |= set(names(node.target))
-        elif isinstance(node, (Loop, If)):
-            found |= _unstable(list(node.body))
-    return found
 
 
 def _shared(earlier: Loop, later: Loop, unstable: set[str]) -> list[tuple[str, Assign, str]]:
