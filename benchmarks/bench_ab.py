@@ -77,6 +77,7 @@ def _callable(case: str, mode: str) -> Callable[[], Any]:
         from benchmarks import bench_gemm
 
         layer, sizes = name.split(" ", 1)
+        bench_gemm.set_backend("numba")  # bench_gemm's own default is the numpy backend
         forward, both, _ = bench_gemm.fold_functions(layer, bench_gemm.make_inputs(layer, json.loads(sizes)))
         return forward if mode == "primal" else both
     if source == "numba":
