@@ -21,7 +21,7 @@ from fold.runtime.loops import LoopNest, constants_of, kernel_of
 from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
-from . import nest_lanes, nest_parts, nest_reuse, scalar_helpers
+from . import nest_interchange, nest_lanes, nest_parts, nest_reuse, scalar_helpers
 from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
@@ -42,8 +42,9 @@ def kernel_source(kernel: Kernel) -> str:
 
 
 def as_run(kernel: Kernel) -> Kernel:
-    """The nest as this backend runs it: with what a later loop would compute again stored (nest_reuse)."""
-    return nest_reuse.reused(kernel)
+    """The nest as this backend runs it: with what a later loop would compute again stored (nest_reuse), and
+    loops folding an inner loop per iteration swapped with it (nest_interchange)."""
+    return nest_interchange.interchanged(nest_reuse.reused(kernel))
 
 
 def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
@@ -51,8 +52,10 @@ def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
     kernel = as_run(kernel)
     params = [p.name for p in kernel.inputs] + [p.name for p in kernel.outputs] + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):"]
+    transposes = nest_interchange.transposed(kernel)
+    lines += [f"    {a}{nest_interchange.TRANSPOSED} = np.ascontiguousarray({a}.T)" for a in transposes]
     laned, whole_chunk = _with_lanes(kernel.outer)
-    outer, parts = _in_parts(laned, params)
+    outer, parts = _in_parts(laned, params + [a + nest_interchange.TRANSPOSED for a in transposes])
     # every buffer is allocated once per chunk: those of the outlined parts too, passed to them
     if isinstance(outer, ParallelMap):
         lines += [f"    for chunk in prange(chunks):", *_chunk_bounds("chunk", outer.extent),

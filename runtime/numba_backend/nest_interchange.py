@@ -1,0 +1,194 @@
+"""A loop whose every iteration folds an inner loop, run with the two loops swapped, so that the iterations
+of the outer one, which are independent, become the innermost loop and LLVM runs them in SIMD lanes.
+
+The k-means cost written with nested maps is, per point, a loop over the centroids whose body sums the
+squared differences over the dimensions (an inner loop) and then folds that sum into the point's minimum:
+
+    for c < 64:  acc = 0;  for j < 16: acc = acc + (p[j] - C[c, j])^2;  best = min(best, acc)
+
+Each centroid's sum waits for its previous add, and the sixteen of them run one after the other: scalar code
+at the latency of an add. Swapped, with each centroid's accumulator in a buffer of the centroids' length:
+
+    for c < 64: acc_[c] = 0
+    for j < 16: for c < 64: acc_[c] = acc_[c] + (p[j] - C^T[j, c])^2     (independent in c: SIMD)
+    for c < 64: acc = acc_[c];  best = min(best, acc)
+
+Every accumulator still folds its elements in the same order, so the results are the same bits; only the
+order in which independent work is done changes. A matrix the inner statements read as [c, j] is read from
+its transpose, copied once per kernel call, so that consecutive c are consecutive in memory; the inner index
+is unsigned, since Numba's check of a signed index for a negative value to wrap keeps LLVM from vectorising
+(nest_lanes.TILE says the same of the tiled folds).
+
+It applies where the outer loop's body is statements setting the accumulators (and others the inner loop
+does not read, which move after it), the one inner loop of straight-line statements, then statements (and
+stores) reading what the inner loop left; where no value but
+the accumulators passes from one inner iteration to the next or from the outer iteration's last statements to
+its first; and where the inner loop calls no function that nest_lanes would run several elements per vector
+call (a loop of exponentials is better in lanes than swapped into scalar calls).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+
+import numpy as np
+
+from fold.runtime.loops.nest import Assign, Buffer, If, Kernel, Loop, ParallelFold, ParallelMap, Store
+from fold.runtime.loops.text import assigned, names, reads
+
+from . import nest_lanes
+
+# the fewest outer iterations worth a swap (a vector's worth of float32), and the most: each accumulator's
+# buffer should stay in the first-level cache while the inner loop sweeps it
+MIN_EXTENT = 8
+MAX_EXTENT = 4096
+TRANSPOSED = "__T"
+
+_SUBSCRIPT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[([^\[\]]*)\]")
+_READ_ONLY = re.compile(r"(in|k)\d+")
+_TYPED = re.compile(r"np\.(float32|float64|int64|int32|uint64|bool_)\((.*)\)")
+
+
+def interchanged(kernel: Kernel) -> Kernel:
+    """`kernel` with every loop that qualifies swapped with its inner loop (see the module's docstring)."""
+    outer = kernel.outer
+    body = outer.body if isinstance(outer, ParallelMap) else outer.step
+    outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge) \
+        if isinstance(outer, ParallelFold) else Counter()
+    ndims = {p.name: len(p.shape) for p in kernel.inputs}
+    swapped = _block(body, reads(body) + outside, ndims)
+    if swapped == body:
+        return kernel
+    changed = (dataclasses.replace(outer, body=swapped) if isinstance(outer, ParallelMap)
+               else dataclasses.replace(outer, step=swapped))
+    return dataclasses.replace(kernel, outer=changed)
+
+
+def transposed(kernel: Kernel) -> list[str]:
+    """The arrays whose transposes the kernel reads (copied before its traversal, named name + TRANSPOSED)."""
+    found: set[str] = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, (Loop, If)):
+                visit(node.body)
+            elif isinstance(node, (Assign, Store)):
+                text = node.expr if isinstance(node, Assign) else " ".join((node.expr, *node.index))
+                found.update(n[: -len(TRANSPOSED)] for n in names(text) if n.endswith(TRANSPOSED))
+
+    outer = kernel.outer
+    visit(outer.body if isinstance(outer, ParallelMap) else outer.step)
+    return sorted(found)
+
+
+def _block(nodes: tuple, total: Counter, ndims: dict[str, int]) -> tuple:
+    out: list = []
+    for node in nodes:
+        if isinstance(node, Loop):
+            node = dataclasses.replace(node, body=_block(node.body, total, ndims))
+            out += _swapped(node, total, ndims) or [node]
+        elif isinstance(node, If):
+            out.append(dataclasses.replace(node, body=_block(node.body, total, ndims)))
+        else:
+            out.append(node)
+    return tuple(out)
+
+
+def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
+    """The loop as (accumulators set, the swapped loops, the rest per outer iteration), or None."""
+    if isinstance(loop.extent, str) or not MIN_EXTENT <= loop.extent <= MAX_EXTENT:
+        return None
+    inner_at = [k for k, n in enumerate(loop.body) if not isinstance(n, (Assign, Store))]
+    if len(inner_at) != 1 or not isinstance(loop.body[inner_at[0]], Loop):
+        return None
+    pre, inner, post = loop.body[: inner_at[0]], loop.body[inner_at[0]], loop.body[inner_at[0] + 1:]
+    if not all(isinstance(n, Assign) for n in pre + inner.body):
+        return None
+    if not isinstance(inner.extent, str) and inner.extent >= nest_lanes.MIN_EXTENT and any(
+            nest_lanes.lane_call(n.expr) for n in inner.body):
+        return None  # nest_lanes runs that loop's transcendental functions in vector calls
+    in_inner = assigned(inner.body)
+    accs = assigned(pre) & in_inner
+    # the outer iteration's statements before the inner loop that set no accumulator run after it instead
+    # (a mixture's log-weight, read once its component's sum is done), where nothing before reads them
+    deferred = tuple(n for n in pre if n.target not in accs)
+    pre = tuple(n for n in pre if n.target in accs)
+    if accs & set(reads(deferred)):
+        return None  # it reads an accumulator's value from before the inner loop
+    post = deferred + post
+    if not accs or not accs <= in_inner or set(names(str(inner.extent))) & (accs | assigned(post)):
+        return None
+    if _read_first(inner.body, in_inner) - accs:
+        return None  # a value other than the accumulators is carried from one inner iteration to the next
+    inner_reads = reads(inner.body)
+    temporaries = in_inner - accs
+    if any(total[n] > inner_reads[n] for n in temporaries) or temporaries & assigned(post):
+        return None  # read after the inner loop: it would hold the last outer iteration's value only
+    if assigned(post) & set(reads(pre + (inner,))):
+        return None  # carried from one outer iteration's last statements to the next one's first
+    dtypes = {acc: _dtype(acc, pre, inner.body) for acc in accs}
+    if any(d is None for d in dtypes.values()):  # not `None in`: a dtype equals None (np.dtype(None) is float64)
+        return None
+    index, unsigned = loop.index, f"{loop.index}__u"
+    kept = {acc: f"{acc}__x" for acc in sorted(accs)}
+    start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
+    start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
+    body = [Assign(unsigned, f"np.uint64({index})"), *(Assign(a, f"{kept[a]}[{unsigned}]") for a in kept)]
+    body += [Assign(n.target, _subscripts(n.expr, index, unsigned, ndims)) for n in inner.body]
+    body += [Store(kept[a], (unsigned,), a) for a in kept]
+    swapped = Loop(inner.index, inner.extent, (Loop(index, loop.extent, tuple(body)),))
+    rest = Loop(index, loop.extent, (*(Assign(a, f"{kept[a]}[{index}]") for a in kept), *post), loop.folds)
+    return [*start, swapped, rest]
+
+
+def _read_first(nodes: tuple, candidates: set[str]) -> set[str]:
+    """The candidates a pass over straight-line `nodes` reads before it assigns them."""
+    seen, carried = set(), set()
+    for node in nodes:
+        carried |= {n for n in names(node.expr) if n in candidates and n not in seen}
+        seen.add(node.target)
+    return carried
+
+
+def _dtype(acc: str, pre: tuple, inner: tuple):
+    """The NumPy type every assignment of `acc` gives it (its first and each inner one, followed through
+    copies), or None where one is not written as a cast: a buffer of another type would round it."""
+    by_target = {n.target: n.expr for n in pre + inner}
+    found = set()
+    for node in pre + inner:
+        if node.target != acc:
+            continue
+        expr, hops = node.expr, 0
+        while expr in by_target and expr != acc and hops < 8:
+            expr, hops = by_target[expr], hops + 1
+        match = _TYPED.fullmatch(expr)
+        if match is None or not _balanced(match.group(2)):
+            return None
+        found.add(match.group(1))
+    return np.dtype(found.pop()) if len(found) == 1 else None
+
+
+def _balanced(text: str) -> bool:
+    """Whether `text`'s parentheses pair up (the cast's own closing one is the last character)."""
+    depth = 0
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _subscripts(expr: str, index: str, unsigned: str, ndims: dict[str, int]) -> str:
+    """`expr` reading a read-only matrix subscripted [index, j] from its transpose at [j, index], and every
+    subscript by `index` alone by its unsigned copy."""
+    def one(match: re.Match) -> str:
+        array, parts = match.group(1), match.group(2).split(", ")
+        if (len(parts) == 2 and parts[0] == index and index not in names(parts[1])
+                and _READ_ONLY.fullmatch(array) and ndims.get(array) == 2):
+            array, parts = array + TRANSPOSED, [parts[1], index]
+        return f"{array}[{', '.join(unsigned if p == index else p for p in parts)}]"
+
+    return _SUBSCRIPT.sub(one, expr)

@@ -1,0 +1,183 @@
+"""A loop folding an inner loop per iteration, swapped with it (runtime/numba_backend/nest_interchange.py): the
+swapped kernel's shape, where it declines, and results equal to the unswapped kernel's, bit for bit."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pytest
+
+import fold
+from fold.runtime.loops.nest import Assign, Buffer, Kernel, LaneFold, Loop, Param, ParallelMap, Store
+
+pytest.importorskip("numba")
+
+from fold.runtime.numba_backend import loop_nests, nest_interchange  # noqa: E402
+from fold.runtime.numba_backend.nest_interchange import interchanged, transposed  # noqa: E402
+from natural_programs import kmeans_cost, min_pairwise_distance  # noqa: E402
+
+M = fold.monoids
+rng = np.random.default_rng(5)
+F64 = np.dtype(np.float64)
+SUM = LaneFold(("acc6",), ("np.float64(0.0)",), ("l0",), ("r0",), (Assign("t9", "np.float64((l0 + r0))"),), ("t9",))
+
+
+def _kmeans_like(inner: tuple | None = None, post: tuple | None = None, pre: tuple | None = None,
+                 centroids: int = 8) -> Kernel:
+    """Per point i: for each centroid c, acc6 = sum over j < 4 of (P[i, j] - C[c, j])^2, folded into the
+    minimum acc0; the minimum stored."""
+    inner = inner if inner is not None else (
+        Assign("e1", "in1[i, j]"), Assign("e2", "in0[c, j]"), Assign("t3", "np.float64(((e1 - e2) * (e1 - e2)))"),
+        Assign("acc6", "np.float64((acc6 + t3))"))
+    pre = pre if pre is not None else (Assign("acc6", "np.float64(0.0)"),)
+    post = post if post is not None else (Assign("t4", "np.float64(_minimum(acc0, acc6))"), Assign("acc0", "t4"))
+    per_centroid = Loop("c", centroids, (*pre, Loop("j", 4, inner, (SUM,)), *post))
+    body = (Assign("acc0", "np.float64(np.inf)"), per_centroid, Store("out0", ("i",), "acc0"))
+    params = (Param("in0", (centroids, 4), F64, "input"), Param("in1", (5, 4), F64, "input"),
+              Param("out0", (5,), F64, "output"))
+    return Kernel(params, ParallelMap("i", 5, body))
+
+
+def test_the_centroid_loop_runs_innermost_reading_the_transposed_matrix():
+    kernel = interchanged(_kmeans_like())
+    buffer, setting, swapped, rest = kernel.outer.body[1:5]
+    assert buffer == Buffer("acc6__x", (8,), F64)
+    assert setting == Loop("c", 8, (Assign("acc6", "np.float64(0.0)"), Store("acc6__x", ("c",), "acc6")))
+    assert swapped.index == "j" and swapped.extent == 4
+    (centroids,) = swapped.body
+    assert centroids.index == "c" and Assign("e2", "in0__T[j, c__u]") in centroids.body
+    assert Assign("e1", "in1[i, j]") in centroids.body  # no index c: read as it was
+    assert centroids.body[-1] == Store("acc6__x", ("c__u",), "acc6")
+    assert rest.body[0] == Assign("acc6", "acc6__x[c]") and rest.body[1:] == _kmeans_like().outer.body[1].body[2:]
+    assert transposed(kernel) == ["in0"] and transposed(_kmeans_like()) == []
+
+
+def test_a_value_carried_from_one_inner_iteration_to_the_next_keeps_the_loops_as_they_were():
+    """t7 is read before it is assigned: each centroid's first step reads the previous centroid's last t7."""
+    kernel = _kmeans_like(inner=(Assign("t3", "np.float64((t7 * 2.0))"), Assign("t7", "in0[c, j]"),
+                                 Assign("acc6", "np.float64((acc6 + t3))")))
+    assert interchanged(kernel) == kernel
+
+
+def test_a_value_the_outer_iteration_sets_after_the_inner_loop_and_the_inner_loop_reads_keeps_them():
+    kernel = _kmeans_like(inner=(Assign("t3", "in0[c, j]"), Assign("acc6", "np.float64(((acc6 + t3) + t5))")),
+                          post=(Assign("t5", "np.float64(_minimum(acc0, acc6))"), Assign("acc0", "t5")))
+    assert interchanged(kernel) == kernel
+
+
+def test_an_inner_value_read_after_the_inner_loop_keeps_them():
+    """e2 after the loop is the last centroid's: swapped, every centroid would read the last one's."""
+    kernel = _kmeans_like(post=(Assign("t4", "np.float64(_minimum(acc0, (acc6 + e2)))"), Assign("acc0", "t4")))
+    assert interchanged(kernel) == kernel
+
+
+def test_an_accumulator_of_no_written_type_keeps_them():
+    """A buffer of a guessed type could round the accumulator."""
+    kernel = _kmeans_like(pre=(Assign("acc6", "0.0"),))
+    assert interchanged(kernel) == kernel
+
+
+def test_an_inner_loop_of_transcendentals_is_left_to_the_lanes():
+    inner = (Assign("e1", "in1[i, j]"), Assign("t3", "np.float64(math.exp(e1))"), Assign("acc6", "np.float64((acc6 + t3))"))
+    kernel = _kmeans_like(inner=inner)
+    wide = Loop("j", 16, inner, (SUM,))
+    kernel16 = Kernel(kernel.params, ParallelMap("i", 5, (kernel.outer.body[0], Loop("c", 8, (
+        Assign("acc6", "np.float64(0.0)"), wide, *kernel.outer.body[1].body[2:])), kernel.outer.body[2])))
+    assert interchanged(kernel16) == kernel16
+    assert interchanged(kernel) != kernel  # four exponentials per row are too few for lanes
+
+
+def test_too_few_outer_iterations_keep_them():
+    kernel = _kmeans_like(centroids=nest_interchange.MIN_EXTENT - 1)
+    assert interchanged(kernel) == kernel
+
+
+def _unswapped(monkeypatch, f, *args):
+    """f's results on the numba backend with loops never swapped (kernels compiled anew)."""
+    with monkeypatch.context() as m:
+        m.setattr(nest_interchange, "interchanged", lambda kernel: kernel)
+        m.setattr(loop_nests, "_compiled", weakref.WeakKeyDictionary())
+        return fold.jit(f, backend="numba")(*args)
+
+
+def _sources(f, *args) -> str:
+    from fold.runtime.loops import LoopNest, kernel_of
+    from fold.runtime.numba_backend.passes import prepare
+
+    program = prepare(fold.trace(f, *args), whole_arrays=True)
+    return "\n".join(loop_nests.kernel_source(kernel_of(s.prim)) for s in program.stmts if isinstance(s.prim, LoopNest))
+
+
+def _pairwise(C, P):
+    return fold.map(lambda p: fold.map(lambda c: fold.sum((p - c) * (p - c)), C), P)
+
+
+CASES = {
+    "kmeans float32": (kmeans_cost, lambda: (rng.normal(size=(19, 7)).astype(np.float32),
+                                             rng.normal(size=(301, 7)).astype(np.float32))),
+    "kmeans gradient": (fold.grad(kmeans_cost), lambda: (rng.normal(size=(9, 3)), rng.normal(size=(101, 3)))),
+    "min pairwise": (min_pairwise_distance, lambda: (rng.normal(size=(90, 3)), rng.normal(size=(40, 3)))),
+    "pairwise matrix": (_pairwise, lambda: (rng.normal(size=(33, 5)).astype(np.float32),
+                                            rng.normal(size=(70, 5)).astype(np.float32))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_swapped_kernels_give_the_unswapped_results_bit_for_bit(case, monkeypatch):
+    f, make = CASES[case]
+    args = make()
+    assert "__T = np.ascontiguousarray(" in _sources(f, *args)
+    got = fold.jit(f, backend="numba")(*args)
+    plain = _unswapped(monkeypatch, f, *args)
+    want = fold.jit(f, backend="numpy")(*args)
+    for g, p, w in zip(fold.tree_flatten(got)[0], fold.tree_flatten(plain)[0], fold.tree_flatten(want)[0], strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(p))
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
+
+
+def test_lowered_shows_the_swapped_loops_and_their_buffer():
+    C, P = rng.normal(size=(16, 4)), rng.normal(size=(50, 4))
+    text = str(fold.lowered(kmeans_cost, C, P))
+    assert "__T[" in text and "__x: float64[16]" in text, text
+
+
+def test_a_value_the_inner_loop_does_not_read_moves_after_it():
+    """A mixture's per-component log-weight, set before the component's sum and read after it."""
+    weight = Assign("t2", "in2[c]")
+    post = (Assign("t4", "np.float64(_minimum(acc0, (acc6 - t2)))"), Assign("acc0", "t4"))
+    kernel = _kmeans_like(pre=(weight, Assign("acc6", "np.float64(0.0)")), post=post)
+    rest = interchanged(kernel).outer.body[4]
+    assert rest.body == (Assign("acc6", "acc6__x[c]"), weight, *post), rest
+
+
+def test_a_value_set_before_the_inner_loop_and_read_in_it_keeps_them():
+    inner = (Assign("e1", "in1[i, j]"), Assign("acc6", "np.float64(((acc6 + e1) * t2))"))
+    kernel = _kmeans_like(pre=(Assign("t2", "in2[c]"), Assign("acc6", "np.float64(0.0)")), inner=inner)
+    assert interchanged(kernel) == kernel
+
+
+def test_a_value_set_before_the_inner_loop_from_an_accumulator_keeps_them():
+    """t2 is twice acc6's starting value; after the inner loop, acc6 holds its sum."""
+    post = (Assign("t4", "np.float64(_minimum(acc0, (acc6 - t2)))"), Assign("acc0", "t4"))
+    kernel = _kmeans_like(pre=(Assign("acc6", "np.float64(0.0)"), Assign("t2", "np.float64((acc6 * 2.0))")), post=post)
+    assert interchanged(kernel) == kernel
+
+
+@pytest.mark.parametrize("case", ["kmeans float32", "kmeans gradient"])
+def test_swapped_loops_compiled_in_parts_read_the_transposes_the_kernel_made(case, monkeypatch):
+    """A body longer than nest_parts.WHOLE is compiled as functions called in turn: the parts that read a
+    transposed matrix are passed the one the kernel copied before its traversal."""
+    from fold.runtime.numba_backend import nest_parts
+
+    f, make = CASES[case]
+    args = make()
+    whole = fold.jit(f, backend="numba")(*args)
+    monkeypatch.setattr(nest_parts, "WHOLE", 8)
+    monkeypatch.setattr(nest_parts, "PART", 6)
+    monkeypatch.setattr(loop_nests, "_compiled", weakref.WeakKeyDictionary())
+    text = _sources(f, *args)
+    assert "def part" in text and "__T[" in text.split("def kernel")[0], text
+    got = fold.jit(f, backend="numba")(*args)
+    for g, w in zip(fold.tree_flatten(got)[0], fold.tree_flatten(whole)[0], strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
