@@ -47,6 +47,7 @@ def test_the_centroid_loop_runs_innermost_reading_the_transposed_matrix():
     assert swapped.index == "j" and swapped.extent == 4
     (centroids,) = swapped.body
     assert centroids.index == "c" and Assign("e2", "in0__T[j, c__u]") in centroids.body
+    assert centroids.extent == "in0__T.shape[1]"  # not a constant: LLVM would unroll it into scalars
     assert Assign("e1", "in1[i, j]") in centroids.body  # no index c: read as it was
     assert centroids.body[-1] == Store("acc6__x", ("c__u",), "acc6")
     assert rest.body[0] == Assign("acc6", "acc6__x[c]") and rest.body[1:] == _kmeans_like().outer.body[1].body[2:]
@@ -79,7 +80,8 @@ def test_an_accumulator_of_no_written_type_keeps_them():
 
 
 def test_an_inner_loop_of_transcendentals_is_left_to_the_lanes():
-    inner = (Assign("e1", "in1[i, j]"), Assign("t3", "np.float64(math.exp(e1))"), Assign("acc6", "np.float64((acc6 + t3))"))
+    inner = (Assign("e1", "in1[i, j]"), Assign("e2", "in0[c, j]"), Assign("t3", "np.float64(math.exp((e1 - e2)))"),
+             Assign("acc6", "np.float64((acc6 + t3))"))
     kernel = _kmeans_like(inner=inner)
     wide = Loop("j", 16, inner, (SUM,))
     kernel16 = Kernel(kernel.params, ParallelMap("i", 5, (kernel.outer.body[0], Loop("c", 8, (
@@ -181,3 +183,14 @@ def test_swapped_loops_compiled_in_parts_read_the_transposes_the_kernel_made(cas
     got = fold.jit(f, backend="numba")(*args)
     for g, w in zip(fold.tree_flatten(got)[0], fold.tree_flatten(whole)[0], strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.parametrize("centroids, swapped", [(nest_interchange.UNROLLED, False), (64, True)])
+def test_a_short_loop_with_no_matrix_to_read_its_trip_count_from_keeps_them(centroids, swapped):
+    """Reading C[j, c] (no transpose needed), the swapped loop's trip count would be a constant, which LLVM
+    unrolls into scalar statements up to UNROLLED iterations."""
+    inner = (Assign("e1", "in1[i, j]"), Assign("e2", "in0[j, c]"), Assign("acc6", "np.float64((acc6 + (e1 * e2)))"))
+    kernel = _kmeans_like(inner=inner, centroids=centroids)
+    assert (interchanged(kernel) != kernel) == swapped
+    if swapped:
+        assert interchanged(kernel).outer.body[3].body[0].extent == 64
