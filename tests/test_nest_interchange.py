@@ -120,6 +120,9 @@ CASES = {
                                              rng.normal(size=(301, 7)).astype(np.float32))),
     "kmeans gradient": (fold.grad(kmeans_cost), lambda: (rng.normal(size=(9, 3)), rng.normal(size=(101, 3)))),
     "min pairwise": (min_pairwise_distance, lambda: (rng.normal(size=(90, 3)), rng.normal(size=(40, 3)))),
+    "kmeans hessian-vector product": (
+        lambda C, P: fold.jvp(fold.grad(kmeans_cost), (C, P), (np.ones_like(C), np.zeros_like(P)))[1],
+        lambda: (rng.normal(size=(12, 3)).astype(np.float32), rng.normal(size=(57, 3)).astype(np.float32))),
     "pairwise matrix": (_pairwise, lambda: (rng.normal(size=(33, 5)).astype(np.float32),
                                             rng.normal(size=(70, 5)).astype(np.float32))),
 }
@@ -194,3 +197,56 @@ def test_a_short_loop_with_no_matrix_to_read_its_trip_count_from_keeps_them(cent
     assert (interchanged(kernel) != kernel) == swapped
     if swapped:
         assert interchanged(kernel).outer.body[3].body[0].extent == 64
+
+
+def _two_sums(second: tuple, between: tuple = ()) -> Kernel:
+    """Per point i and centroid c: acc6 sums (P[i, j] - C[c, j])^2, then `between`, then acc7 sums `second`'s
+    last value over j; the minimum of acc6 + acc7 over the centroids stored."""
+    first = (Assign("e1", "in1[i, j]"), Assign("e2", "in0[c, j]"), Assign("t3", "np.float64(((e1 - e2) * (e1 - e2)))"),
+             Assign("acc6", "np.float64((acc6 + t3))"))
+    post = (Assign("t4", "np.float64(_minimum(acc0, (acc6 + acc7)))"), Assign("acc0", "t4"))
+    per_centroid = Loop("c", 8, (Assign("acc6", "np.float64(0.0)"), Loop("j", 4, first), *between,
+                                 Assign("acc7", "np.float64(0.0)"), Loop("k", 4, second), *post))
+    body = (Assign("acc0", "np.float64(np.inf)"), per_centroid, Store("out0", ("i",), "acc0"))
+    params = (Param("in0", (8, 4), F64, "input"), Param("in1", (5, 4), F64, "input"), Param("out0", (5,), F64, "output"))
+    return Kernel(params, ParallelMap("i", 5, body))
+
+
+def test_each_of_several_inner_loops_is_swapped_and_a_later_one_reads_an_earlier_ones_sums():
+    """A Hessian-vector product's loop per centroid sums the distance, then its tangent: loop distribution,
+    each inner loop swapped; the second reads the first's final sums from their buffer."""
+    second = (Assign("e8", "in0[c, k]"), Assign("acc7", "np.float64((acc7 + (e8 * acc6)))"))
+    kernel = interchanged(_two_sums(second))
+    nodes = kernel.outer.body
+    setting, first, later, rest = nodes[3:7]
+    assert [b.name for b in nodes[1:3]] == ["acc6__x", "acc7__x"], nodes
+    assert [n.index for n in (first, later)] == ["j", "k"] and later.body[0].extent == "in0__T.shape[1]"
+    assert Assign("acc6", "acc6__x[c__u]") in later.body[0].body  # read, final, not stored
+    assert Store("acc6__x", ("c__u",), "acc6") not in later.body[0].body
+    assert rest.body[-2:] == _two_sums(second).outer.body[1].body[-2:]
+
+
+def test_an_inner_loop_reading_a_later_inner_loops_accumulator_keeps_them():
+    """acc7 read by the first loop is the previous centroid's final value (its start is set after it)."""
+    first_reads_later = (Assign("e8", "in0[c, k]"), Assign("acc7", "np.float64((acc7 + e8))"))
+    kernel = _two_sums(first_reads_later)
+    swapped_kernel = interchanged(kernel)
+    assert swapped_kernel != kernel  # the control: as written, both loops swap
+    first = (Assign("e1", "in1[i, j]"), Assign("acc6", "np.float64((acc6 + (e1 * acc7)))"))
+    bad = Kernel(kernel.params, ParallelMap("i", 5, (kernel.outer.body[0], Loop("c", 8, (
+        Assign("acc6", "np.float64(0.0)"), Loop("j", 4, first), Assign("acc7", "np.float64(0.0)"),
+        Loop("k", 4, first_reads_later), *kernel.outer.body[1].body[-2:])), kernel.outer.body[2])))
+    assert interchanged(bad) == bad
+
+
+def test_a_value_computed_between_inner_loops_from_the_first_ones_sum_keeps_them():
+    """A layer norm's mean between its two loops: the second loop would read it before the first is done."""
+    second = (Assign("e8", "in0[c, k]"), Assign("acc7", "np.float64((acc7 + (e8 - t9)))"))
+    kernel = _two_sums(second, between=(Assign("t9", "np.float64((acc6 / 4.0))"),))
+    assert interchanged(kernel) == kernel
+
+
+def test_an_accumulator_two_inner_loops_fold_into_keeps_them():
+    second = (Assign("e8", "in0[c, k]"), Assign("acc6", "np.float64((acc6 + e8))"), Assign("acc7", "np.float64((acc7 + e8))"))
+    kernel = _two_sums(second)
+    assert interchanged(kernel) == kernel

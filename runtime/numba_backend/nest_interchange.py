@@ -19,12 +19,14 @@ its transpose, copied once per kernel call, so that consecutive c are consecutiv
 is unsigned, since Numba's check of a signed index for a negative value to wrap keeps LLVM from vectorising
 (nest_lanes.TILE says the same of the tiled folds).
 
-It applies where the outer loop's body is statements setting the accumulators (and others the inner loop
-does not read, which move after it), the one inner loop of straight-line statements, then statements (and
-stores) reading what the inner loop left; where no value but
-the accumulators passes from one inner iteration to the next or from the outer iteration's last statements to
-its first; and where the inner loop calls no function that nest_lanes would run several elements per vector
-call (a loop of exponentials is better in lanes than swapped into scalar calls).
+It applies where the outer loop's body is statements setting the accumulators (and others no inner loop
+reads, which move after them), inner loops of straight-line statements, then statements (and stores) reading
+what the inner loops left. Several inner loops (a Hessian-vector product sums the distance, then its tangent)
+are distributed: each is swapped in turn, and a later one reads an earlier one's final sums from their
+buffer. It applies where no value but the accumulators passes from one inner iteration to the next or from
+the outer iteration's last statements to its first, and where no inner loop calls a function that nest_lanes
+would run several elements per vector call (a loop of exponentials is better in lanes than swapped into
+scalar calls).
 """
 
 from __future__ import annotations
@@ -102,57 +104,67 @@ def _block(nodes: tuple, total: Counter, ndims: dict[str, int]) -> tuple:
 
 
 def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
-    """The loop as (accumulators set, the swapped loops, the rest per outer iteration), or None."""
+    """The loop as (accumulators set, each inner loop swapped, the rest per outer iteration), or None."""
     if isinstance(loop.extent, str) or not MIN_EXTENT <= loop.extent <= MAX_EXTENT:
         return None
-    inner_at = [k for k, n in enumerate(loop.body) if not isinstance(n, (Assign, Store))]
-    if len(inner_at) != 1 or not isinstance(loop.body[inner_at[0]], Loop):
+    at = [k for k, n in enumerate(loop.body) if not isinstance(n, (Assign, Store))]
+    if not at or not all(isinstance(loop.body[k], Loop) for k in at):
         return None
-    pre, inner, post = loop.body[: inner_at[0]], loop.body[inner_at[0]], loop.body[inner_at[0] + 1:]
-    if not all(isinstance(n, Assign) for n in pre + inner.body):
+    inners = [loop.body[k] for k in at]
+    before, post = [n for n in loop.body[: at[-1]] if not isinstance(n, Loop)], loop.body[at[-1] + 1:]
+    if not all(isinstance(n, Assign) for n in before) or not all(
+            isinstance(n, Assign) for inner in inners for n in inner.body):
         return None
-    if not isinstance(inner.extent, str) and inner.extent >= nest_lanes.MIN_EXTENT and any(
-            nest_lanes.lane_call(n.expr) for n in inner.body):
+    if any(not isinstance(k.extent, str) and k.extent >= nest_lanes.MIN_EXTENT and any(
+            nest_lanes.lane_call(n.expr) for n in k.body) for k in inners):
         return None  # nest_lanes runs that loop's transcendental functions in vector calls
-    in_inner = assigned(inner.body)
-    accs = assigned(pre) & in_inner
-    # the outer iteration's statements before the inner loop that set no accumulator run after it instead
+    own = [assigned(k.body) for k in inners]
+    if any(own[a] & own[b] for a in range(len(own)) for b in range(a)):
+        return None  # two inner loops assign one name
+    accs = assigned(before) & set().union(*own)
+    # the outer iteration's statements before the inner loops that set no accumulator run after them instead
     # (a mixture's log-weight, read once its component's sum is done), where nothing before reads them
-    deferred = tuple(n for n in pre if n.target not in accs)
-    pre = tuple(n for n in pre if n.target in accs)
-    if accs & set(reads(deferred)):
-        return None  # it reads an accumulator's value from before the inner loop
-    post = deferred + post
-    if not accs or not accs <= in_inner or set(names(str(inner.extent))) & (accs | assigned(post)):
-        return None
-    if _read_first(inner.body, in_inner) - accs:
-        return None  # a value other than the accumulators is carried from one inner iteration to the next
-    inner_reads = reads(inner.body)
-    temporaries = in_inner - accs
-    if any(total[n] > inner_reads[n] for n in temporaries) or temporaries & assigned(post):
-        return None  # read after the inner loop: it would hold the last outer iteration's value only
-    if assigned(post) & set(reads(pre + (inner,))):
+    pre = tuple(n for n in before if n.target in accs)
+    deferred = tuple(n for n in before if n.target not in accs)
+    post = deferred + tuple(post)
+    if not accs or len(pre) != len(accs) or (accs | set().union(*own)) & set(reads(pre + deferred)):
+        return None  # an accumulator set twice, or read (with an inner loop's values) before the inner loops end
+    if assigned(post) & set(reads(pre + tuple(inners))) or any(
+            set(names(str(k.extent))) & (accs | assigned(post)) for k in inners):
         return None  # carried from one outer iteration's last statements to the next one's first
-    dtypes = {acc: _dtype(acc, pre, inner.body) for acc in accs}
+    dtypes = {}
+    for m, inner in enumerate(inners):
+        mine, earlier = own[m] & accs, accs & set().union(set(), *own[:m])
+        if _read_first(inner.body, own[m]) - mine:
+            return None  # a value other than the accumulators is carried from one inner iteration to the next
+        if set(reads(inner.body)) & (accs - mine - earlier):
+            return None  # a later inner loop's accumulator, not yet folded
+        inner_reads = reads(inner.body)
+        if any(total[n] > inner_reads[n] for n in own[m] - accs) or (own[m] - accs) & assigned(post):
+            return None  # read after the inner loop: it would hold the last outer iteration's value only
+        dtypes.update({acc: _dtype(acc, pre, inner.body) for acc in mine})
     if any(d is None for d in dtypes.values()):  # not `None in`: a dtype equals None (np.dtype(None) is float64)
         return None
     index, unsigned = loop.index, f"{loop.index}__u"
     kept = {acc: f"{acc}__x" for acc in sorted(accs)}
-    start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
-    start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
-    body = [Assign(unsigned, f"np.uint64({index})"), *(Assign(a, f"{kept[a]}[{unsigned}]") for a in kept)]
     flipped: set[str] = set()
-    body += [Assign(n.target, _subscripts(n.expr, index, unsigned, ndims, flipped)) for n in inner.body]
-    body += [Store(kept[a], (unsigned,), a) for a in kept]
+    bodies = []
+    for m, inner in enumerate(inners):
+        loaded = [a for a in kept if a in own[m] or a in reads(inner.body)]
+        body = [Assign(unsigned, f"np.uint64({index})"), *(Assign(a, f"{kept[a]}[{unsigned}]") for a in loaded)]
+        body += [Assign(n.target, _subscripts(n.expr, index, unsigned, ndims, flipped)) for n in inner.body]
+        bodies.append(body + [Store(kept[a], (unsigned,), a) for a in kept if a in own[m]])
     if flipped:  # a trip count LLVM cannot see: it vectorises the loop instead of unrolling it into scalars
         extent = f"{min(flipped)}{TRANSPOSED}.shape[1]"
     elif loop.extent <= UNROLLED:
         return None
     else:
         extent = loop.extent
-    swapped = Loop(inner.index, inner.extent, (Loop(index, extent, tuple(body)),))
+    start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
+    start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
+    swapped = [Loop(k.index, k.extent, (Loop(index, extent, tuple(b)),)) for k, b in zip(inners, bodies)]
     rest = Loop(index, loop.extent, (*(Assign(a, f"{kept[a]}[{index}]") for a in kept), *post), loop.folds)
-    return [*start, swapped, rest]
+    return [*start, *swapped, rest]
 
 
 def _read_first(nodes: tuple, candidates: set[str]) -> set[str]:
