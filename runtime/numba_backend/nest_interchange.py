@@ -135,7 +135,7 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
     dtypes = {}
     for m, inner in enumerate(inners):
         mine, earlier = own[m] & accs, accs & set().union(set(), *own[:m])
-        if _read_first(inner.body, own[m]) - mine:
+        if nest_lanes.read_first(inner.body, own[m], set()) - mine:
             return None  # a value other than the accumulators is carried from one inner iteration to the next
         if set(reads(inner.body)) & (accs - mine - earlier):
             return None  # a later inner loop's accumulator, not yet folded
@@ -165,15 +165,6 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
     swapped = [Loop(k.index, k.extent, (Loop(index, extent, tuple(b)),)) for k, b in zip(inners, bodies)]
     rest = Loop(index, loop.extent, (*(Assign(a, f"{kept[a]}[{index}]") for a in kept), *post), loop.folds)
     return [*start, *swapped, rest]
-
-
-def _read_first(nodes: tuple, candidates: set[str]) -> set[str]:
-    """The candidates a pass over straight-line `nodes` reads before it assigns them."""
-    seen, carried = set(), set()
-    for node in nodes:
-        carried |= {n for n in names(node.expr) if n in candidates and n not in seen}
-        seen.add(node.target)
-    return carried
 
 
 def _dtype(acc: str, pre: tuple, inner: tuple):

@@ -238,7 +238,7 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
     split = {acc for fold in loop.folds for acc in fold.accs}
     assigned = written(body)
     indices = {n.index for n in _loops(body)}
-    carried = _read_first(body, assigned | own, set())
+    carried = read_first(body, assigned | own, set())
     carried |= {n for n in assigned | own if reads_total[n] > body_reads[n]}
     carried -= split
     serial = _serial(body, carried, own)
@@ -277,7 +277,7 @@ def _loops(nodes: Iterable) -> Iterable[Loop]:
             yield from _loops(node.body)
 
 
-def _read_first(nodes: tuple, candidates: set[str], seen: set[str]) -> set[str]:
+def read_first(nodes: tuple, candidates: set[str], seen: set[str]) -> set[str]:
     """The candidates read before `nodes` (one pass, in order) surely write them: values carried from the
     previous pass. A branch's writes, or those of a loop that may not run, are not sure; `seen` grows."""
     carried = set()
@@ -289,12 +289,12 @@ def _read_first(nodes: tuple, candidates: set[str], seen: set[str]) -> set[str]:
             runs = not isinstance(node.extent, str) and node.extent > 0
             carried |= {n for n in names(str(node.extent)) if n in candidates and n not in seen}
             inner = seen | {node.index}
-            carried |= _read_first(node.body, candidates, inner)
+            carried |= read_first(node.body, candidates, inner)
             if runs:
                 seen |= inner
         elif isinstance(node, If):
             carried |= {n for n in names(node.cond) if n in candidates and n not in seen}
-            carried |= _read_first(node.body, candidates, set(seen))
+            carried |= read_first(node.body, candidates, set(seen))
         elif isinstance(node, Buffer):
             seen.add(node.name)  # its elements are stored before they are read (Buffer)
     return carried
