@@ -23,11 +23,17 @@ so that a configuration that compiles faster but runs slower shows it. Configura
 
 - `default`: fold as it is;
 - `inline_all`: every operator of at most MAX_INLINED_PARAMETERS scalars inlined by Numba at each call site
-  whatever its size (FOLD_MAX_INLINED_STATEMENTS=1000000), the behaviour before session 34.
+  whatever its size (FOLD_MAX_INLINED_STATEMENTS=1000000), the behaviour before session 34;
+- `numba_copy_propagation`: Numba's own copy propagation kept (FOLD_KEEP_NUMBA_COPY_PROPAGATION=1), not
+  the one kernels/cpu/copy_propagation.py installs in its place, the behaviour before session 47.
 
-The configurations alternate case by case (default first, then inline_all, then again with --repeats 2),
-and the ratio inline_all / default is of the medians. No targets. Writes `results/compile.{json,png}`
-(`compile_quick.*` with --quick).
+bench_natural's programs written the natural way (nested maps: loop nests, fold's largest kernels) are
+cases too: gradient and Hessian-vector product at small sizes.
+
+The configurations alternate case by case (default first, then the others, then again with --repeats 2),
+and each ratio configuration / default is of the medians. `--configurations a,b` runs those alone (and
+default). No targets. Writes `results/compile.{json,png}` (`compile_quick.*` with --quick; `--out NAME`
+writes `results/NAME.*`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ import numpy as np
 
 from .common import RESULTS_DIR, benchmark_parser, machine, machine_line, parse_benchmark_args, plot_ratios, write_json
 
-CONFIGURATIONS = {"default": {}, "inline_all": {"FOLD_MAX_INLINED_STATEMENTS": "1000000"}}
+CONFIGURATIONS = {"default": {}, "inline_all": {"FOLD_MAX_INLINED_STATEMENTS": "1000000"},
+                  "numba_copy_propagation": {"FOLD_KEEP_NUMBA_COPY_PROPAGATION": "1"}}
 WORKER_TIMEOUT = 1800
 WARM_REPEATS = 5
 
@@ -102,11 +109,34 @@ def _hvp_case(monoid_name: str, rule: str, n: int = 10**5) -> Callable[[], tuple
     return build
 
 
+def _natural_case(case: str, mode: str) -> Callable[[], tuple[Callable, tuple]]:
+    """bench_natural's program `case` written with nested maps, its gradient or Hessian-vector product."""
+    def build():
+        import fold
+        from . import bench_natural
+
+        args = bench_natural.inputs(case, bench_natural.sizes(True)[case])
+        f = bench_natural.fold_natural(case)
+        g = fold.grad(f)
+        if mode == "grad":
+            return g, args
+        tangent = np.random.default_rng(1).normal(size=args[0].shape).astype(args[0].dtype)
+        zeros = tuple(np.zeros_like(a) for a in args[1:])
+        return (lambda *a: fold.jvp(g, a, (tangent,) + zeros)[1]), args
+    return build
+
+
+NATURAL_CASES = ("kmeans", "cross_entropy", "three_deep")
+
+
 def all_cases() -> dict[str, Callable[[], tuple[Callable, tuple]]]:
     cases = _bench_numba_cases()
     for monoid_name in ("logaddexp", "logwsum"):
         for rule in ("generic", "monoid"):
             cases[f"hvp {monoid_name} {rule}"] = _hvp_case(monoid_name, rule)
+    for case in NATURAL_CASES:
+        for mode in ("grad", "hvp"):
+            cases[f"natural {case} {mode}"] = _natural_case(case, mode)
     return cases
 
 
@@ -172,37 +202,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = benchmark_parser("bench_compile", __doc__, "the first-order cases only, each configuration once", 2,
                               "runs of each case per configuration (default 2)")
     parser.add_argument("--only", default=None, help="run the cases whose name contains this text")
+    parser.add_argument("--configurations", default=None,
+                        help="comma-separated configurations to compare with default (default: all)")
+    parser.add_argument("--out", default=None, help="results/<OUT>.{json,png} (default: compile or compile_quick)")
     args = parse_benchmark_args(parser, argv)
     repeats = 1 if args.quick else args.repeats
     names = [n for n in (QUICK_CASES if args.quick else all_cases()) if args.only is None or args.only in n]
+    others = [c for c in CONFIGURATIONS if c != "default"
+              and (args.configurations is None or c in args.configurations.split(","))]
+    configurations = ["default"] + others
     records = []
     for name in names:
-        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGURATIONS}
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configurations}
         for _ in range(repeats):
-            for configuration in CONFIGURATIONS:
+            for configuration in configurations:
                 runs[configuration].append(run_worker(name, configuration))
         record: dict[str, Any] = {"name": name, "runs": runs}
         for configuration, rs in runs.items():
             record[configuration] = {key: _summary(rs, key) for key in
                                      ("compile_seconds", "first_call_seconds", "warm_seconds", "max_rel_err_vs_numpy")}
             record[configuration]["failed"] = [r["failed"] for r in rs if "failed" in r]
-        default, inline_all = record["default"]["compile_seconds"], record["inline_all"]["compile_seconds"]
-        record["compile_ratio_inline_all_over_default"] = inline_all / default if default and inline_all else None
-        warm_default, warm_inline = record["default"]["warm_seconds"], record["inline_all"]["warm_seconds"]
-        record["warm_ratio_inline_all_over_default"] = warm_inline / warm_default if warm_default and warm_inline else None
+        line = f"{name:36s} compile {record['default']['compile_seconds'] or float('nan'):7.2f} s"
+        for other in others:
+            for key in ("compile", "warm"):
+                base, value = record["default"][f"{key}_seconds"], record[other][f"{key}_seconds"]
+                record[f"{key}_ratio_{other}_over_default"] = value / base if base and value else None
+            line += f"  {other} {record[other]['compile_seconds'] or float('nan'):7.2f} s"
         records.append(record)
-        print(f"{name:36s} compile {default or float('nan'):7.2f} s (inline_all {inline_all or float('nan'):7.2f} s)"
-              f"  warm {1e3 * (warm_default or float('nan')):8.3f} ms (inline_all {1e3 * (warm_inline or float('nan')):8.3f} ms)",
-              flush=True)
+        print(line, flush=True)
     m = machine()
-    payload = {"benchmark": "compile", "quick": args.quick, "repeats": repeats, "configurations": CONFIGURATIONS,
+    payload = {"benchmark": "compile", "quick": args.quick, "repeats": repeats,
+               "configurations": {c: CONFIGURATIONS[c] for c in configurations},
                "machine": m, "machine_line": machine_line(m), "results": records}
-    stem = "compile_quick" if args.quick else "compile"
+    stem = args.out or ("compile_quick" if args.quick else "compile")
     write_json(RESULTS_DIR / f"{stem}.json", payload)
-    bars = [{"name": r["name"], "ratio": r["compile_ratio_inline_all_over_default"], "reference": None}
-            for r in records if r["compile_ratio_inline_all_over_default"]]
+    bars = [{"name": f"{r['name']} ({other})", "ratio": r[f"compile_ratio_{other}_over_default"], "reference": None}
+            for r in records for other in others if r[f"compile_ratio_{other}_over_default"]]
     if bars:
-        plot_ratios(RESULTS_DIR / f"{stem}.png", bars, "compile time, inline_all / default (first call, fresh kernel cache)",
+        plot_ratios(RESULTS_DIR / f"{stem}.png", bars, "compile time, configuration / default (first call, fresh kernel cache)",
                     machine_line(m))
     return payload
 

@@ -38,6 +38,10 @@ from . import cache_stamp  # noqa: E402
 
 cache_stamp.install()  # before any kernel is compiled with cache=True
 
+from . import copy_propagation  # noqa: E402
+
+copy_propagation.install()  # numba's parallel-loop passes, the same results in linear time per sweep
+
 from . import codegen, host  # noqa: E402 (after the thread policy, which OpenMP reads when it starts)
 from .bidirectional import scan_pair_map  # noqa: E402
 from .columns import column_sums
