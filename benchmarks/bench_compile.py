@@ -28,7 +28,8 @@ so that a configuration that compiles faster but runs slower shows it. Configura
   the one kernels/cpu/copy_propagation.py installs in its place, the behaviour before session 47.
 
 bench_natural's programs written the natural way (nested maps: loop nests, fold's largest kernels) are
-cases too: gradient and Hessian-vector product at small sizes.
+cases too: gradient and Hessian-vector product at small sizes; and a map body of 100, 400 and 1200
+elementwise statements summed per row (one loop nest), to show how compile time grows with a kernel's length.
 
 The configurations alternate case by case (default first, then the others, then again with --repeats 2),
 and each ratio configuration / default is of the medians. `--configurations a,b` runs those alone (and
@@ -129,6 +130,25 @@ def _natural_case(case: str, mode: str) -> Callable[[], tuple[Callable, tuple]]:
 NATURAL_CASES = ("kmeans", "cross_entropy", "three_deep")
 
 
+def _long_body_case(steps: int) -> Callable[[], tuple[Callable, tuple]]:
+    """A row-wise sum of a map body of 4 * `steps` elementwise statements (tanh, two products, a sum per
+    step) over 2000 x 16 float64: one loop nest whose kernel's length follows the body's."""
+    def build():
+        import fold
+
+        def body(r):
+            y = r
+            for j in range(steps):
+                y = fold.tanh(y) * 0.5 + r * (0.01 * (j + 1))
+            return fold.sum(y)
+
+        return (lambda X: fold.sum(fold.map(body, X))), (np.random.default_rng(0).normal(size=(2000, 16)),)
+    return build
+
+
+LONG_BODY_STEPS = (25, 100, 300)
+
+
 def all_cases() -> dict[str, Callable[[], tuple[Callable, tuple]]]:
     cases = _bench_numba_cases()
     for monoid_name in ("logaddexp", "logwsum"):
@@ -137,6 +157,8 @@ def all_cases() -> dict[str, Callable[[], tuple[Callable, tuple]]]:
     for case in NATURAL_CASES:
         for mode in ("grad", "hvp"):
             cases[f"natural {case} {mode}"] = _natural_case(case, mode)
+    for steps in LONG_BODY_STEPS:
+        cases[f"long body {4 * steps} statements"] = _long_body_case(steps)
     return cases
 
 
