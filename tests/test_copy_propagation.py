@@ -42,6 +42,19 @@ def _branchy(x, y, n):
     return total
 
 
+def _numba_s(name: str):
+    """numba's own function `name`, whether or not fold's is installed in its place."""
+    return copy_propagation.replaced.get(name) or getattr(ir_utils, name)
+
+
+# fold's functions go in numba's place only over the numba source they were written against: with another
+# numba they are not used, and the tests comparing them with it say so instead of failing on its changes
+WRITTEN_AGAINST = all(copy_propagation.source_digest(_numba_s(name)) == digest
+                      for name, digest in copy_propagation._REPLACED_SOURCES.items())
+against_this_numba = pytest.mark.skipif(
+    not WRITTEN_AGAINST, reason="this numba's copy propagation is not the one fold's replaces, so fold's is not in use")
+
+
 def _checked(calls):
     """copy_propagate as installed, run beside numba's own on the same blocks; their results compared."""
     ours = copy_propagation.copy_propagate
@@ -61,14 +74,18 @@ def _checked(calls):
     return both
 
 
-def test_fold_s_copy_propagation_is_installed_over_numba_s():
-    assert copy_propagation.install()
+def test_fold_s_copy_propagation_is_installed_over_the_numba_it_was_written_against():
+    assert copy_propagation.install() == WRITTEN_AGAINST
+    if not WRITTEN_AGAINST:
+        assert ir_utils.copy_propagate is not copy_propagation.copy_propagate
+        return
     assert ir_utils.copy_propagate is copy_propagation.copy_propagate
     assert ir_utils.init_copy_propagate_data is copy_propagation.init_copy_propagate_data
     assert parfor.copy_propagate is copy_propagation.copy_propagate
     assert set(copy_propagation.replaced) == {"copy_propagate", "init_copy_propagate_data"}
 
 
+@against_this_numba
 def test_it_gives_numba_s_copies_on_every_block_of_a_parallel_kernel(monkeypatch):
     assert copy_propagation.install()
     calls: list = []
@@ -85,6 +102,7 @@ def test_it_gives_numba_s_copies_on_every_block_of_a_parallel_kernel(monkeypatch
     assert all(same for _, _, same in calls), calls
 
 
+@against_this_numba
 def test_it_is_not_installed_over_a_copy_propagation_it_was_not_written_against(monkeypatch):
     assert copy_propagation.install()
     monkeypatch.setattr(ir_utils, "copy_propagate", copy_propagation.replaced["copy_propagate"])
@@ -136,6 +154,7 @@ def _layouts(draw):
     return layout
 
 
+@against_this_numba
 @given(_layouts())
 def test_it_gives_numba_s_copies_on_any_control_flow(layout):
     from numba.core import types
