@@ -808,3 +808,53 @@ def test_nests_with_the_same_kernel_text_keep_their_own_closed_over_constants():
     jitted_f, jitted_g = fold.jit(f, backend="numba"), fold.jit(g, backend="numba")
     for h, weights in ((jitted_f, first), (jitted_g, second), (jitted_f, first)):
         np.testing.assert_allclose(h(X), np.sum(np.tanh(X @ weights)), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- small nests run serially (loop_nests.SERIAL_WORK)
+
+def _variants_run(f, *args) -> list[bool]:
+    """Which kernel variants (True: over threads) the first call of f's loop nests ran."""
+    from fold.runtime.numba_backend import loop_nests
+
+    ran: list[bool] = []
+    compiled = loop_nests.compiled_kernel
+
+    def recording(prim, parallel=True):
+        ran.append(parallel)
+        return compiled(prim, parallel)
+
+    loop_nests.compiled_kernel = recording
+    try:
+        got = fold.jit(f, backend="numba")(*args)
+    finally:
+        loop_nests.compiled_kernel = compiled
+    _close(got, fold.jit(f, backend="numpy")(*args), 1e-10)
+    return ran
+
+
+@pytest.mark.parametrize("n, parallel", [(1000, False), (300_000, True)])
+def test_a_nest_of_little_work_runs_its_serial_kernel(n, parallel, monkeypatch):
+    """Starting threads costs more than a small nest's work: below SERIAL_WORK statements run in all, the
+    kernel compiled serially runs (in one chunk); above it, the kernel over threads."""
+    import numba
+
+    from fold.runtime.numba_backend import loop_nests
+
+    if numba.get_num_threads() < 2:
+        monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    x = rng.normal(size=n)
+    f = lambda x: fold.reduce(M.sum, fold.map(lambda a: a * a + 1.0, x))  # noqa: E731
+    program, kernels = _nests(f, x)
+    assert (loop_nests.work(kernels[0]) >= loop_nests.SERIAL_WORK) == parallel
+    assert _variants_run(f, x) == [parallel]
+
+
+def test_the_work_of_a_nest_counts_each_loop_body_once_per_iteration():
+    from fold.runtime.numba_backend import loop_nests
+
+    C, P = rng.normal(size=(8, 16)), rng.normal(size=(30, 16))
+    _, kernels = _nests(kmeans_cost, C, P)
+    _, bigger = _nests(kmeans_cost, rng.normal(size=(16, 16)), rng.normal(size=(60, 16)))
+    # twice the points and twice the centroids: four times the inner loops' work
+    assert 3.5 < loop_nests.work(bigger[0]) / loop_nests.work(kernels[0]) < 4.5
+    assert loop_nests.work(kernels[0]) > 30 * 8 * 16

@@ -30,6 +30,14 @@ CHUNKS_PER_THREAD = 4
 # 194-251 ms without, alternately here, and k-means' cost 253 against 228 ms (the 390 -> 249 ms once
 # measured for them did not come back); commutative folds are split into lanes in the text (nest_lanes).
 NEST_OPTIONS = {"parallel": True, "error_model": "numpy"}
+# A nest of less work than this (statements run, each loop's body counted once per iteration) runs as the
+# same kernel compiled serially, in one chunk, as kernels/cpu's kernels do below 2 * MIN_CHUNK elements:
+# starting the threads costs more than they save there. Measured on the 2-core VM, parallel against serial:
+# a sum of a mapped lambda (6 per element) at 10^3 elements 194 against 35 us, at 6.4 x 10^4 116 against 40,
+# at 2.6 x 10^5 (work 1.5 x 10^6) 142 against 117; row logsumexps of 64 at 10^3 rows (work 3.3 x 10^5) 280
+# against 277, at 10^4 rows 1575 against 2210; the natural k-means over 64 centroids of 16 at 256 points
+# (work 2.2 x 10^6) 293 against 107, at 4096 points 582 against 822.
+SERIAL_WORK = 1 << 19
 
 
 # a long body's parts (nest_parts): compiled on their own, serially (each runs inside the kernel's prange)
@@ -41,14 +49,33 @@ def kernel_source(kernel: Kernel) -> str:
     return kernel_module(kernel)[0]
 
 
+def work(kernel: Kernel) -> int:
+    """How many statements the kernel runs in all: each loop's body counted once per iteration."""
+    body = kernel.outer.body if isinstance(kernel.outer, ParallelMap) else kernel.outer.step
+    return kernel.outer.extent * _work(body)
+
+
+def _work(nodes: tuple) -> int:
+    total = 0
+    for node in nodes:
+        inner = getattr(node, "body", None)
+        if inner is None:
+            total += 1
+        else:
+            extent = getattr(node, "extent", 1)
+            total += 1 + (extent if isinstance(extent, int) else 1) * _work(inner)
+    return total
+
+
 def as_run(kernel: Kernel) -> Kernel:
     """The nest as this backend runs it: with what a later loop would compute again stored (nest_reuse), and
     loops folding an inner loop per iteration swapped with it (nest_interchange)."""
     return nest_interchange.interchanged(nest_reuse.reused(kernel))
 
 
-def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
-    """The kernel's module text, and the functions in it to compile with their options."""
+def kernel_module(kernel: Kernel, parallel: bool = True) -> tuple[str, dict[str, dict]]:
+    """The kernel's module text, and the functions in it to compile with their options (`parallel`: its
+    traversal over threads, else serially)."""
     kernel = as_run(kernel)
     params = [p.name for p in kernel.inputs] + [p.name for p in kernel.outputs] + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):"]
@@ -75,7 +102,7 @@ def kernel_module(kernel: Kernel) -> tuple[str, dict[str, dict]]:
         f"from fold.kernels.cpu.vector_math import {', '.join(nest_lanes.IMPORTS)}",
         f"# vector math {file_digest(vector_math)} available: {vector_math.AVAILABLE}",
         "", "", *[text + "\n\n" for text in parts.sources], *lines, ""]), \
-        {"kernel": NEST_OPTIONS, **{name: PART_OPTIONS for name in parts.names}}
+        {"kernel": NEST_OPTIONS if parallel else PART_OPTIONS, **{name: PART_OPTIONS for name in parts.names}}
 
 
 def _in_parts(outer, params: list[str]):
@@ -152,14 +179,17 @@ def _nodes(nodes: tuple, indent: int, hoisted: bool = False) -> list[str]:
     return statement_lines(nodes, indent, _allocation, hoisted)
 
 
-_compiled: "weakref.WeakKeyDictionary[LoopNest, Any]" = weakref.WeakKeyDictionary()
+_compiled: "weakref.WeakKeyDictionary[LoopNest, dict[bool, Any]]" = weakref.WeakKeyDictionary()
 
 
-def compiled_kernel(prim: LoopNest):
-    found = _compiled.get(prim)
+def compiled_kernel(prim: LoopNest, parallel: bool = True):
+    """The nest's kernel compiled with its traversal over threads (`parallel`) or serially; each variant is
+    compiled the first time it is needed."""
+    variants = _compiled.setdefault(prim, {})
+    found = variants.get(parallel)
     if found is None:
-        module = load_module(*kernel_module(kernel_of(prim)))
-        found = _compiled[prim] = module.kernel
+        module = load_module(*kernel_module(kernel_of(prim), parallel))
+        found = variants[parallel] = module.kernel
     return found
 
 
@@ -171,7 +201,9 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
     import numba
 
     kernel = kernel_of(prim)
-    fn = compiled_kernel(prim)
+    threads = numba.get_num_threads()
+    parallel = threads > 1 and work(kernel) >= SERIAL_WORK
+    fn = compiled_kernel(prim, parallel)
     inputs = []
     constants = constants_of(prim)
     values = iter(args)
@@ -183,6 +215,6 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
     fold = isinstance(kernel.outer, ParallelFold)
     passed = [o.reshape(-1) if fold or o.shape == () else o for o in outs]
     extent = kernel.outer.extent
-    chunks = max(1, min(extent, CHUNKS_PER_THREAD * numba.get_num_threads()))
+    chunks = max(1, min(extent, CHUNKS_PER_THREAD * threads)) if parallel else 1
     fn(*inputs, *passed, chunks)
     return outs
