@@ -1,11 +1,13 @@
-"""Numba's copy propagation, with the same results in time that grows with the kernel instead of its square.
+"""Numba's copy propagation, with the same results, without deep-copying its tables after every sweep.
 
 Numba's parallel-loop passes run a copy-propagation dataflow (`numba.core.ir_utils.copy_propagate`) over a
 kernel's blocks several times per compile, once more for each parallel loop inside. Numba's version
 deep-copies the whole table of copies (block -> set of (name, name)) after every sweep to see whether the
 sweep changed it, and recomputes a block's assigned names once per copy of the whole kernel when it builds
-the table. On a loop nest of a few hundred statements this is most of the compile: a row-wise
-cross-entropy gradient's four kernels took 104 s to compile, 57 s of it in those two functions.
+the table (a factor of the block's own copies more than needed). Both walk Python objects element by
+element where set operations in C do the same work. On a loop nest of a few hundred statements this was
+most of the compile: a row-wise cross-entropy gradient's four kernels took 104 s to compile under the
+profiler, 57 s of it in those two functions (48.7 -> 33.3 s unprofiled with the functions below).
 
 `install()` puts the two functions below in numba's place. They sweep the blocks in numba's order and stop
 when a sweep changes nothing, exactly as numba's do, so they return equal tables: the copies are tuples of
