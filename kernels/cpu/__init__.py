@@ -40,7 +40,7 @@ cache_stamp.install()  # before any kernel is compiled with cache=True
 
 from . import copy_propagation  # noqa: E402
 
-copy_propagation.install()  # numba's parallel-loop passes, the same results in linear time per sweep
+copy_propagation.install()  # numba's parallel-loop passes: the same results without their deep copies
 
 from . import codegen, host  # noqa: E402 (after the thread policy, which OpenMP reads when it starts)
 from .bidirectional import scan_pair_map  # noqa: E402

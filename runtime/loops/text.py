@@ -119,3 +119,10 @@ def defined(nodes: Iterable) -> set[str]:
 def size(nodes: Iterable) -> int:
     """The number of nodes, loops and branches entered."""
     return sum(1 + (size(n.body) if isinstance(n, (Loop, If)) else 0) for n in nodes)
+
+
+def work(nodes: Iterable) -> int:
+    """How many nodes a pass over `nodes` runs: as `size`, with a loop's body counted once per iteration
+    (a trip count known only at run time counts once, a branch as if taken)."""
+    return sum(1 + (work(n.body) * (n.extent if isinstance(n, Loop) and isinstance(n.extent, int) else 1)
+                    if isinstance(n, (Loop, If)) else 0) for n in nodes)

@@ -19,6 +19,7 @@ from fold.kernels.cpu import vector_math
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
 from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
+from fold.runtime.loops import text
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
 from . import nest_interchange, nest_lanes, nest_parts, nest_reuse, scalar_helpers
@@ -30,6 +31,7 @@ CHUNKS_PER_THREAD = 4
 # 194-251 ms without, alternately here, and k-means' cost 253 against 228 ms (the 390 -> 249 ms once
 # measured for them did not come back); commutative folds are split into lanes in the text (nest_lanes).
 NEST_OPTIONS = {"parallel": True, "error_model": "numpy"}
+SERIAL_OPTIONS = {k: v for k, v in NEST_OPTIONS.items() if k != "parallel"}
 # A nest of less work than this (statements run, each loop's body counted once per iteration) runs as the
 # same kernel compiled serially, in one chunk, as kernels/cpu's kernels do below 2 * MIN_CHUNK elements:
 # starting the threads costs more than they save there. Measured on the 2-core VM, parallel against serial:
@@ -41,7 +43,7 @@ SERIAL_WORK = 1 << 19
 
 
 # a long body's parts (nest_parts): compiled on their own, serially (each runs inside the kernel's prange)
-PART_OPTIONS = {"error_model": "numpy"}
+PART_OPTIONS = SERIAL_OPTIONS
 
 
 def kernel_source(kernel: Kernel) -> str:
@@ -52,19 +54,7 @@ def kernel_source(kernel: Kernel) -> str:
 def work(kernel: Kernel) -> int:
     """How many statements the kernel runs in all: each loop's body counted once per iteration."""
     body = kernel.outer.body if isinstance(kernel.outer, ParallelMap) else kernel.outer.step
-    return kernel.outer.extent * _work(body)
-
-
-def _work(nodes: tuple) -> int:
-    total = 0
-    for node in nodes:
-        inner = getattr(node, "body", None)
-        if inner is None:
-            total += 1
-        else:
-            extent = getattr(node, "extent", 1)
-            total += 1 + (extent if isinstance(extent, int) else 1) * _work(inner)
-    return total
+    return kernel.outer.extent * text.work(body)
 
 
 def as_run(kernel: Kernel) -> Kernel:
@@ -102,7 +92,7 @@ def kernel_module(kernel: Kernel, parallel: bool = True) -> tuple[str, dict[str,
         f"from fold.kernels.cpu.vector_math import {', '.join(nest_lanes.IMPORTS)}",
         f"# vector math {file_digest(vector_math)} available: {vector_math.AVAILABLE}",
         "", "", *[text + "\n\n" for text in parts.sources], *lines, ""]), \
-        {"kernel": NEST_OPTIONS if parallel else PART_OPTIONS, **{name: PART_OPTIONS for name in parts.names}}
+        {"kernel": NEST_OPTIONS if parallel else SERIAL_OPTIONS, **{name: PART_OPTIONS for name in parts.names}}
 
 
 def _in_parts(outer, params: list[str]):
@@ -180,6 +170,7 @@ def _nodes(nodes: tuple, indent: int, hoisted: bool = False) -> list[str]:
 
 
 _compiled: "weakref.WeakKeyDictionary[LoopNest, dict[bool, Any]]" = weakref.WeakKeyDictionary()
+_runs_in_parallel: "weakref.WeakKeyDictionary[LoopNest, bool]" = weakref.WeakKeyDictionary()
 
 
 def compiled_kernel(prim: LoopNest, parallel: bool = True):
@@ -202,7 +193,10 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
 
     kernel = kernel_of(prim)
     threads = numba.get_num_threads()
-    parallel = threads > 1 and work(kernel) >= SERIAL_WORK
+    enough_work = _runs_in_parallel.get(prim)
+    if enough_work is None:  # the walk over the kernel once per nest, not per call
+        enough_work = _runs_in_parallel[prim] = work(kernel) >= SERIAL_WORK
+    parallel = threads > 1 and enough_work
     fn = compiled_kernel(prim, parallel)
     inputs = []
     constants = constants_of(prim)

@@ -134,12 +134,12 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
         return None  # carried from one outer iteration's last statements to the next one's first
     dtypes = {}
     for m, inner in enumerate(inners):
-        mine, earlier = own[m] & accs, accs & set().union(set(), *own[:m])
+        mine, earlier = own[m] & accs, accs & set().union(*own[:m])
         if nest_lanes.read_first(inner.body, own[m], set()) - mine:
             return None  # a value other than the accumulators is carried from one inner iteration to the next
-        if set(reads(inner.body)) & (accs - mine - earlier):
-            return None  # a later inner loop's accumulator, not yet folded
         inner_reads = reads(inner.body)
+        if set(inner_reads) & (accs - mine - earlier):
+            return None  # a later inner loop's accumulator, not yet folded
         if any(total[n] > inner_reads[n] for n in own[m] - accs) or (own[m] - accs) & assigned(post):
             return None  # read after the inner loop: it would hold the last outer iteration's value only
         dtypes.update({acc: _dtype(acc, pre, inner.body) for acc in mine})
@@ -150,7 +150,8 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
     flipped: set[str] = set()
     bodies = []
     for m, inner in enumerate(inners):
-        loaded = [a for a in kept if a in own[m] or a in reads(inner.body)]
+        inner_reads = reads(inner.body)
+        loaded = [a for a in kept if a in own[m] or a in inner_reads]
         body = [Assign(unsigned, f"np.uint64({index})"), *(Assign(a, f"{kept[a]}[{unsigned}]") for a in loaded)]
         body += [Assign(n.target, _subscripts(n.expr, index, unsigned, ndims, flipped)) for n in inner.body]
         bodies.append(body + [Store(kept[a], (unsigned,), a) for a in kept if a in own[m]])
