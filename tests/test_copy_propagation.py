@@ -102,12 +102,17 @@ def test_it_gives_numba_s_copies_on_every_block_of_a_parallel_kernel(monkeypatch
     assert all(same for _, _, same in calls), calls
 
 
-@against_this_numba
-def test_fold_keep_numba_copy_propagation_keeps_numba_s_own(monkeypatch):
-    assert copy_propagation.install()
+def _put_numba_s_back(monkeypatch):
+    """numba's own functions in place again for one test, as before install()."""
     monkeypatch.setattr(ir_utils, "copy_propagate", copy_propagation.replaced["copy_propagate"])
     monkeypatch.setattr(ir_utils, "init_copy_propagate_data", copy_propagation.replaced["init_copy_propagate_data"])
     monkeypatch.setattr(parfor, "copy_propagate", copy_propagation.replaced["copy_propagate"])
+
+
+@against_this_numba
+def test_fold_keep_numba_copy_propagation_keeps_numba_s_own(monkeypatch):
+    assert copy_propagation.install()
+    _put_numba_s_back(monkeypatch)
     monkeypatch.setenv("FOLD_KEEP_NUMBA_COPY_PROPAGATION", "1")
     assert not copy_propagation.install()
     assert ir_utils.copy_propagate is copy_propagation.replaced["copy_propagate"]
@@ -118,9 +123,7 @@ def test_fold_keep_numba_copy_propagation_keeps_numba_s_own(monkeypatch):
 @against_this_numba
 def test_it_is_not_installed_over_a_copy_propagation_it_was_not_written_against(monkeypatch):
     assert copy_propagation.install()
-    monkeypatch.setattr(ir_utils, "copy_propagate", copy_propagation.replaced["copy_propagate"])
-    monkeypatch.setattr(ir_utils, "init_copy_propagate_data", copy_propagation.replaced["init_copy_propagate_data"])
-    monkeypatch.setattr(parfor, "copy_propagate", copy_propagation.replaced["copy_propagate"])
+    _put_numba_s_back(monkeypatch)
     monkeypatch.setitem(copy_propagation._REPLACED_SOURCES, "copy_propagate", "0" * 64)
     assert not copy_propagation.install()
     assert ir_utils.copy_propagate is copy_propagation.replaced["copy_propagate"]
