@@ -33,7 +33,7 @@ The contract (the same for every template):
   on the dtypes and layouts. Kernels whose functions come from content-addressed modules are also cached
   on disk (see kernels.cpu.codegen and kernels.cpu.modules).
 
-Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, map_scan, histogram, map_histogram, map, map_with_row_sums, scan_pair_map, logsumexp, column_sums, product_fold, product_first_extreme.
+Entry points (kernels.cpu): reduce, map_reduce, segmented_reduce, scan, map_scan, histogram, map, map_with_row_sums, scan_pair_map, logsumexp, column_sums, product_fold, product_first_extreme.
 
 Threads: Numba's parallel kernels run on its threading layer (OpenMP here). OpenMP's worker threads spin
 for a while after each parallel region by default, which takes the cores from whatever runs next: the BLAS

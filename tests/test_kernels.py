@@ -817,34 +817,6 @@ def test_histogram_sequential_rule():
     assert histogram_threads(10**7, 10**5) == min(THREADS, 10**7 // (4 * 10**5))
 
 
-@pytest.mark.parametrize("n_bins", [1, 7])
-@pytest.mark.parametrize("n,chunks", [(0, None), (1, None), (5, None), (1001, 1), (1001, 3),
-                                      (MIN_CHUNK * THREADS + 1, None)], ids=lambda v: str(v))
-def test_map_histogram_folds_mapped_elements_in_input_order(n, chunks, n_bins):
-    """The mapper's k values per element go into its bin, as if mapped first (the 2 x 2 products are not
-    commutative: any change of order in a bin shows), from m inputs that are not the k leaves."""
-    rng = _rng("map_histogram", n, n_bins)
-    p, q = rng.integers(-3, 4, n), rng.integers(-3, 4, n)
-    indices = rng.integers(-2, n_bins + 2, n)
-    got = kc.map_histogram(shear, 2, matmul2, 4, (1, 0, 0, 1), n_bins, indices, [p, q], chunks=chunks)
-    mapped = [np.broadcast_to(np.asarray(e), (n,)) for e in shear.py_func(p, q)]
-    want = histogram_reference(matmul2.py_func, (1, 0, 0, 1), n_bins, indices, mapped)
-    _check(got, want, "matmul", I64, f"map_histogram n={n} chunks={chunks} n_bins={n_bins}")
-    assert got == () or all(g.dtype == np.int64 for g in got)
-
-
-def test_map_histogram_errors_name_the_problem():
-    x = np.arange(6.0)
-    with pytest.raises(ValueError, match="expected a sequence of 2 arrays, got 1"):
-        kc.map_histogram(shear, 2, matmul2, 4, (1, 0, 0, 1), 3, np.zeros(6, np.int64), [x])
-    with pytest.raises(ValueError, match=r"indices and inputs must have one length, got \(5,\) and \(6,\)"):
-        kc.map_histogram(to_linrec, 2, linrec, 2, (1.0, 0.0), 3, np.zeros(5, np.int64), [x, x])
-    with pytest.raises(ValueError, match=r"mapper must return 4 value\(s\), got 2"):
-        kc.map_histogram(to_linrec, 2, matmul2, 4, (1, 0, 0, 1), 3, np.zeros(6, np.int64), [x, x])
-    with pytest.raises(ValueError, match="n_bins must be an integer >= 0, got -1"):
-        kc.map_histogram(to_linrec, 2, linrec, 2, (1.0, 0.0), -1, np.zeros(6, np.int64), [x, x])
-
-
 # ---------------------------------------------------------------- segmented reduce
 
 @pytest.mark.parametrize("parallel", [None, False, True])

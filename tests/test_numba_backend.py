@@ -840,8 +840,8 @@ def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(ke
         assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, p, c)[1](1.0), points, centroids))
     # the gradient: the distances' minimum and its first position are one product kernel (first_extremes.py), and
     # its one-hot cotangents are scatter-adds (runtime/numba_backend/one_hots.py), not (points, 64) arrays
-    # summed by column (at this size the scaled points are mapped by NumPy: see the test below for larger ones)
-    assert kernel_calls["product_first_extreme"] == 1 and kernel_calls["histogram"] == 2, kernel_calls
+    # summed by column: the count per centroid a histogram kernel, the scaled points' sums a loop nest's bins
+    assert kernel_calls["product_first_extreme"] == 1 and kernel_calls["histogram"] == 1, kernel_calls
     assert "column_sums" not in kernel_calls, kernel_calls
 
 
@@ -864,13 +864,20 @@ def gathered_maps(monkeypatch):
 def test_k_means_gradient_reads_its_nearest_centroids_in_place(kernel_calls, gathered_maps):
     """From COMPILE_FROM rows: the points' gradient 2 (p - c[nearest]) reads c's rows in place (one map kernel
     with a gathered input, gather_fusion.py), and the centroids' gradient folds the scaled points straight
-    into their bins (one map_histogram, fusion.py: the scaled (points, 16) copy is never made)."""
-    points, centroids = rng.normal(size=(COMPILE_FROM + 5, 16)), rng.normal(size=(64, 16))
+    into their bins (a loop nest whose state is the (64, 16) bins: the scaled (points, 16) copy is never
+    made); the count of points per centroid is the histogram kernel's."""
+    from fold.runtime.loops import LoopNest, kernel_of
 
+    points, centroids = rng.normal(size=(COMPILE_FROM + 5, 16)), rng.normal(size=(64, 16))
+    gradient = lambda p, c: fold.vjp(kmeans_cost, p, c)[1](1.0)  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert_same(*both(lambda p, c: fold.vjp(kmeans_cost, p, c)[1](1.0), points, centroids))
-    assert kernel_calls["map_histogram"] == 1 and kernel_calls["histogram"] == 1, kernel_calls
+        assert_same(*both(gradient, points, centroids))
+    program = prepare(fold.trace(gradient, points, centroids), whole_arrays=True)
+    binned = [kernel_of(s.prim) for s in program.stmts
+              if isinstance(s.prim, LoopNest) and s.prim.program.stmts[-1].prim.name == "reduce_by_index"]
+    assert [[st.shape for st in k.outer.states] for k in binned] == [[(64, 16)]], program
+    assert kernel_calls["histogram"] == 1, kernel_calls
     assert any(r is not None and sum(r) == 1 for r in gathered_maps), gathered_maps
 
 

@@ -10,8 +10,6 @@
     map_scan(mapper, m, combine, k, identity, inputs, exclusive=False, reverse=False, *, post=None, r=None,
              step=None, live=None, chunks=None, out=None)                      -> k (or r) arrays (n,)
     histogram(combine, k, identity, n_bins, indices, leaves, *, chunks=None)   -> k arrays (n_bins,)
-    map_histogram(mapper, m, combine, k, identity, n_bins, indices, inputs, *, chunks=None)
-                                                                               -> k arrays (n_bins,)
     map(mapper, m, k, inputs, *, consts=(), parallel=None, out=None, rows=None) -> k arrays (n,) or (rows, n)
     map_with_row_sums(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)
                                                             -> (k arrays (rows, n), row sums (rows,))
@@ -45,7 +43,7 @@ copy_propagation.install()  # numba's parallel-loop passes: the same results wit
 from . import codegen, host  # noqa: E402 (after the thread policy, which OpenMP reads when it starts)
 from .bidirectional import scan_pair_map  # noqa: E402
 from .columns import column_sums
-from .histogram import histogram, map_histogram
+from .histogram import histogram
 from .logsumexp import logsumexp
 from .map import map  # noqa: A004 (the combinator's name)
 from .product_fold import product_first_extreme, product_fold
@@ -61,4 +59,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["MapReduce", "clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_histogram", "map_reduce", "map_scan", "map_with_row_sums", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
+__all__ = ["MapReduce", "clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "map_with_row_sums", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]

@@ -2,11 +2,8 @@
 
     histogram(combine, k, identity, n_bins, indices, leaves)
         out[b] = e . x_{i_1} . x_{i_2} . ...               over the i with indices[i] == b, in increasing i
-    map_histogram(mapper, m, combine, k, identity, n_bins, indices, inputs)
-        out[b] = e . f(xs[.][i_1]) . f(xs[.][i_2]) . ...   the mapped elements never stored
 
-map_histogram is reduce_by_index(op, n, indices, map(f, xs)) in one pass: a k-means gradient's per-centroid
-sums of scaled points read the points once instead of writing and reading the scaled copy.
+(A histogram of a map's results, the mapped values never stored, is a loop nest: runtime/loops/fusion.py.)
 
 Indices outside [0, n_bins) are ignored; a bin that receives nothing holds the identity e.
 
@@ -35,17 +32,13 @@ from .codegen import call, compile_kernel, each, names
 ELEMENTS_PER_BIN = 4
 
 
-def _histogram_source(k: int, m: int | None = None) -> str:
-    """The kernel's source; `m`: the count of mapper inputs (None: the k leaves are read as they are)."""
+def _histogram_source(k: int) -> str:
+    """The kernel's source."""
     out_s = ", ".join(f"out{j}[s]" for j in range(k))
     priv_tc, priv_tb = (", ".join(f"priv{j}[t, {c}]" for j in range(k)) for c in "cb")
-    if m is None:
-        element, x_i, inputs = "", ", ".join(f"x{j}[i]" for j in range(k)), names("x", k)
-    else:
-        element = call("e", "mapper", ", ".join(f"x{j}[i]" for j in range(m)), k)
-        x_i, inputs = names("e", k), names("x", m)
+    x_i = ", ".join(f"x{j}[i]" for j in range(k))
     return f"""
-def kernel(T, idx, {inputs}, {names("id", k)}, {names("priv", k)}, {names("out", k)}):
+def kernel(T, idx, {names("x", k)}, {names("id", k)}, {names("priv", k)}, {names("out", k)}):
     n = idx.shape[0]
     nb = out0.shape[0]
     if T == 1:
@@ -54,7 +47,6 @@ def kernel(T, idx, {inputs}, {names("id", k)}, {names("priv", k)}, {names("out",
         for i in range(n):
             s = np.int64(idx[i])
             if s >= 0 and s < nb:
-                {element}
                 {call("r", "combine", f"{out_s}, {x_i}", k)}
 {each("out{j}[s] = r{j}", k, 16)}
         return
@@ -64,7 +56,6 @@ def kernel(T, idx, {inputs}, {names("id", k)}, {names("priv", k)}, {names("out",
         for i in range(t * n // T, (t + 1) * n // T):
             c = np.int64(idx[i])
             if c >= 0 and c < nb:
-                {element}
                 {call("q", "combine", f"{priv_tc}, {x_i}", k)}
 {each("priv{j}[t, c] = q{j}", k, 16)}
     for b in prange(nb):
@@ -75,15 +66,13 @@ def kernel(T, idx, {inputs}, {names("id", k)}, {names("priv", k)}, {names("out",
 """
 
 
-def histogram_kernel(combine: Any, k: int, parallel: bool = True, mapper: Any = None, m: int | None = None) -> Any:
+def histogram_kernel(combine: Any, k: int, parallel: bool = True) -> Any:
     """The compiled kernel(T, indices, x_0.., id_0.., priv_0.., out_0..), filling out_j in place.
 
-    priv_j are (T, n_bins) scratch arrays (unused when T == 1); out_j have n_bins elements. With a mapper,
-    the x_j are its m inputs and each element is mapper(x_0[i], ..), k values.
+    priv_j are (T, n_bins) scratch arrays (unused when T == 1); out_j have n_bins elements.
     """
-    m = None if mapper is None else m
-    return compile_kernel(("histogram", combine, k, parallel, mapper, m), lambda: _histogram_source(k, m),
-                          {"combine": combine, "mapper": mapper}, parallel=parallel)
+    return compile_kernel(("histogram", combine, k, parallel), lambda: _histogram_source(k), {"combine": combine},
+                          parallel=parallel)
 
 
 def histogram_threads(n: int, n_bins: int) -> int:
@@ -104,36 +93,18 @@ def histogram(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indice
     host.check_function(combine, "combine")
     k = host.check_count(k, "k")
     leaves = host.check_arrays(leaves, k, 1, "leaves")
-    return _run(combine, k, identity, n_bins, indices, leaves, [a.dtype for a in leaves], chunks, None, carry)
-
-
-def map_histogram(mapper: Any, m: int, combine: Any, k: int, identity: Sequence[Any], n_bins: int,
-                  indices: np.ndarray, inputs: Sequence[np.ndarray], *, chunks: int | None = None,
-                  carry: Sequence[Any] | None = None) -> tuple:
-    """Combine each element mapper(inputs[0][i], ..., inputs[m-1][i]) into bin indices[i], in input order,
-    without storing the mapped elements.
-
-    `mapper` takes m scalars and returns k (a scalar when k == 1); the bins' dtypes are its result types.
-    Otherwise (`carry` too) as histogram.
-    """
-    host.check_function(mapper, "mapper")
-    host.check_function(combine, "combine")
-    m, k = host.check_count(m, "m"), host.check_count(k, "k")
-    inputs = host.check_arrays(inputs, m, 1, "inputs")
-    dtypes = host.result_dtypes(mapper, [a.dtype for a in inputs], k, "mapper")
-    return _run(combine, k, identity, n_bins, indices, inputs, dtypes, chunks, mapper, carry)
+    return _run(combine, k, identity, n_bins, indices, leaves, [a.dtype for a in leaves], chunks, carry)
 
 
 def _run(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indices: np.ndarray, xs: list[np.ndarray],
-         dtypes: list[np.dtype], chunks: int | None, mapper: Any, carry: Sequence[Any] | None) -> tuple:
+         dtypes: list[np.dtype], chunks: int | None, carry: Sequence[Any] | None) -> tuple:
     if not isinstance(n_bins, (int, np.integer)) or isinstance(n_bins, bool) or n_bins < 0:
         raise ValueError(f"n_bins must be an integer >= 0, got {n_bins!r}")
     (indices,) = host.check_arrays([indices], 1, 1, "indices")
     if indices.dtype.kind not in "iu":
         raise TypeError(f"indices must have an integer dtype, got {indices.dtype}")
     if indices.shape != xs[0].shape:
-        what = "leaves" if mapper is None else "inputs"
-        raise ValueError(f"indices and {what} must have one length, got {indices.shape} and {xs[0].shape}")
+        raise ValueError(f"indices and leaves must have one length, got {indices.shape} and {xs[0].shape}")
     carried = host.carried_dtypes(carry, dtypes)
     ident = host.cast_identity(identity, carried)
     host.check_combine(combine, carried)
@@ -143,5 +114,5 @@ def _run(combine: Any, k: int, identity: Sequence[Any], n_bins: int, indices: np
     bins = tuple(np.empty(n_bins, d) for d in carried)  # T == 1 folds into them in place
     T = histogram_threads(n, n_bins) if chunks is None else host.num_chunks(n, chunks)
     privates = [np.empty((T, n_bins) if T > 1 else (0, 0), d) for d in carried]
-    histogram_kernel(combine, k, T > 1, mapper, len(xs))(T, indices, *xs, *ident, *privates, *bins)
+    histogram_kernel(combine, k, T > 1)(T, indices, *xs, *ident, *privates, *bins)
     return tuple(b.astype(d, copy=False) for b, d in zip(bins, dtypes, strict=True))

@@ -35,12 +35,14 @@ _prepared: "weakref.WeakKeyDictionary[Program, Program]" = weakref.WeakKeyDictio
 def prepared(program: Program) -> Program:
     """The program as the cuda backend runs it: a map of a map with an elementwise scalar body (a gemm
     block's map of its scores) as the elementwise statements it amounts to (unnest.py), maps of maps with
-    folds as loop nests (a reduce of a map of scalars stays two statements, and a map folding its rows keeps its
-    per-row kernels: see backend.py), then runs of
+    folds as loop nests (a reduce of a map of scalars stays two statements, a map folding its rows keeps its
+    per-row kernels, and a histogram of a map its histogram kernel, where a nest would give every thread its
+    own copy of the bins: see backend.py), then runs of
     elementwise statements fused. Memoised."""
     found = _prepared.get(program)
     if found is None:
-        nests = fuse_loop_nests(unnest_maps(program), folds_of_scalar_maps=False, row_folds=False)
+        nests = fuse_loop_nests(unnest_maps(program), folds_of_scalar_maps=False, row_folds=False,
+                                histograms=False)
         found = _prepared[program] = fuse_elementwise(nests)
     return found
 

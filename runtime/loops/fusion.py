@@ -7,6 +7,10 @@ of a map of a reduce) becomes a loop nest, with its consumer when it has one tha
   size materialised;
 - a sum over the map's axis (`sum[axes=(0,)]`, what a gradient emits to add up each row's contribution to a
   captured value): a parallel fold whose state is one row;
+- a histogram (`reduce_by_index`) of the map's results, at indices computed before the map or by it (a
+  k-means gradient's sums per nearest centroid, a gather's cotangent): a parallel fold whose state is the
+  bins, each chunk folding into bins of its own, merged in chunk order (so a user's operator that is not
+  commutative still sees each bin's elements in order);
 - otherwise the map alone: a parallel map writing its rows.
 
 A map of scalars that a reduce folds (`reduce(op, map(f, xs))`) is a parallel fold of the body's results too.
@@ -30,11 +34,12 @@ import fold
 
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Map, MatMul, Reduce, Scan, SumAxes
+from fold.primitives import Map, MatMul, Reduce, ReduceByIndex, Scan, SumAxes
+from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
-from .build import NotNestable, Scalar, Stored, Writer, fold_into, lane_fold, map_row, nestable, store_rows
+from .build import NotNestable, Pull, Scalar, Stored, Writer, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
 
@@ -72,7 +77,7 @@ def _statement_count(program: Program) -> int:
     return sum(1 + sum(_statement_count(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
-def _candidate(stmt: Let, folded: bool, row_folds: bool) -> bool:
+def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False) -> bool:
     """A map the nest takes: one whose body nests a map and folds somewhere (a map of a map of a reduce), one
     whose body is long, (`folded`: a reduce folds its results) one of scalars, or (`row_folds`) one whose body
     folds or scans its rows and multiplies no matrices: the nest writes a matrix product as scalar loops,
@@ -81,13 +86,15 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool) -> bool:
     for the gradient, which stored (points, centroids) one-hot arrays in the nest). A map of scalar maps and
     nothing else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
     several elements per vector instruction and fuse with their neighbours; read by a reduce, the nest's
-    outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing."""
+    outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing. A map whose
+    results a histogram bins (`binned`) streams into the bins whatever its body."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
                  or (row_folds and _folds(body) and not _folds(body, (MatMul,)))
                  or _statement_count(body) > LONG_BODY
-                 or (folded and _of_scalars(body)))
+                 or (folded and _of_scalars(body))
+                 or binned)
             and nestable(body) is None)
 
 
@@ -108,6 +115,8 @@ def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
         return None
     if all(isinstance(r.prim, SumAxes) and tuple(r.prim.axes) == (0,) for r in found) and len(found) == len(used):
         return found
+    if len(found) == 1 and isinstance(found[0].prim, ReduceByIndex) and _bins(found[0], used):
+        return found
     if len(found) == 1 and isinstance(found[0].prim, Reduce):
         reader = found[0]
         leaves = reader.args[reader.prim.num_consts + reader.prim.num_leaves:]
@@ -115,6 +124,17 @@ def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
                 and nestable(reader.prim.body) is None):
             return found
     return None
+
+
+def _bins(reader: Let, used: list[Var]) -> bool:
+    """Whether the histogram `reader` bins the map's results `used` (each once, as its values, or as its
+    indices) and nothing else the map makes, with an operator the nest can write."""
+    rbi = reader.prim
+    k, nc = rbi.num_leaves, rbi.num_consts
+    indices, leaves = reader.args[nc + k], reader.args[nc + k + 1:]
+    from_map = set(leaves) | ({indices} & set(used))
+    return (rbi.n > 0 and from_map == set(used) and set(leaves) <= set(used) and indices.aval.ndim == 1
+            and nestable(rbi.body) is None)
 
 
 def _as_reduces(consumers: list[Let]) -> list[Let]:
@@ -136,15 +156,17 @@ def _as_reduces(consumers: list[Let]) -> list[Let]:
 _SUM_REDUCES: dict[np.dtype, Let] = {}
 
 
-def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_folds: bool = True) -> Program:
+def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_folds: bool = True,
+                    histograms: bool = True) -> Program:
     """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised.
     `folds_of_scalar_maps`: whether a reduce of a map of scalars becomes a nest too; `row_folds`: whether a map
-    whose body folds or scans its rows, with no map inside, does (a backend's choices: one whose nest folds are
-    slower than its own reduce and per-row kernels keeps the statements apart)."""
-    memo = _fused.setdefault((folds_of_scalar_maps, row_folds), weakref.WeakKeyDictionary())
+    whose body folds or scans its rows, with no map inside, does; `histograms`: whether a map binned by a
+    reduce_by_index does (a backend's choices: one whose nest folds are slower than its own reduce, per-row
+    or histogram kernels keeps the statements apart)."""
+    memo = _fused.setdefault((folds_of_scalar_maps, row_folds, histograms), weakref.WeakKeyDictionary())
     found = memo.get(program)
     if found is None:
-        found = _fuse(program, folds_of_scalar_maps, row_folds)
+        found = _fuse(program, folds_of_scalar_maps, row_folds, histograms)
         # an unchanged program is not stored as its own value: the entry would keep its key alive
         memo[program] = _UNCHANGED if found is program else found
     return program if found is _UNCHANGED else found
@@ -153,10 +175,10 @@ def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_fol
 _UNCHANGED = object()
 
 
-_fused: "dict[tuple[bool, bool], weakref.WeakKeyDictionary[Program, Program]]" = {}
+_fused: "dict[tuple[bool, bool, bool], weakref.WeakKeyDictionary[Program, Program]]" = {}
 
 
-def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool) -> Program:
+def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histograms: bool) -> Program:
     uses = use_counts(program)
     readers = {a: s for s in program.stmts for a in s.args if isinstance(a, Var)}
     produced_by = {v: s for s in program.stmts for v in s.outs}
@@ -173,7 +195,11 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool) -> Prog
         consumers = _consumers(stmt, readers, uses) if isinstance(stmt.prim, Map) else None
         folding = None if consumers is None else _as_reduces(consumers)
         folded = folds_of_scalar_maps and folding is not None and isinstance(folding[0].prim, Reduce)
-        if not _candidate(stmt, folded, row_folds):
+        binned = consumers is not None and isinstance(consumers[0].prim, ReduceByIndex)
+        if binned and not histograms:
+            consumers = folding = None
+            binned = False
+        if not _candidate(stmt, folded, row_folds, binned):
             stmts.append(stmt)
             continue
         consumers = consumers or []
@@ -274,6 +300,8 @@ def _build(program: Program) -> tuple[Kernel, dict]:
         outer = ParallelMap(index, n, tuple(w.blocks.pop()))
     elif isinstance(program.stmts[1].prim, SumAxes):
         outer = _sums(w, program.stmts[1:], map_stmt, rows, outputs, index, n)
+    elif isinstance(program.stmts[1].prim, ReduceByIndex):
+        outer = _histogram(w, program.stmts[1], map_stmt, rows, env, outputs, index, n)
     else:
         outer = _fold(w, program.stmts[1], map_stmt, rows, env, outputs, index, n)
     return prune(Kernel(tuple(params), outer)), constants
@@ -328,6 +356,69 @@ def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs:
     commutative = red.monoid is not None and red.monoid.commutative
     folds = (lane_fold(w, operator, consts, [s.name for s in states], identities, dtypes),) if commutative else ()
     return ParallelFold(index, n, states, tuple(init_parts), step, tuple(merge_parts), folds=folds)
+
+
+def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs: list[str], index: str,
+               n: int) -> ParallelFold:
+    """The ParallelFold of the histogram `reader` of the map's rows: each state is the bins of one leaf,
+    (bins,) + the element's shape; an index outside the bins is ignored, as reduce_by_index says."""
+    rbi = reader.prim
+    k, nc = rbi.num_leaves, rbi.num_consts
+    values = [w.value(a, env) for a in reader.args[: nc + k]]
+    consts, identity = values[:nc], values[nc:]
+    by_var = dict(zip(map_stmt.outs, rows, strict=True))
+    at = reader.args[nc + k]
+    leaves = [by_var[v] for v in reader.args[nc + k + 1:]]
+    dtypes = [a.aval.dtype for a in reader.outs]
+    # float32 bins carried in float64 and rounded once, as the backends' other folds (wide_operators.py)
+    operator, carried = carried_operator(rbi.body, nc, dtypes)
+    carried = list(carried or dtypes)
+    states = tuple(State(w.fresh("state"), tuple(a.aval.shape), d, out, stored=True)
+                   for a, d, out in zip(reader.outs, carried, outputs, strict=True))
+    componentwise = recognize_binary_op(operator, nc) is not None
+    where = by_var[at] if at in by_var else w.value(at, env)
+    b = w.assign(f"np.int64({w.element(where, () if at in by_var else (index,))})", "h")
+    w.guarded(f"0 <= {b} < {rbi.n}", lambda: _into_bin(w, operator, consts, states, b, leaves, componentwise))
+    step = tuple(w.blocks.pop())
+    init: list = []
+    for s, e, d in zip(states, identity, dtypes, strict=True):
+        init.append(Buffer(s.name, s.shape, s.dtype))
+        w.blocks.append(init)
+        w.each_index(s.shape, lambda idx, s=s, e=e, d=d: w.emit(Store(s.name, idx, _as(w.element(e, idx[1:]), s.dtype, d))))
+        w.blocks.pop()
+    merge: list = []
+    w.blocks.append(merge)
+    partials = [_bin_view(f"partial_{s.name}", ("chunk",), s) for s in states]
+    w.loop(rbi.n, lambda bin_: _into_bin(w, operator, consts, states, bin_, [p(bin_) for p in partials], componentwise))
+    w.blocks.pop()
+    return ParallelFold(index, n, states, tuple(init), step, tuple(merge))
+
+
+def _bin_view(name: str, lead: tuple, state: State):
+    """bin -> the element of array `name` at `lead` + (bin,): a Scalar, or a Pull of the element's shape."""
+    shape = state.shape[1:]
+
+    def view(bin_: str):
+        if not shape:
+            return Scalar(f"{name}[{', '.join(lead + (bin_,))}]", state.dtype)
+        return Pull(shape, state.dtype, lambda w, idx: f"{name}[{', '.join(lead + (bin_,) + idx)}]", False)
+
+    return view
+
+
+def _into_bin(w: Writer, operator: Program, consts: list, states, bin_: str, elements: list, componentwise: bool) -> None:
+    """Each state's bin `bin_` = operator(consts, the bins, elements). Every result is computed before any bin
+    is written (an operator may read a bin's other components), unless the operator is componentwise."""
+    bins = [_bin_view(s.name, (), s)(bin_) for s in states]
+    results = w.body(operator, list(consts) + bins + list(elements))
+    if not componentwise:
+        results = [Scalar(w.assign(w.element(r, ())), r.dtype) if r.shape == () else w.materialise(r) for r in results]
+    for s, r in zip(states, results, strict=True):
+        w.each_index(s.shape[1:], lambda idx, s=s, r=r: w.emit(Store(s.name, (bin_,) + idx, _as(w.element(r, idx), s.dtype, r.dtype))))
+
+
+def _as(expr: str, to: np.dtype, was: np.dtype) -> str:
+    return expr if np.dtype(to) == np.dtype(was) else f"np.{np.dtype(to).name}({expr})"
 
 
 def _combine(w: Writer, body: Program, consts, states, elements) -> None:

@@ -27,6 +27,10 @@ from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
 CHUNKS_PER_THREAD = 4
+# A fold's chunks are merged serially after the prange, each state scalar once per chunk: a fold of large
+# states (a histogram's bins, a sum of long rows) gets no more chunks than keep that merge within a quarter
+# of the traversal's work (as kernels/cpu/histogram.py's private histograms).
+MERGE_SHARE = 4
 # No fastmath: with reassoc and contract the GMM gradient (2 x 10^5 x 32 x 16) took 337-499 ms against
 # 194-251 ms without, alternately here, and k-means' cost 253 against 228 ms (the 390 -> 249 ms once
 # measured for them did not come back); commutative folds are split into lanes in the text (nest_lanes).
@@ -170,7 +174,19 @@ def _nodes(nodes: tuple, indent: int, hoisted: bool = False) -> list[str]:
 
 
 _compiled: "weakref.WeakKeyDictionary[LoopNest, dict[bool, Any]]" = weakref.WeakKeyDictionary()
-_runs_in_parallel: "weakref.WeakKeyDictionary[LoopNest, bool]" = weakref.WeakKeyDictionary()
+_most_chunks: "weakref.WeakKeyDictionary[LoopNest, int]" = weakref.WeakKeyDictionary()
+
+
+def chunk_limit(kernel: Kernel) -> int:
+    """The most chunks the nest is split into: 1 (its serial kernel) below SERIAL_WORK; for a fold, as many
+    as keep the merge of their states within 1 / MERGE_SHARE of the work; a map, its extent."""
+    total = work(kernel)
+    if total < SERIAL_WORK:
+        return 1
+    if isinstance(kernel.outer, ParallelMap):
+        return kernel.outer.extent
+    state_scalars = sum(max(1, int(np.prod(s.shape))) for s in kernel.outer.states)
+    return max(1, total // (MERGE_SHARE * state_scalars))
 
 
 def compiled_kernel(prim: LoopNest, parallel: bool = True):
@@ -193,10 +209,10 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
 
     kernel = kernel_of(prim)
     threads = numba.get_num_threads()
-    enough_work = _runs_in_parallel.get(prim)
-    if enough_work is None:  # the walk over the kernel once per nest, not per call
-        enough_work = _runs_in_parallel[prim] = work(kernel) >= SERIAL_WORK
-    parallel = threads > 1 and enough_work
+    most_chunks = _most_chunks.get(prim)
+    if most_chunks is None:  # the walk over the kernel once per nest, not per call
+        most_chunks = _most_chunks[prim] = chunk_limit(kernel)
+    parallel = threads > 1 and most_chunks > 1
     fn = compiled_kernel(prim, parallel)
     inputs = []
     constants = constants_of(prim)
@@ -209,6 +225,6 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
     fold = isinstance(kernel.outer, ParallelFold)
     passed = [o.reshape(-1) if fold or o.shape == () else o for o in outs]
     extent = kernel.outer.extent
-    chunks = max(1, min(extent, CHUNKS_PER_THREAD * threads)) if parallel else 1
+    chunks = max(1, min(extent, CHUNKS_PER_THREAD * threads, most_chunks)) if parallel else 1
     fn(*inputs, *passed, chunks)
     return outs

@@ -12,7 +12,6 @@ from .first_extremes import has_first_extremes, mark_first_extremes
 from .fold_producers import private_fold_producers
 from .gather_fusion import absorb_gathers
 from .gemm_backward_fusion import fuse_gemm_backward
-from .histogram_fusion import fuse_histograms
 from .lowering import COMPILE_FROM
 from .one_hots import sparse_one_hots
 from .product_fold_fusion import fuse_product_folds
@@ -30,7 +29,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     """The program with the backend's fusions applied to its top level (loop nests: maps of maps, and maps
     folded by a reduce; a gemm_map_reduce with its vjp's block sum, one-hot vectors of map bodies read as index
     and value, scan pairs read by a map, scans with the maps that make their elements and read their results,
-    maps read by a histogram, maps of scalar maps
+    maps of scalar maps
     as elementwise statements, scaled matrix products as products of a scaled operand, folds with private
     copies of the cheap values they read, repeated views merged, runs of elementwise statements; in a map body,
     matrix-vector products folded by one kernel); memoised, since gemm block
@@ -40,10 +39,14 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     found = per_program.get(whole_arrays)
     if found is None:
         given = program
-        program = fuse_loop_nests(program) if whole_arrays and loop_nests_on() else program
+        nests = whole_arrays and loop_nests_on()
+        program = fuse_loop_nests(program) if nests else program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
-        program = sparse_one_hots(program)
-        staged = hoist_scales(unnest_maps(fuse_histograms(fuse_map_scans(fuse_scan_pairs(program)))))
+        sparse = sparse_one_hots(program)
+        # one-hot rows read as (index, value) make histograms of a map's results, which a nest bins as the
+        # map computes them (until ad emits min/max cotangents as such pairs itself, issue 39)
+        program = fuse_loop_nests(sparse) if nests and sparse is not program else sparse
+        staged = hoist_scales(unnest_maps(fuse_map_scans(fuse_scan_pairs(program))))
         found = _whole_array_fusions(staged) if whole_arrays else _body_fusions(staged)
         # a program no pass changed is not stored as its own value: the entry would keep its key alive
         per_program[whole_arrays] = _UNCHANGED if found is given else found
