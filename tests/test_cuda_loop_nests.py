@@ -96,6 +96,22 @@ def test_a_fold_of_a_row_state_merges_its_chunks_component_by_component(nest_run
     assert any(isinstance(o, ParallelFold) and any(s.shape == (4, 3) for s in o.states) for o in folds)
 
 
+def test_a_fold_that_also_stores_the_maps_rows_writes_both(nest_runs):
+    """The k-means gradient with respect to the points and the centroids: one nest folds the centroids'
+    (4, 3) rows per point while each thread stores its points' gradient rows (a mapped output beside the
+    fold's state: the fold kernel takes those outputs, the merge kernel the states')."""
+    C, P = rng.normal(size=(4, 3)), rng.normal(size=(90, 3))
+    got, want = _both(fold.grad(kmeans_cost, argnums=(0, 1)), C, P)
+    _close(got, want, 1e-12)
+    from fold.runtime.cuda_backend.backend import CudaProgram
+    from fold.runtime.loops import LoopNest, kernel_of
+
+    program = CudaProgram(fold.trace(fold.grad(kmeans_cost, argnums=(0, 1)), C, P)).program
+    kernels = [kernel_of(s.prim) for s in program.stmts if isinstance(s.prim, LoopNest)]
+    assert any([p.shape for p in k.mapped] == [(90, 3)] and [p.shape for p in k.folded] == [(4, 3)] for k in kernels)
+    assert "ParallelFold" in nest_runs
+
+
 def test_chunks_are_bounded_by_the_merge_of_their_states():
     from fold.runtime.loops.nest import State
 

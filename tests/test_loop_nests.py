@@ -1030,3 +1030,56 @@ def test_random_histograms_of_maps_and_their_gradients_match_the_numpy_backend(s
         return fold.sum(fold.where(v * v < 1e300, v, 0.0))
 
     _close(*_both(fold.grad(loss, argnums=(1, 2)), idx, X, w), 1e-8)
+
+
+# ---------------------------------------------------------------- a map's results kept beside its folds
+
+def test_the_kmeans_gradient_for_points_and_centroids_is_one_nest_storing_only_the_points_gradient():
+    """The gradient with respect to both arguments: the points' gradient is stored row by row while the
+    centroids' is folded over the points in the same traversal (a ParallelFold storing a mapped output),
+    and the one-hot cotangent's sums read only the nearest centroid. Nothing of (points, centroids, d)."""
+    from fold.runtime.numba_backend import loop_nests
+
+    C, P = rng.normal(size=(8, 5)), rng.normal(size=(300, 5))
+    gradient = fold.grad(kmeans_cost, argnums=(0, 1))
+    program, (_, kernel) = _nests(gradient, C, P)  # the cost (traced beside its gradient), then the gradient
+    assert [p.shape for p in kernel.mapped] == [(300, 5)] and [p.shape for p in kernel.folded] == [(8, 5)]
+    assert all(np.prod(b.shape) <= 8 * 5 for b in buffers(kernel.outer.step)), describe(kernel)
+    # per point: the distances (8 x 5 x 7 statements), their minimum and its index (8 x 10), the gradients'
+    # rows (5 x 25): 568; summing the one-hot cotangent over every centroid would add 5 x 8 x 10
+    assert loop_nests.work(kernel) < 300 * 700, describe(kernel)
+    _close(*_both(gradient, C, P), 1e-12)
+
+
+def test_a_sum_over_a_one_hot_axis_reads_its_one_index():
+    """sum(where(iota == i, row, 0)) is row[i]: the nest reads that element alone (none where i is out of
+    range), rather than a loop over the row."""
+    from fold.runtime.numba_backend import loop_nests
+
+    X, i = rng.normal(size=(50, 40)), rng.integers(-2, 42, 50)
+    f = lambda X, i: fold.map(lambda r, j: fold.sum(fold.where(fold.iota(40) == j, 2.0 * r, 0.0)), X, i)  # noqa: E731
+    _, (kernel,) = _nests(f, X, i)
+    assert loop_nests.work(kernel) < 50 * 40, describe(kernel)  # a loop over the row: 50 * 40 * 6
+    _close(*_both(f, X, i), 1e-12)
+
+
+def test_a_statement_between_a_map_and_its_fold_that_reads_a_kept_result_runs_after_the_nest():
+    """A map whose first result the program keeps and whose second a sum folds: a statement between them
+    reading the first runs after the nest; a fold that reads such a statement cannot join the nest."""
+    X = rng.normal(size=(60, 7))
+
+    def f(X):
+        kept, folded = fold.map(lambda r: (fold.tanh(r), fold.reduce(M.sum, fold.sin(r))), X)
+        after = kept * 2.0  # reads the kept result
+        return after, fold.reduce(M.sum, folded)
+
+    def g(X):
+        kept, folded = fold.map(lambda r: (fold.tanh(r), fold.reduce(M.sum, fold.sin(r))), X)
+        scale = fold.sum(kept)  # read by the fold's operator: computed after the map, so no nest folds
+        return fold.reduce(lambda a, b: fold.maximum(a, fold.minimum(b, scale)), folded, identity=-np.inf)
+
+    program, (kernel,) = _nests(f, X)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest", "mul"], program
+    assert [p.shape for p in kernel.mapped] == [(60, 7)] and [p.shape for p in kernel.folded] == [()]
+    _close(*_both(f, X), 1e-12)
+    _close(*_both(g, X), 1e-12)

@@ -60,10 +60,11 @@ def map_source(kernel: Kernel) -> str:
 
 
 def fold_source(kernel: Kernel) -> str:
-    """`kernel(*inputs, *partials, chunks)`: thread `chunk` folds its chunk into its partial states."""
+    """`kernel(*inputs, *mapped outputs, *partials, chunks)`: thread `chunk` folds its chunk into its partial
+    states (and stores its rows of the outputs the traversal writes)."""
     fold = kernel.outer
     partials = [fold.partial + s.name for s in fold.states]
-    params = [p.name for p in kernel.inputs] + partials + ["chunks"]
+    params = [p.name for p in kernel.inputs] + [p.name for p in kernel.mapped] + partials + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):",
              f"    {fold.chunk} = cuda.grid(1)",
              f"    if {fold.chunk} < chunks:",
@@ -78,10 +79,10 @@ def fold_source(kernel: Kernel) -> str:
 
 
 def merge_source(kernel: Kernel) -> str:
-    """`kernel(*partials, *outputs, chunks)`: one thread folds the partial states in chunk order."""
+    """`kernel(*partials, *folded outputs, chunks)`: one thread folds the partial states in chunk order."""
     fold = kernel.outer
     partials = [fold.partial + s.name for s in fold.states]
-    params = partials + [p.name for p in kernel.outputs] + ["chunks"]
+    params = partials + [p.name for p in kernel.folded] + ["chunks"]
     lines = [f"def kernel({', '.join(params)}):",
              "    if cuda.grid(1) == 0:",
              *_nodes(fold.init, 8),
@@ -177,7 +178,10 @@ def _run(prim: LoopNest, kernel: Kernel, args: list) -> list:
     chunks = chunks_for(outer)
     partials = [device.empty((chunks,) + tuple(s.shape or (1,)) if s.stored else (chunks,), s.dtype)
                 for s in outer.states]
-    start(main, _blocks(chunks), THREADS, *inputs, *[device.for_kernel(p) for p in partials], chunks)
-    flat = [device.empty((max(1, math.prod(p.shape)),), p.dtype) for p in kernel.outputs]
-    start(merge, 1, 1, *[device.for_kernel(p) for p in partials], *[device.for_kernel(o) for o in flat], chunks)
-    return [device.reshape(device.adopt(o), tuple(p.shape)) for o, p in zip(flat, kernel.outputs, strict=True)]
+    mapped = {p.name: device.empty(p.shape, p.dtype) for p in kernel.mapped}
+    start(main, _blocks(chunks), THREADS, *inputs, *[device.for_kernel(o) for o in mapped.values()],
+          *[device.for_kernel(p) for p in partials], chunks)
+    flat = {p.name: device.empty((max(1, math.prod(p.shape)),), p.dtype) for p in kernel.folded}
+    start(merge, 1, 1, *[device.for_kernel(p) for p in partials], *[device.for_kernel(o) for o in flat.values()], chunks)
+    return [device.adopt(mapped[p.name]) if p.name in mapped else device.reshape(device.adopt(flat[p.name]), tuple(p.shape))
+            for p in kernel.outputs]

@@ -393,17 +393,29 @@ def _static_index(w: Writer, prim: StaticIndex, args: list[Value], out_avals) ->
 
 
 def _summed(w: Writer, x: Value, axes: tuple[int, ...], idx: tuple, dtype: np.dtype) -> str:
-    """The sum of x over `axes` at the other axes' index `idx`, in a loop written here."""
+    """The sum of x over `axes` at the other axes' index `idx`, in a loop written here; over a one-hot axis,
+    only its one index is read (none if it is out of range)."""
     acc = w.assign(literal(0, dtype), "s")
     kept = iter(idx)
     slots = [None if k in axes else next(kept) for k in range(len(x.shape))]
+    onehot = getattr(x, "onehot", None)
+    summed = axes
+    if onehot is not None and onehot[0] in axes:
+        slots[onehot[0]] = w.assign(f"np.int64({onehot[1]})", "h")
+        summed = tuple(k for k in axes if k != onehot[0])
 
     def add(loop_idx: tuple) -> None:
         it = iter(loop_idx)
         full = tuple(next(it) if s is None else s for s in slots)
         w.emit(Assign(acc, f"np.{dtype.name}({acc} + {w.element(x, full)})"))
 
-    w.each_index(tuple(x.shape[k] for k in axes), add)
+    def each() -> None:
+        w.each_index(tuple(x.shape[k] for k in summed), add)
+
+    if summed == axes:
+        each()
+    else:
+        w.guarded(f"0 <= {slots[onehot[0]]} < {x.shape[onehot[0]]}", each)
     return acc
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -104,25 +105,27 @@ def _of_scalars(body: Program) -> bool:
         o.aval.shape == () for s in body.stmts for o in s.outs)
 
 
-def _consumers(stmt: Let, readers: dict, uses: Counter) -> list[Let] | None:
-    """The statements that fold over the map `stmt`'s rows, one reading all its results (a reduce) or one
-    per result (sums over the map's axis), each result read by them alone; None if there are none such."""
+def _consumers(stmt: Let, readers: dict, uses: Counter) -> tuple[list[Let], list[Var]] | None:
+    """The statements that fold over the map `stmt`'s rows (sums over the map's axis, one per result; or one
+    reduce, or one histogram, of results), each folded result read by them alone; and the map's other results
+    the program reads, which the nest stores row by row as it folds (a gradient's cotangent of the points
+    beside its sum over them for the centroids). None if nothing folds."""
     used = [v for v in stmt.outs if uses[v]]  # a result nothing reads (a jvp's primal beside its tangent) is dropped
-    if not used or any(uses[v] != 1 for v in used):
-        return None
-    found = list(dict.fromkeys(readers.get(v) for v in used))
-    if None in found:  # a result the program returns
-        return None
-    if all(isinstance(r.prim, SumAxes) and tuple(r.prim.axes) == (0,) for r in found) and len(found) == len(used):
-        return found
-    if len(found) == 1 and isinstance(found[0].prim, ReduceByIndex) and _bins(found[0], used):
-        return found
-    if len(found) == 1 and isinstance(found[0].prim, Reduce):
-        reader = found[0]
-        leaves = reader.args[reader.prim.num_consts + reader.prim.num_leaves:]
-        if (set(leaves) == set(used) and all(v.aval.ndim == 1 for v in used)
-                and nestable(reader.prim.body) is None):
-            return found
+    alone = [v for v in used if uses[v] == 1 and readers.get(v) is not None]
+    sums = [readers[v] for v in alone if isinstance(readers[v].prim, SumAxes) and tuple(readers[v].prim.axes) == (0,)]
+    if sums:
+        summed = {r.args[0] for r in sums}
+        return sums, [v for v in used if v not in summed]
+    for reader in dict.fromkeys(readers[v] for v in alone):
+        read = [v for v in alone if readers[v] is reader]
+        kept = [v for v in used if v not in read]
+        if isinstance(reader.prim, ReduceByIndex) and _bins(reader, read):
+            return [reader], kept
+        if isinstance(reader.prim, Reduce):
+            leaves = reader.args[reader.prim.num_consts + reader.prim.num_leaves:]
+            if (set(leaves) == set(read) and all(v.aval.ndim == 1 for v in read)
+                    and nestable(reader.prim.body) is None):
+                return [reader], kept
     return None
 
 
@@ -192,7 +195,12 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
     for stmt in program.stmts:
         if id(stmt) in absorbed:
             continue
-        consumers = _consumers(stmt, readers, uses) if isinstance(stmt.prim, Map) else None
+        found = _consumers(stmt, readers, uses) if isinstance(stmt.prim, Map) else None
+        consumers, kept = found if found is not None else (None, [])
+        if consumers is not None:
+            placed = _placed_around(program, stmt, consumers, kept, absorbed)
+            if placed is None:
+                consumers, kept = None, []
         folding = None if consumers is None else _as_reduces(consumers)
         folded = folds_of_scalar_maps and folding is not None and isinstance(folding[0].prim, Reduce)
         binned = consumers is not None and isinstance(consumers[0].prim, ReduceByIndex)
@@ -210,29 +218,46 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
             stmts.append(stmt)
             continue
         group = [stmt] + (folding or consumers)
-        nest = _loop_nest(group)
+        nest = _loop_nest(group, kept)
         if nest is None:
             stmts.append(stmt)
             continue
-        if consumers:
-            # what the consumers read beside the map's rows (an identity, captured values) is computed before
-            # the last of them: keep those statements before the nest
-            last = max(program.stmts.index(r) for r in consumers)
-            absorbed.update(id(r) for r in consumers)
-            between = [s for s in program.stmts[program.stmts.index(stmt) + 1: last] if id(s) not in absorbed]
-            stmts += between
-            absorbed.update(id(s) for s in between)
-        stmts.append(nest)
+        before, after = placed if consumers else ([], [])
+        absorbed.update(id(r) for r in consumers)
+        absorbed.update(id(s) for s in before + after)
+        stmts += before + [nest] + after
     if len(stmts) == len(program.stmts) and all(a is b for a, b in zip(stmts, program.stmts)):
         return program
     return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree, dict(program.meta))
 
 
-def _loop_nest(group: list[Let]) -> Let | None:
-    """The group as one LoopNest statement, or None if the nest cannot be built for it."""
+def _placed_around(program: Program, stmt: Let, consumers: list[Let], kept: list[Var], absorbed: set[int]):
+    """(the statements between the map `stmt` and its last consumer that go before the nest, those that go
+    after it): what the consumers read beside the map's rows (an identity, captured values) is computed
+    before the nest; what reads a result the nest keeps, after it. None where a consumer reads such a later
+    value: the nest cannot be placed."""
+    last = max(program.stmts.index(r) for r in consumers)
+    ids = {id(r) for r in consumers}
+    between = [s for s in program.stmts[program.stmts.index(stmt) + 1: last] if id(s) not in absorbed | ids]
+    later = set(kept)
+    before, after = [], []
+    for s in between:
+        if any(isinstance(a, Var) and a in later for a in s.args):
+            later.update(s.outs)
+            after.append(s)
+        else:
+            before.append(s)
+    if any(isinstance(a, Var) and a in later and a not in kept for r in consumers for a in r.args):
+        return None
+    return before, after
+
+
+def _loop_nest(group: list[Let], kept: Sequence[Var] = ()) -> Let | None:
+    """The group as one LoopNest statement (its results: the map's `kept` results, then its consumers'), or
+    None if the nest cannot be built for it."""
     inner = {v for s in group for v in s.outs}
     args = list(dict.fromkeys(a for s in group for a in s.args if isinstance(a, Var) and a not in inner))
-    outs = tuple(v for s in group[1:] for v in s.outs) if len(group) > 1 else tuple(group[0].outs)
+    outs = tuple(kept) + tuple(v for s in group[1:] for v in s.outs) if len(group) > 1 else tuple(group[0].outs)
     remap = {a: Var(a.aval) for a in args}
     stmts = tuple(Let(s.outs, s.prim, tuple(remap.get(a, a) if isinstance(a, Var) else a for a in s.args)) for s in group)
     _, in_tree = tree_flatten(tuple(range(len(args))))
@@ -298,12 +323,18 @@ def _build(program: Program) -> tuple[Kernel, dict]:
     if len(program.stmts) == 1:
         store_rows(w, outputs, rows, (index,))
         outer = ParallelMap(index, n, tuple(w.blocks.pop()))
-    elif isinstance(program.stmts[1].prim, SumAxes):
-        outer = _sums(w, program.stmts[1:], map_stmt, rows, outputs, index, n)
+        return prune(Kernel(tuple(params), outer)), constants
+    # the map's results kept beside the folds: stored row by row as the fold runs
+    by_var = dict(zip(map_stmt.outs, rows, strict=True))
+    kept = [v for v in program.outputs if v in by_var]
+    store_rows(w, outputs[: len(kept)], [by_var[v] for v in kept], (index,))
+    folded = outputs[len(kept):]
+    if isinstance(program.stmts[1].prim, SumAxes):
+        outer = _sums(w, program.stmts[1:], map_stmt, rows, folded, index, n)
     elif isinstance(program.stmts[1].prim, ReduceByIndex):
-        outer = _histogram(w, program.stmts[1], map_stmt, rows, env, outputs, index, n)
+        outer = _histogram(w, program.stmts[1], map_stmt, rows, env, folded, index, n)
     else:
-        outer = _fold(w, program.stmts[1], map_stmt, rows, env, outputs, index, n)
+        outer = _fold(w, program.stmts[1], map_stmt, rows, env, folded, index, n)
     return prune(Kernel(tuple(params), outer)), constants
 
 

@@ -112,7 +112,9 @@ class ParallelFold:
     """The folds of an element per index: `init` sets every state to the identity, `step` folds in the
     element at `index`, `merge` folds in the states of chunk `chunk` (named `partial` + state name), in order,
     so a non-commutative operator sees its operands in order. `folds`: the states folded by a commutative
-    operator, which a backend may fold in lanes within a chunk as it does an inner Loop's (LaneFold)."""
+    operator, which a backend may fold in lanes within a chunk as it does an inner Loop's (LaneFold). The
+    step may also store row `index` of outputs that are no state's (a map's results kept beside its folds,
+    as a Futhark screma maps and reduces in one traversal)."""
 
     index: str
     extent: int
@@ -140,6 +142,18 @@ class Kernel:
     @property
     def outputs(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.role == "output")
+
+    @property
+    def folded(self) -> tuple[Param, ...]:
+        """The outputs a ParallelFold's states are written to after the traversal."""
+        states = {s.output for s in self.outer.states} if isinstance(self.outer, ParallelFold) else set()
+        return tuple(p for p in self.outputs if p.name in states)
+
+    @property
+    def mapped(self) -> tuple[Param, ...]:
+        """The outputs the traversal writes row by row (all of a ParallelMap's)."""
+        folded = {p.name for p in self.folded}
+        return tuple(p for p in self.outputs if p.name not in folded)
 
 
 def buffers(nodes: tuple) -> list[Buffer]:

@@ -222,8 +222,8 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
         value = np.ascontiguousarray(value, dtype=p.dtype)
         inputs.append(value.reshape(1) if value.shape == () else value)
     outs = [np.empty(p.shape, p.dtype) for p in kernel.outputs]
-    fold = isinstance(kernel.outer, ParallelFold)
-    passed = [o.reshape(-1) if fold or o.shape == () else o for o in outs]
+    folded = {p.name for p in kernel.folded}  # written from a state's buffer, flat
+    passed = [o.reshape(-1) if p.name in folded or o.shape == () else o for o, p in zip(outs, kernel.outputs)]
     extent = kernel.outer.extent
     chunks = max(1, min(extent, CHUNKS_PER_THREAD * threads, most_chunks)) if parallel else 1
     fn(*inputs, *passed, chunks)
