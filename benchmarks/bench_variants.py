@@ -4,7 +4,8 @@
 
 The other benchmarks time the programs fold's kernels were built around; these are a step away from them:
 row-wise reductions with a shift, a row's normalisation, a dot product per row followed by a transcendental,
-a pairwise matrix, a flat expression summed (issue 39: speed must come from general mechanisms, and a
+a pairwise matrix, a flat expression summed, the k-means gradient for both arguments, per-class sums of
+scaled rows (a histogram of a map) (issue 39: speed must come from general mechanisms, and a
 program written a little differently must not fall off a cliff). Each case is fold.jit on the numba
 backend (warm; its first call reported apart) timed alternately with NumPy in one process; results/
 variants.json and variants.png hold the medians and ratios. The results are also checked against NumPy's.
@@ -59,7 +60,30 @@ def cases(s: dict[str, int]) -> dict[str, tuple[Callable, Callable, tuple]]:
         c = R - R.mean(1, keepdims=True)
         return c / np.sqrt((c * c).mean(1, keepdims=True) + 1e-5)
 
+    labels = rng.integers(0, s["k"], s["n"])
+
+    def kmeans_cost(C, P):
+        return fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.map(lambda c: fold.sum((p - c) * (p - c)), C)), P))
+
+    def np_kmeans_grad(C, P):
+        d2 = (P * P).sum(1)[:, None] - 2.0 * P @ C.T + (C * C).sum(1)[None, :]
+        nearest = np.argmin(d2, axis=1)
+        diff = P - C[nearest]
+        g_c = np.zeros_like(C)
+        np.add.at(g_c, nearest, -2.0 * diff)
+        return g_c, 2.0 * diff
+
+    def np_class_sums(X, w, labels):
+        out = np.zeros((s["k"], X.shape[1]), X.dtype)
+        np.add.at(out, labels, np.tanh(X @ w)[:, None] * X)
+        return out
+
     return {
+        "k-means gradient for points and centroids": (fold.grad(kmeans_cost, argnums=(0, 1)), np_kmeans_grad, (C, X)),
+        "class sums of tanh(x . w) x": (
+            lambda X, w, labels: fold.reduce_by_index(M.sum, s["k"], labels,
+                                                      fold.map(lambda x: fold.tanh(fold.sum(x * w)) * x, X)),
+            np_class_sums, (X, w, labels)),
         "logsumexp, max shift": (lambda R: fold.reduce(M.sum, fold.map(shifted_logsumexp, R)),
                                  lambda R: np.sum(R.max(1) + np.log(np.exp(R - R.max(1, keepdims=True)).sum(1))), (R,)),
         "softmax rows": (lambda R: fold.map(softmax, R), np_softmax, (R,)),
@@ -89,9 +113,10 @@ def measure(name: str, fold_f: Callable, numpy_f: Callable, args: tuple, repeats
     start = time.perf_counter()
     got = jitted(*args)
     first = time.perf_counter() - start
-    want = numpy_f(*args)
-    scale = 1.0 + float(np.max(np.abs(want)))
-    error = float(np.max(np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64)))) / scale
+    got, want = fold.tree_flatten(got)[0], fold.tree_flatten(numpy_f(*args))[0]  # a gradient: several arrays
+    scale = 1.0 + max(float(np.max(np.abs(w))) for w in want)
+    error = max(float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))
+                for g, w in zip(got, want, strict=True)) / scale
     timed = time_pair(lambda: jitted(*args), lambda: numpy_f(*args), repeats=repeats)
     return {"case": name, "fold_seconds": timed["fold_seconds"], "numpy_seconds": timed["reference_seconds"],
             "ratio": timed["ratio"], "first_call_seconds": first, "relative_error": error,
