@@ -7,7 +7,8 @@ reduce(sum)), its gradient with respect to the centroids and its Hessian-vector 
 log-likelihood of a Gaussian mixture with unit variances as a map over points of a logsumexp over components;
 a row-wise logsumexp; softmax cross-entropy written with map and reduce (a map over rows of the logits and
 one-hot targets); the minimum pairwise squared distance between two point sets; a three-deep nest whose
-innermost map captures a weight vector. Gradients are of the summed output with respect to the first argument.
+innermost map captures a weight vector. Gradients are of the summed output with respect to the first argument
+(`--modes grad_all`: with respect to every argument).
 
 Each (case, implementation, mode) runs in a fresh process (`--worker`), with fold's freed-memory retention off
 (FOLD_KEEP_FREED_MEMORY=0) and glibc returning big buffers to the system at once (MALLOC_MMAP_THRESHOLD_,
@@ -34,6 +35,9 @@ from .bench_gemm import _current_rss_bytes, _peak_rss_bytes, _reset_peak_rss
 from .common import RESULTS_DIR, machine, plot_ratios, write_json
 
 MODES = ("primal", "grad", "hvp")
+# asked for with --modes: the gradient with respect to every argument (k-means' points and centroids), a step
+# away from `grad`'s first argument alone (bench_ab times MODES only, so that an older tree can run them)
+EXTRA_MODES = ("grad_all",)
 
 
 def sizes(quick: bool) -> dict[str, dict[str, int]]:
@@ -116,7 +120,8 @@ def jax_natural(case: str) -> Callable:
 
 
 def program(case: str, impl: str, mode: str, args: tuple) -> Callable[[], Any] | None:
-    """The timed call: f, its gradient with respect to the first argument, or a Hessian-vector product."""
+    """The timed call: f, its gradient with respect to the first argument (or every argument), or a
+    Hessian-vector product."""
     tangent = np.random.default_rng(1).normal(size=args[0].shape).astype(args[0].dtype)
     if impl == "jax":
         import jax
@@ -124,7 +129,7 @@ def program(case: str, impl: str, mode: str, args: tuple) -> Callable[[], Any] |
         jax.config.update("jax_platforms", "cpu")
         f = jax_natural(case)
         g = jax.grad(f)
-        fn = {"primal": f, "grad": g,
+        fn = {"primal": f, "grad": g, "grad_all": jax.grad(f, argnums=tuple(range(len(args)))),
               "hvp": lambda *a: jax.jvp(lambda x: g(x, *a[1:]), (a[0],), (tangent,))[1]}[mode]
         jitted = jax.jit(fn)
         return lambda: jax.block_until_ready(jitted(*args))
@@ -135,7 +140,8 @@ def program(case: str, impl: str, mode: str, args: tuple) -> Callable[[], Any] |
         return None
     g = fold.grad(f)
     zeros = tuple(np.zeros_like(a) for a in args[1:])
-    fn = {"primal": f, "grad": g, "hvp": lambda *a: fold.jvp(g, a, (tangent,) + zeros)[1]}[mode]
+    fn = {"primal": f, "grad": g, "grad_all": fold.grad(f, argnums=tuple(range(len(args)))),
+          "hvp": lambda *a: fold.jvp(g, a, (tangent,) + zeros)[1]}[mode]
     jitted = fold.jit(fn)
     return lambda: jitted(*args)
 
@@ -184,8 +190,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated cases")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per worker process")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES + EXTRA_MODES)} (default: {','.join(MODES)})")
+    parser.add_argument("--out", default="", help="results/OUT.{json,png} (default: natural, natural_quick)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES + EXTRA_MODES]
+    if unknown:
+        parser.error(f"unknown modes {unknown}; choose from {list(MODES + EXTRA_MODES)}")
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return {}
@@ -193,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     records = []
     for case in chosen:
         s = sizes(args.quick)[case]
-        for mode in MODES:
+        for mode in modes:
             row: dict[str, Any] = {"case": case, "mode": mode, "sizes": s}
             for impl in ("fold", "jax", "fold_best"):
                 spec = {"case": case, "impl": impl, "mode": mode, "sizes": s, "repeats": args.repeats,
@@ -208,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
             records.append(row)
             print(_line(row), flush=True)
     payload = {"machine": machine(), "quick": args.quick, "records": records}
-    name = "natural_quick" if args.quick else "natural"
+    name = args.out or ("natural_quick" if args.quick else "natural")
     write_json(RESULTS_DIR / f"{name}.json", payload)
     plot(records, name)
     return payload
