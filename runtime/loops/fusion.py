@@ -13,6 +13,10 @@ of a map of a reduce) becomes a loop nest, with its consumer when it has one tha
   commutative still sees each bin's elements in order);
 - otherwise the map alone: a parallel map writing its rows.
 
+A map whose other results the program reads keeps them: the parallel fold stores their rows as it folds (a
+k-means gradient's points' rows beside its sum over the points for the centroids), unless its body is of
+scalars, whose elementwise kernel stores a result as cheaply and computes faster.
+
 A map of scalars that a reduce folds (`reduce(op, map(f, xs))`) is a parallel fold of the body's results too.
 A map whose body folds or scans its rows with no map inside (a row's logsumexp or norm) is a nest as a map of
 maps is, unless it multiplies a matrix by the row (see `_candidate`).
