@@ -566,7 +566,7 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     dtypes = [np.dtype(a.dtype) for a in out_avals]
     operator, carried = carried_operator(prim.body, nc, dtypes) if _long(xs[0]) else (prim.body, None)
     carried = list(carried or dtypes)
-    identities = [_cast(w.element(e, ()), c, d) for e, c, d in zip(identity, carried, dtypes, strict=True)]
+    identities = [cast(w.element(e, ()), c, d) for e, c, d in zip(identity, carried, dtypes, strict=True)]
     accs = [w.assign(e, "acc") for e in identities]
 
     def step(i: str) -> None:
@@ -575,7 +575,7 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     commutative = prim.monoid is not None and prim.monoid.commutative
     folds = (lane_fold(w, operator, consts, accs, identities, carried),) if commutative else ()
     w.loop(xs[0].shape[0], step, folds)
-    return [Scalar(a if c == d else w.assign(_cast(a, d, c)), d) for a, c, d in zip(accs, carried, dtypes, strict=True)]
+    return [Scalar(a if c == d else w.assign(cast(a, d, c)), d) for a, c, d in zip(accs, carried, dtypes, strict=True)]
 
 
 # A row's float32 fold longer than this is carried in float64 and rounded once, as the backends' other
@@ -597,7 +597,7 @@ def fold_into(w: Writer, operator: Program, consts: list, accs: list[str], dtype
         w.emit(Assign(acc, r))
 
 
-def _cast(expr: str, to: np.dtype, was: np.dtype) -> str:
+def cast(expr: str, to: np.dtype, was: np.dtype) -> str:
     """`expr` (of dtype `was`) as `to`."""
     return expr if to == was else f"np.{np.dtype(to).name}({expr})"
 
@@ -613,7 +613,7 @@ def _scan(w: Writer, prim: Scan, args: list[Value], out_avals) -> list[Value]:
     dtypes = [np.dtype(a.dtype) for a in out_avals]
     operator, carried = carried_operator(prim.body, nc, dtypes)
     carried = list(carried or dtypes)
-    accs = [w.assign(_cast(w.element(e, ()), c, d), "acc") for e, c, d in zip(identity, carried, dtypes, strict=True)]
+    accs = [w.assign(cast(w.element(e, ()), c, d), "acc") for e, c, d in zip(identity, carried, dtypes, strict=True)]
     n = xs[0].shape[0]
     outs = [Stored(w.fresh("b"), (n,), d) for d in dtypes]
     for out in outs:

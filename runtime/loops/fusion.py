@@ -31,7 +31,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
-from .build import NotNestable, Pull, Scalar, Stored, Writer, fold_into, lane_fold, map_row, nestable, store_rows
+from .build import NotNestable, Pull, Scalar, Stored, Writer, cast, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
 
@@ -109,28 +109,38 @@ def _of_scalars(body: Program) -> bool:
         o.aval.shape == () for s in body.stmts for o in s.outs)
 
 
-def _consumers(stmt: Let, readers: dict, uses: Counter) -> tuple[list[Let], list[Var]] | None:
+def _consumers(stmt: Let, readers: dict, uses: Counter, histograms: bool) -> tuple[list[Let], list[Var]] | None:
     """The statements that fold over the map `stmt`'s rows (sums over the map's axis, one per result; or one
-    reduce, or one histogram, of results), each folded result read by them alone; and the map's other results
-    the program reads, which the nest stores row by row as it folds (a gradient's cotangent of the points
-    beside its sum over them for the centroids). None if nothing folds."""
+    reduce, or (`histograms`) one histogram, of results), each folded result read by them alone; and the map's
+    other results the program reads, which the nest stores row by row as it folds (a gradient's cotangent of
+    the points beside its sum over them for the centroids). None if nothing folds, and for a map of scalars
+    with results kept: it stores a result as cheaply as it keeps one, and its elementwise kernel runs
+    transcendentals faster than a nest's lanes (a max-shifted logsumexp's gradient, 10^6 elements: 1.13x
+    slower kept in the nest)."""
     used = [v for v in stmt.outs if uses[v]]  # a result nothing reads (a jvp's primal beside its tangent) is dropped
     alone = [v for v in used if uses[v] == 1 and readers.get(v) is not None]
     sums = [readers[v] for v in alone if isinstance(readers[v].prim, SumAxes) and tuple(readers[v].prim.axes) == (0,)]
+    found = None
     if sums:
         summed = {r.args[0] for r in sums}
-        return sums, [v for v in used if v not in summed]
-    for reader in dict.fromkeys(readers[v] for v in alone):
+        found = sums, [v for v in used if v not in summed]
+    for reader in () if sums else dict.fromkeys(readers[v] for v in alone):
         read = [v for v in alone if readers[v] is reader]
-        kept = [v for v in used if v not in read]
-        if isinstance(reader.prim, ReduceByIndex) and _bins(reader, read):
-            return [reader], kept
-        if isinstance(reader.prim, Reduce):
-            leaves = reader.args[reader.prim.num_consts + reader.prim.num_leaves:]
-            if (set(leaves) == set(read) and all(v.aval.ndim == 1 for v in read)
-                    and nestable(reader.prim.body) is None):
-                return [reader], kept
-    return None
+        binned = histograms and isinstance(reader.prim, ReduceByIndex) and _bins(reader, read)
+        if binned or (isinstance(reader.prim, Reduce) and _folds_exactly(reader, read)):
+            found = [reader], [v for v in used if v not in read]
+            break
+    if found is not None and found[1] and _of_scalars(stmt.prim.body):
+        return None
+    return found
+
+
+def _folds_exactly(reader: Let, read: list[Var]) -> bool:
+    """Whether the reduce `reader` folds the map's vectors `read` as its leaves and nothing else, with an
+    operator the nest can write."""
+    leaves = reader.args[reader.prim.num_consts + reader.prim.num_leaves:]
+    return (set(leaves) == set(read) and all(v.aval.ndim == 1 for v in read)
+            and nestable(reader.prim.body) is None)
 
 
 def _bins(reader: Let, used: list[Var]) -> bool:
@@ -140,8 +150,7 @@ def _bins(reader: Let, used: list[Var]) -> bool:
     k, nc = rbi.num_leaves, rbi.num_consts
     indices, leaves = reader.args[nc + k], reader.args[nc + k + 1:]
     from_map = set(leaves) | ({indices} & set(used))
-    return (rbi.n > 0 and from_map == set(used) and set(leaves) <= set(used) and indices.aval.ndim == 1
-            and nestable(rbi.body) is None)
+    return rbi.n > 0 and from_map == set(used) and indices.aval.ndim == 1 and nestable(rbi.body) is None
 
 
 def _as_reduces(consumers: list[Let]) -> list[Let]:
@@ -199,23 +208,12 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
     for stmt in program.stmts:
         if id(stmt) in absorbed:
             continue
-        found = _consumers(stmt, readers, uses) if isinstance(stmt.prim, Map) else None
-        if found is not None and found[1] and _of_scalars(stmt.prim.body):
-            # a map of scalars stores a result as cheaply as it keeps one, and its elementwise kernel runs
-            # transcendentals faster than a nest's lanes (a max-shifted logsumexp's gradient, 10^6: 1.13x
-            # slower kept in the nest): it stays apart from its fold
-            found = None
-        consumers, kept = found if found is not None else (None, [])
-        if consumers is not None:
-            placed = _placed_around(program, stmt, consumers, kept, absorbed)
-            if placed is None:
-                consumers, kept = None, []
+        found = _consumers(stmt, readers, uses, histograms) if isinstance(stmt.prim, Map) else None
+        placed = None if found is None else _placed_around(program, stmt, *found, absorbed)
+        consumers, kept = found if placed is not None else (None, [])
         folding = None if consumers is None else _as_reduces(consumers)
         folded = folds_of_scalar_maps and folding is not None and isinstance(folding[0].prim, Reduce)
         binned = consumers is not None and isinstance(consumers[0].prim, ReduceByIndex)
-        if binned and not histograms:
-            consumers = folding = None
-            binned = False
         if not _candidate(stmt, folded, row_folds, binned):
             stmts.append(stmt)
             continue
@@ -231,7 +229,7 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
         if nest is None:
             stmts.append(stmt)
             continue
-        before, after = placed if consumers else ([], [])
+        before, after = placed or ([], [])
         absorbed.update(id(r) for r in consumers)
         absorbed.update(id(s) for s in before + after)
         stmts += before + [nest] + after
@@ -358,7 +356,7 @@ def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: lis
         dt = carried.name
         w.each_nonzero(row, lambda idx: w.emit(Store(
             state.name, idx, f"np.{dt}({_at(state.name, idx)} + {w.element(row, idx)})")))
-        init += _fill(w, state, "0")
+        init += _fill(w, state, lambda idx: f"np.{dt}(0)")
         w.blocks.append(merge)
         w.each_index(state.shape, lambda idx: w.emit(Store(
             state.name, idx, f"np.{dt}({_at(state.name, idx)} + {_at('partial_' + state.name, ('chunk',) + (idx or ('0',)))})")))
@@ -420,18 +418,14 @@ def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, out
     b = w.assign(f"np.int64({w.element(where, () if at in by_var else (index,))})", "h")
     w.guarded(f"0 <= {b} < {rbi.n}", lambda: _into_bin(w, operator, consts, states, b, leaves, componentwise))
     step = tuple(w.blocks.pop())
-    init: list = []
-    for s, e, d in zip(states, identity, dtypes, strict=True):
-        init.append(Buffer(s.name, s.shape, s.dtype))
-        w.blocks.append(init)
-        w.each_index(s.shape, lambda idx, s=s, e=e, d=d: w.emit(Store(s.name, idx, _as(w.element(e, idx[1:]), s.dtype, d))))
-        w.blocks.pop()
+    init = tuple(node for s, e, d in zip(states, identity, dtypes, strict=True)
+                 for node in _fill(w, s, lambda idx, s=s, e=e, d=d: cast(w.element(e, idx[1:]), s.dtype, d)))
     merge: list = []
     w.blocks.append(merge)
     partials = [_bin_view(f"partial_{s.name}", ("chunk",), s) for s in states]
     w.loop(rbi.n, lambda bin_: _into_bin(w, operator, consts, states, bin_, [p(bin_) for p in partials], componentwise))
     w.blocks.pop()
-    return ParallelFold(index, n, states, tuple(init), step, tuple(merge))
+    return ParallelFold(index, n, states, init, step, tuple(merge))
 
 
 def _bin_view(name: str, lead: tuple, state: State):
@@ -454,11 +448,7 @@ def _into_bin(w: Writer, operator: Program, consts: list, states, bin_: str, ele
     if not componentwise:
         results = [Scalar(w.assign(w.element(r, ())), r.dtype) if r.shape == () else w.materialise(r) for r in results]
     for s, r in zip(states, results, strict=True):
-        w.each_index(s.shape[1:], lambda idx, s=s, r=r: w.emit(Store(s.name, (bin_,) + idx, _as(w.element(r, idx), s.dtype, r.dtype))))
-
-
-def _as(expr: str, to: np.dtype, was: np.dtype) -> str:
-    return expr if np.dtype(to) == np.dtype(was) else f"np.{np.dtype(to).name}({expr})"
+        w.each_index(s.shape[1:], lambda idx, s=s, r=r: w.emit(Store(s.name, (bin_,) + idx, cast(w.element(r, idx), s.dtype, r.dtype))))
 
 
 def _combine(w: Writer, body: Program, consts, states, elements) -> None:
@@ -470,10 +460,11 @@ def _at(name: str, idx: tuple) -> str:
     return f"{name}[{', '.join(idx)}]" if idx else f"{name}[0]"
 
 
-def _fill(w: Writer, state: State, value: str) -> tuple:
+def _fill(w: Writer, state: State, element: Callable[[tuple], str]) -> tuple:
+    """A stored state's buffer, each index set to `element(index)`."""
     parts: list = [Buffer(state.name, state.shape or (1,), state.dtype)]
     w.blocks.append(parts)
-    w.each_index(state.shape, lambda idx: w.emit(Store(state.name, idx, f"np.{state.dtype.name}({value})")))
+    w.each_index(state.shape, lambda idx: w.emit(Store(state.name, idx, element(idx))))
     w.blocks.pop()
     return tuple(parts)
 
