@@ -17,6 +17,12 @@ def min_pairwise_distance(A, B):
         lambda b: fold.reduce(M.sum, (a - b) * (a - b)), B)), A))
 
 
+def gmm_objective(Mu, X, logw):
+    """The negative log-likelihood of a mixture of unit Gaussians: a logsumexp over components per point."""
+    return -fold.reduce(M.sum, fold.map(lambda x: fold.reduce(M.logaddexp, fold.map(
+        lambda mu, lw: lw - 0.5 * fold.reduce(M.sum, (x - mu) * (x - mu)), Mu, logw)), X))
+
+
 def three_deep(X, w):
     """A map of a map of a map, the innermost capturing a weight vector from the outermost scope."""
     return fold.reduce(M.sum, fold.map(lambda m: fold.reduce(M.max, fold.map(

@@ -12,7 +12,7 @@ import fold
 from fold.runtime.loops import LoopNest, describe, kernel_of
 from fold.runtime.loops.nest import Buffer, buffers
 from fold.runtime.numba_backend.passes import prepare
-from natural_programs import kmeans_cost, min_pairwise_distance, ordered_fold, three_deep
+from natural_programs import gmm_objective, kmeans_cost, min_pairwise_distance, ordered_fold, three_deep
 
 pytest.importorskip("numba")
 
@@ -1097,3 +1097,48 @@ def test_a_map_of_scalars_with_a_kept_result_stays_apart_from_its_fold():
     program, kernels = _nests(f, x)
     assert kernels == [], program
     _close(*_both(f, x), 1e-12)
+
+
+# ---------------------------------------------------------------- a transcendental read again is stored first
+
+
+def _exp_depths(kernel) -> list[int]:
+    """How many loops inside the outer iteration each statement calling exp stands in."""
+    from fold.runtime.loops.nest import Assign, If, Loop
+
+    def walk(nodes, depth):
+        for n in nodes:
+            if isinstance(n, (Loop, If)):
+                yield from walk(n.body, depth + isinstance(n, Loop))
+            elif isinstance(n, Assign) and "math.exp(" in n.expr:
+                yield depth
+
+    return list(walk(kernel.outer.body if hasattr(kernel.outer, "body") else kernel.outer.step, 0))
+
+
+def test_a_mixtures_gradient_computes_each_components_weight_once_per_point():
+    """The GMM's gradient for every argument reads each component's softmax weight exp(b_k - lse) for every
+    coordinate of three results (the points', the means' and the log-weights' gradients). The weight is a
+    map of a transcendental read by a map whose rows are vectors: it is stored, one loop over the components,
+    rather than computed again inside each loop over (component, coordinate)."""
+    Mu, X, logw = rng.normal(size=(6, 5)), rng.normal(size=(200, 5)), np.log(np.full(6, 1 / 6))
+    gradient = fold.grad(gmm_objective, argnums=(0, 1, 2))
+    _, kernels = _nests(gradient, Mu, X, logw)
+    kernel = kernels[-1]
+    depths = _exp_depths(kernel)
+    assert depths and max(depths) == 1, describe(kernel)
+    _close(*_both(gradient, Mu, X, logw), 1e-10)
+
+
+def test_a_captured_array_of_transcendentals_is_stored_before_the_map_reads_it_for_every_row():
+    """exp(x) per point, captured by a map over the components: every component's row would compute it
+    again; it is stored once per point."""
+    def f(C, X):
+        return fold.reduce(M.sum, fold.map(lambda x: (lambda e: fold.reduce(M.max, fold.map(
+            lambda c: fold.reduce(M.sum, c * e), C)))(fold.exp(x)), X))
+
+    C, X = rng.normal(size=(9, 4)), rng.normal(size=(100, 4))
+    _, (kernel,) = _nests(f, C, X)
+    depths = _exp_depths(kernel)
+    assert depths and max(depths) == 1, describe(kernel)
+    _close(*_both(f, C, X), 1e-12)

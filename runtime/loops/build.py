@@ -34,10 +34,10 @@ from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMu
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
-from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES
+from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
-from .text import defined, names, pure as is_pure
+from .text import defined, names, pure as is_pure, statement_lines
 from ..wide_operators import carried_operator, carry_for
 
 
@@ -456,6 +456,8 @@ def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
     """Rows computed where they are read; but a map whose body runs loops and gives arrays, or several
     results, is stored: each element, or each result, read would otherwise run the whole body again."""
     consts, xs = args[: prim.num_consts], args[prim.num_consts:]
+    consts = [w.materialise(c) if _costly(w, c) else c for c in consts]
+    xs = [w.materialise(x) if _reread(x, out_avals) and _costly(w, x) else x for x in xs]
     heavy = _has_loops(prim.body) or _heavy(*xs)
     vanishing = _vanishing_rows(w, prim, consts, xs)
     if _has_loops(prim.body) and (len(out_avals) > 1 or any(len(a.shape) > 1 for a in out_avals)):
@@ -469,6 +471,29 @@ def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
         return Pull(tuple(aval.shape), aval.dtype, element, heavy, **facts)
 
     return [output(k, aval) for k, aval in enumerate(out_avals)]
+
+
+def _reread(x: Value, out_avals) -> bool:
+    """Whether a map's results read an element of its argument `x` more than once: the map gives several
+    results, or result rows larger than x's (a weight per component scaling that component's vector)."""
+    row = math.prod(x.shape[1:])
+    return len(out_avals) > 1 or any(math.prod(a.shape[1:]) > row for a in out_avals)
+
+
+def _costly(w: Writer, value: Value) -> bool:
+    """Whether writing an element of `value` runs a loop or calls a transcendental function, where it is not
+    yet computed. An array known to be zero or one-hot is never costly here: storing it would lose that."""
+    if not isinstance(value, Pull) or any(getattr(value, f) is not None for f in _FACTS):
+        return False
+    if value.heavy:
+        return True
+    probe = tuple(f"__probe{k}__" for k in range(len(value.shape)))
+    nodes, [expr] = w.written_apart(lambda: [w.element(value, probe)])
+    text = "\n".join([expr, *statement_lines(nodes, 0, lambda buffer, indent: "")])
+    return any(call in text for call in TRANSCENDENTAL_CALLS)
+
+
+_FACTS = ("zero_unless", "onehot", "index_axis", "splat", "equals")
 
 
 @dataclass(frozen=True)

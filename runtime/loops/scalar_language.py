@@ -17,3 +17,7 @@ TEMPLATES = {
 }
 # operations whose results are Python bools, as NumPy's are bool: not wrapped in a cast to the result dtype
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
+# operations that call a function costing many adds: an array computed with one is stored before a map reads
+# its elements again for every element of a result row (build.py), rather than computed at each read
+TRANSCENDENTAL = ("exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sqrt", "sigmoid", "logaddexp")
+TRANSCENDENTAL_CALLS = tuple(TEMPLATES[op].split("{0}")[0] for op in TRANSCENDENTAL)
