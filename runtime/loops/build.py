@@ -19,7 +19,6 @@ folds or scans of elements that are not scalars) raise
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from collections import Counter
@@ -100,7 +99,7 @@ class Writer:
 
     def __init__(self, constant: Callable[[np.ndarray], str]):
         self.blocks: list[list[Node]] = [[]]
-        self._names = itertools.count()
+        self._count = 0
         self.constant = constant  # an array literal -> the name of the kernel argument holding it
         # (id of a Pull, index) -> (the name holding that element, the block it was assigned in, the Pull):
         # an element read again where that block is still open is not written again. Without this, a chain of
@@ -116,7 +115,8 @@ class Writer:
         return any(b is block for b in self.blocks)
 
     def fresh(self, prefix: str = "t") -> str:
-        return f"{prefix}{next(self._names)}"
+        self._count += 1
+        return f"{prefix}{self._count - 1}"
 
     def emit(self, node: Node) -> None:
         self.blocks[-1].append(node)
@@ -149,6 +149,15 @@ class Writer:
         finally:
             nodes = self.blocks.pop()
         return tuple(nodes), names
+
+    def probed(self, fill: Callable[[], list[str]]) -> tuple[tuple[Node, ...], list[str]]:
+        """What `fill()` would write, and the names it returns, leaving no trace: the names it took are
+        given out again, so that asking about a value does not change the text written after."""
+        count = self._count
+        try:
+            return self.written_apart(fill)
+        finally:
+            self._count = count
 
     def guarded(self, cond: str, fill: Callable[[], None]) -> None:
         """fill() inside `if cond:`."""
@@ -488,7 +497,7 @@ def _costly(w: Writer, value: Value) -> bool:
     if value.heavy:
         return True
     probe = tuple(f"__probe{k}__" for k in range(len(value.shape)))
-    nodes, [expr] = w.written_apart(lambda: [w.element(value, probe)])
+    nodes, [expr] = w.probed(lambda: [w.element(value, probe)])
     text = "\n".join([expr, *statement_lines(nodes, 0, lambda buffer, indent: "")])
     return any(call in text for call in TRANSCENDENTAL_CALLS)
 
