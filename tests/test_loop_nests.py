@@ -1142,3 +1142,37 @@ def test_a_captured_array_of_transcendentals_is_stored_before_the_map_reads_it_f
     depths = _exp_depths(kernel)
     assert depths and max(depths) == 1, describe(kernel)
     _close(*_both(f, C, X), 1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_folds_partial_states_take_no_more_memory_than_its_inputs_and_outputs(dtype, monkeypatch):
+    """The gradient of the minimum pairwise distance for both point sets folds B's gradient (3000 x 3, carried
+    in float64) over A's points: each chunk keeps a partial state of that size until the merge. Eight chunks
+    (two threads' worth) would hold more than the arguments and results together; the nest takes as many as
+    fit within them (float64), but never fewer than one per thread (float32, where not even two fit)."""
+    import numba
+    from fold.runtime.numba_backend import loop_nests
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    A, B = rng.normal(size=(2000, 3)).astype(dtype), rng.normal(size=(3000, 3)).astype(dtype)
+    gradient = fold.grad(min_pairwise_distance, argnums=(0, 1))
+    _, kernels = _nests(gradient, A, B)
+    kernel = next(k for k in kernels if getattr(k.outer, "states", ()))
+    state_bytes = sum(np.prod(s.shape) * np.dtype(s.dtype).itemsize for s in kernel.outer.states)
+    io_bytes = sum(np.prod(p.shape) * np.dtype(p.dtype).itemsize for p in (*kernel.inputs, *kernel.outputs))
+    chunks: list[int] = []
+    compiled = loop_nests.compiled_kernel
+
+    def recording(prim, parallel=True):
+        fn = compiled(prim, parallel)
+        if kernel_of(prim) == kernel:
+            return lambda *args: (chunks.append(args[-1]), fn(*args))[1]
+        return fn
+
+    monkeypatch.setattr(loop_nests, "compiled_kernel", recording)
+    got = fold.jit(gradient, backend="numba")(A, B)
+    if dtype == np.float64:
+        assert chunks and 2 <= chunks[0] and chunks[0] * state_bytes <= io_bytes, (chunks, state_bytes, io_bytes)
+    else:
+        assert 2 * state_bytes > io_bytes and chunks == [2], (chunks, state_bytes, io_bytes)
+    _close(got, fold.jit(gradient, backend="numpy")(A, B), 1e-10 if dtype == np.float64 else 1e-4)

@@ -174,7 +174,8 @@ def _nodes(nodes: tuple, indent: int, hoisted: bool = False) -> list[str]:
 
 
 _compiled: "weakref.WeakKeyDictionary[LoopNest, dict[bool, Any]]" = weakref.WeakKeyDictionary()
-_most_chunks: "weakref.WeakKeyDictionary[LoopNest, int]" = weakref.WeakKeyDictionary()
+# a nest's (chunk_limit, memory_chunks): the walk over its kernel once per nest, not per call
+_limits: "weakref.WeakKeyDictionary[LoopNest, tuple[int, int]]" = weakref.WeakKeyDictionary()
 
 
 def chunk_limit(kernel: Kernel) -> int:
@@ -187,6 +188,17 @@ def chunk_limit(kernel: Kernel) -> int:
         return kernel.outer.extent
     state_scalars = sum(max(1, int(np.prod(s.shape))) for s in kernel.outer.states)
     return max(1, total // (MERGE_SHARE * state_scalars))
+
+
+def memory_chunks(kernel: Kernel) -> int:
+    """The most chunks whose states (a fold's partial states, one per chunk, kept until the merge) take no
+    more memory than the nest's inputs and outputs: the scratch a fold needs stays within the memory its
+    arguments already hold, so a gradient's peak memory stays within twice its inputs and outputs."""
+    if isinstance(kernel.outer, ParallelMap):
+        return kernel.outer.extent
+    state_bytes = sum(max(1, int(np.prod(s.shape))) * np.dtype(s.dtype).itemsize for s in kernel.outer.states)
+    io_bytes = sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in (*kernel.inputs, *kernel.outputs))
+    return max(1, io_bytes // state_bytes)
 
 
 def compiled_kernel(prim: LoopNest, parallel: bool = True):
@@ -209,9 +221,11 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
 
     kernel = kernel_of(prim)
     threads = numba.get_num_threads()
-    most_chunks = _most_chunks.get(prim)
-    if most_chunks is None:  # the walk over the kernel once per nest, not per call
-        most_chunks = _most_chunks[prim] = chunk_limit(kernel)
+    limits = _limits.get(prim)
+    if limits is None:
+        limits = _limits[prim] = (chunk_limit(kernel), memory_chunks(kernel))
+    # the memory budget gives way to one chunk per thread: the nest's parallelism is worth more than its scratch
+    most_chunks = min(limits[0], max(limits[1], threads))
     parallel = threads > 1 and most_chunks > 1
     fn = compiled_kernel(prim, parallel)
     inputs = []
