@@ -4,6 +4,7 @@ the maps' size materialised (what `fold.lowered` shows)."""
 
 from __future__ import annotations
 
+import re
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -463,9 +464,10 @@ def test_rows_go_side_by_side_where_a_transcendental_follows_their_fold(n, dtype
         _close(got, want, rtol)
     for f in (_tanh_of_dots, summed):
         text = _sources(f, X, w)
-        assert "vtanh" in text and "i__c__g in range(i__c__n // 4)" in text and "e2__3 = in1[i__3, i1]" in text, text
-        assert text.count("for i1 in range(5)") == 2, text  # the group's, and the rows left over
-    assert "state6__3" in _sources(summed, X, w)
+        assert "vtanh" in text and "i__c__g in range(i__c__n // 4)" in text, text
+        assert re.search(r"e\d+__3 = in1\[i__3, i\d+\]", text), text
+        assert len(re.findall(r"for i\d+ in range\(5\)", text)) == 2, text  # the group's, and the rows left over
+    assert re.search(r"state\d+__3", _sources(summed, X, w))
 
 
 @lanes_only
@@ -480,7 +482,9 @@ def test_rows_side_by_side_fold_into_an_ordered_operator_lane_after_lane():
 
     text = _sources(f, X, w)
     assert "vtanh(" in text and "i__c__g" in text, text
-    assert "state12__1" not in text and text.index("state12 = t17__0") < text.index("state12 = t17__1"), text
+    state = re.search(r"(state\d+) = np\.float64\(1\.0\)", text).group(1)  # the product's, one copy
+    first, second = (re.search(rf"{state} = (t\d+)__{lane}\n", text) for lane in (0, 1))
+    assert f"{state}__1" not in text and first and second and first.start() < second.start(), text
     _close(*_both(f, X, w), 1e-12)
 
 
@@ -1176,3 +1180,23 @@ def test_a_folds_partial_states_take_no_more_memory_than_its_inputs_and_outputs(
     else:
         assert 2 * state_bytes > io_bytes and chunks == [2], (chunks, state_bytes, io_bytes)
     _close(got, fold.jit(gradient, backend="numpy")(A, B), 1e-10 if dtype == np.float64 else 1e-4)
+
+
+@lanes_only
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
+def test_a_long_rows_sum_and_maximum_fold_in_lanes_without_a_transcendental(dtype, rtol):
+    """A row's dot product and its maximum (40 elements): no statement has a vector call, but each fold's
+    add or maximum waits for the previous one in a single accumulator. Split into a copy per lane, merged
+    after; a row of 8 elements stays one chain."""
+    from fold.runtime.numba_backend import nest_lanes
+
+    def f(X, w):
+        return fold.map(lambda x: fold.sum(x * w) + fold.reduce(M.max, x), X)
+
+    for d, split in ((40, True), (8, False)):
+        X, w = rng.normal(size=(30, d)).astype(dtype), rng.normal(size=d).astype(dtype)
+        text = _sources(f, X, w)
+        lanes = nest_lanes.WIDTH - 1
+        found = (re.search(rf"s\d+__{lanes} = ", text), re.search(rf"_maximum\(acc\d+__{lanes}, ", text))
+        assert all(found) == split and any(found) == split, text
+        _close(*_both(f, X, w), rtol)

@@ -419,7 +419,11 @@ def _summed(w: Writer, x: Value, axes: tuple[int, ...], idx: tuple, dtype: np.dt
         w.emit(Assign(acc, f"np.{dtype.name}({acc} + {w.element(x, full)})"))
 
     def each() -> None:
-        w.each_index(tuple(x.shape[k] for k in summed), add)
+        extents = tuple(x.shape[k] for k in summed)
+        if len(extents) == 1:  # a row's sum: a commutative fold a backend may split into lanes
+            w.loop(extents[0], lambda i: add((i,)), (_lane_merge(w, acc, literal(0, dtype), "{0} + {1}"),))
+        else:
+            w.each_index(extents, add)
 
     if summed == axes:
         each()
@@ -496,9 +500,7 @@ def _costly(w: Writer, value: Value) -> bool:
         return False
     if value.heavy:
         return True
-    probe = tuple(f"__probe{k}__" for k in range(len(value.shape)))
-    nodes, [expr] = w.probed(lambda: [w.element(value, probe)])
-    text = "\n".join([expr, *statement_lines(nodes, 0, lambda buffer, indent: "")])
+    text = _element_text(w, value)
     return any(call in text for call in TRANSCENDENTAL_CALLS)
 
 
@@ -701,8 +703,15 @@ _FUNCTION_CALL = re.compile(r"math\.|(?<![\w.])_[a-z]\w*\(")
 def _calls_a_function(w: Writer, x: Pull) -> bool:
     """Whether an element of `x` calls a function (a transcendental, a NaN-aware helper): worth storing
     rather than computing twice."""
-    nodes, _ = w.written_apart(lambda: [w.element(x, ("0",) * len(x.shape))])
-    return any(_FUNCTION_CALL.search(getattr(n, "expr", "")) for n in nodes)
+    return _FUNCTION_CALL.search(_element_text(w, x)) is not None
+
+
+def _element_text(w: Writer, x: Pull) -> str:
+    """The text computing an element of `x` would write here (what is already computed where it is read is
+    not written again), asked without writing it."""
+    probe = tuple(f"__probe{k}__" for k in range(len(x.shape)))
+    nodes, [expr] = w.probed(lambda: [w.element(x, probe)])
+    return "\n".join([*statement_lines(nodes, 0, lambda buffer, indent: ""), expr])
 
 
 def _lane_merge(w: Writer, acc: str, identity: str, operator: str) -> LaneFold:
