@@ -1158,7 +1158,7 @@ def test_a_folds_partial_states_take_no_more_memory_than_its_inputs_and_outputs(
     from fold.runtime.numba_backend import loop_nests
 
     monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
-    A, B = rng.normal(size=(2000, 3)).astype(dtype), rng.normal(size=(3000, 3)).astype(dtype)
+    A, B = rng.normal(size=(400, 3)).astype(dtype), rng.normal(size=(3000, 3)).astype(dtype)
     gradient = fold.grad(min_pairwise_distance, argnums=(0, 1))
     _, kernels = _nests(gradient, A, B)
     kernel = next(k for k in kernels if getattr(k.outer, "states", ()))
