@@ -194,9 +194,10 @@ def memory_chunks(kernel: Kernel) -> int:
     """The most chunks whose states (a fold's partial states, one per chunk, kept until the merge) take no
     more memory than the nest's inputs and outputs: the scratch a fold needs stays within the memory its
     arguments already hold, so a gradient's peak memory stays within twice its inputs and outputs."""
-    if isinstance(kernel.outer, ParallelMap):
+    state_bytes = sum(max(1, int(np.prod(s.shape))) * np.dtype(s.dtype).itemsize
+                      for s in getattr(kernel.outer, "states", ()))
+    if not state_bytes:
         return kernel.outer.extent
-    state_bytes = sum(max(1, int(np.prod(s.shape))) * np.dtype(s.dtype).itemsize for s in kernel.outer.states)
     io_bytes = sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in (*kernel.inputs, *kernel.outputs))
     return max(1, io_bytes // state_bytes)
 
