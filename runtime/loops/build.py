@@ -9,8 +9,8 @@ Every value is one of three kinds while a body is written:
   broadcast, reshape, transpose or static index only changes the index. Reading a map's rows inside a fold
   therefore computes each row inside the fold's loop, and the map's array never exists.
 - `Stored`: an array in memory: a kernel argument, or a `Buffer` for a value that is read more than once
-  (or read from inside a loop over something else) and costs a loop to compute, which would otherwise be
-  recomputed at every read.
+  (or read from inside a loop over something else) and costs a loop or a transcendental function to
+  compute, which would otherwise be recomputed at every read.
 
 A scan of a row is a sequential loop storing each prefix. Statements with no rule here (gathers, histograms,
 folds or scans of elements that are not scalars) raise
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Sequence
 
 import numpy as np
@@ -467,7 +467,9 @@ def _row(w: Writer, x: Value, i: str) -> Value:
 @_rules.register(Map)
 def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
     """Rows computed where they are read; but a map whose body runs loops and gives arrays, or several
-    results, is stored: each element, or each result, read would otherwise run the whole body again."""
+    results, is stored: each element, or each result, read would otherwise run the whole body again. A
+    costly argument the body reads again (captured, or read for every element of larger result rows) is
+    stored first, for the same reason."""
     consts, xs = args[: prim.num_consts], args[prim.num_consts:]
     consts = [w.materialise(c) if _costly(w, c) else c for c in consts]
     xs = [w.materialise(x) if _reread(x, out_avals) and _costly(w, x) else x for x in xs]
@@ -504,7 +506,7 @@ def _costly(w: Writer, value: Value) -> bool:
     return any(call in text for call in TRANSCENDENTAL_CALLS)
 
 
-_FACTS = ("zero_unless", "onehot", "index_axis", "splat", "equals")
+_FACTS = tuple(f.name for f in fields(Pull) if f.default is None)  # what is known of a Pull without computing it
 
 
 @dataclass(frozen=True)
