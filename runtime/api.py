@@ -10,6 +10,7 @@ import numpy as np
 
 from fold.api import captured_consts, keywords_as_positional, signature_of, trace_signature
 from fold.dtypes import is_static_int
+from fold.cse import cse
 from fold.dce import dce
 from fold.errors import FoldRuntimeError, FoldTypeError
 from fold.inline import inline_program
@@ -184,7 +185,7 @@ class Jitted:
         if first_call:
             start = time.perf_counter()
             program = trace_signature(self.f, signature)
-            compiled = backend.compile(dce(program))  # what the outputs do not need is never run
+            compiled = backend.compile(dce(cse(program)))  # what the outputs do not need is never run; nothing twice
             if hasattr(compiled, "label"):  # a backend that reports its compiles names the function in them
                 compiled.label = self.__name__
             entry = (program, compiled)
@@ -218,7 +219,7 @@ class Jitted:
         if entry is None:
             start = time.perf_counter()
             program = trace_signature(self.f, signature)
-            entry = (program, backend.compile(dce(program)))
+            entry = (program, backend.compile(dce(cse(program))))
             self._trace_seconds += time.perf_counter() - start
             self._trace_count += 1
             self._compiled[key] = entry

@@ -31,11 +31,12 @@ def lowered(f: Callable[..., Any], *args: Any, backend: str = "numba") -> Lowere
     `loop_nest` statement whose nest materialises nothing of the maps' size; a statement left as a `map` whose
     body nests another map runs batched instead, holding every row of the inner map at once."""
     from fold.api import trace
+    from fold.cse import cse
     from fold.dce import dce
 
     from .loops import LoopNest, describe, kernel_of
 
-    program = dce(trace(f, *args))
+    program = dce(cse(trace(f, *args)))
     as_run = _as_built  # a backend's last rewrite of a nest's kernel
     if backend == "numba":
         from .numba_backend.loop_nests import as_run

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from fold.api import signature_of, trace_signature
+from fold.cse import cse
 from fold.dce import dce
 from fold.errors import FoldTypeError
 from fold.ir import Program
@@ -127,7 +128,7 @@ class Sharded:
         leaves, signature = signature_of(args, "fold.shard")
         plan = self._plans.get(signature)
         if plan is None:
-            program = dce(trace_signature(self.f, signature))
+            program = dce(cse(trace_signature(self.f, signature)))
             if len(program.inputs) != len(leaves):
                 raise ShardingError("fold.shard: the function captures values of an enclosing trace; call it outside one")
             plan = self._plans[signature] = (program, {}, uuid.uuid4().hex[:12])
