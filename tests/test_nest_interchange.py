@@ -50,7 +50,9 @@ def test_the_centroid_loop_runs_innermost_reading_the_transposed_matrix():
     assert centroids.extent == "in0__T.shape[1]"  # not a constant: LLVM would unroll it into scalars
     assert Assign("e1", "in1[i, j]") in centroids.body  # no index c: read as it was
     assert centroids.body[-1] == Store("acc6__x", ("c__u",), "acc6")
-    assert rest.body[0] == Assign("acc6", "acc6__x[c]") and rest.body[1:] == _kmeans_like().outer.body[1].body[2:]
+    # the sum read back under a name of its own (the swapped loops assign acc6 too), the rest as it was
+    assert rest.body[0] == Assign("acc6__r", "acc6__x[c]")
+    assert rest.body[1:] == (Assign("t4", "np.float64(_minimum(acc0, acc6__r))"), Assign("acc0", "t4"))
     assert transposed(kernel) == ["in0"] and transposed(_kmeans_like()) == []
 
 
@@ -153,7 +155,8 @@ def test_a_value_the_inner_loop_does_not_read_moves_after_it():
     post = (Assign("t4", "np.float64(_minimum(acc0, (acc6 - t2)))"), Assign("acc0", "t4"))
     kernel = _kmeans_like(pre=(weight, Assign("acc6", "np.float64(0.0)")), post=post)
     rest = interchanged(kernel).outer.body[4]
-    assert rest.body == (Assign("acc6", "acc6__x[c]"), weight, *post), rest
+    renamed = (Assign("t4", "np.float64(_minimum(acc0, (acc6__r - t2)))"), Assign("acc0", "t4"))
+    assert rest.body == (Assign("acc6__r", "acc6__x[c]"), weight, *renamed), rest
 
 
 def test_a_value_set_before_the_inner_loop_and_read_in_it_keeps_them():
@@ -223,7 +226,7 @@ def test_each_of_several_inner_loops_is_swapped_and_a_later_one_reads_an_earlier
     assert [n.index for n in (first, later)] == ["j", "k"] and later.body[0].extent == "in0__T.shape[1]"
     assert Assign("acc6", "acc6__x[c__u]") in later.body[0].body  # read, final, not stored
     assert Store("acc6__x", ("c__u",), "acc6") not in later.body[0].body
-    assert rest.body[-2:] == _two_sums(second).outer.body[1].body[-2:]
+    assert rest.body[-2:] == (Assign("t4", "np.float64(_minimum(acc0, (acc6__r + acc7__r)))"), Assign("acc0", "t4"))
 
 
 def test_an_inner_loop_reading_a_later_inner_loops_accumulator_keeps_them():
@@ -250,3 +253,17 @@ def test_an_accumulator_two_inner_loops_fold_into_keeps_them():
     second = (Assign("e8", "in0[c, k]"), Assign("acc6", "np.float64((acc6 + e8))"), Assign("acc7", "np.float64((acc7 + e8))"))
     kernel = _two_sums(second)
     assert interchanged(kernel) == kernel
+
+
+def test_a_transcendental_of_each_swapped_sum_runs_in_vector_calls():
+    """An MLP layer's tanh of each unit's dot product: the sums are read back from their buffer under names
+    of their own, so the loop over the units runs tanh several units per vector call rather than once per
+    unit (nest_lanes would take a name the swapped loops assign too for one carried between them)."""
+    def layer(W, X):
+        return fold.sum(fold.map(lambda x: fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * w)), W)), X))
+
+    W = rng.normal(size=(16, 8)).astype(np.float32)
+    X = rng.normal(size=(40, 8)).astype(np.float32)
+    text = _sources(layer, W, X)
+    assert "in0__T[" in text and "vtanhf(" in text and "math.tanh" not in text, text
+    np.testing.assert_allclose(fold.jit(layer)(W, X), np.tanh(X @ W.T).sum(), rtol=1e-5)

@@ -54,6 +54,7 @@ UNROLLED = 32
 TRANSPOSED = "__T"
 
 _SUBSCRIPT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[([^\[\]]*)\]")
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 _READ_ONLY = re.compile(r"(in|k)\d+")
 _TYPED = re.compile(r"np\.(float32|float64|int64|int32|uint64|bool_)\((.*)\)")
 
@@ -164,8 +165,24 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
     start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
     start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
     swapped = [Loop(k.index, k.extent, (Loop(index, extent, tuple(b)),)) for k, b in zip(inners, bodies)]
-    rest = Loop(index, loop.extent, (*(Assign(a, f"{kept[a]}[{index}]") for a in kept), *post), loop.folds)
+    # the sums are read back under names of their own where nothing after the loop reads them: the swapped
+    # loops assign the accumulators too, and nest_lanes would take a name assigned in two loops for one
+    # carried between them (and run the loop's tanh or exp per element instead of in vector calls)
+    own_reads = reads(loop.body)
+    fresh = {a: f"{a}__r" for a in kept if total[a] <= own_reads[a]}
+    rest = Loop(index, loop.extent, (*(Assign(fresh.get(a, a), f"{kept[a]}[{index}]") for a in kept),
+                                     *(_renamed(n, fresh) for n in post)), loop.folds)
     return [*start, *swapped, rest]
+
+
+def _renamed(node: Assign | Store, fresh: dict[str, str]) -> Assign | Store:
+    """An assignment or store with the names in `fresh` replaced."""
+    def sub(text: str) -> str:
+        return _NAME.sub(lambda m: fresh.get(m.group(0), m.group(0)), text)
+
+    if isinstance(node, Assign):
+        return Assign(fresh.get(node.target, node.target), sub(node.expr))
+    return Store(node.target, tuple(sub(i) for i in node.index), sub(node.expr))
 
 
 def _dtype(acc: str, pre: tuple, inner: tuple):
