@@ -50,9 +50,31 @@ def sizes(quick: bool) -> dict[str, dict[str, int]]:
             "min_pairwise": dict(n=4096, m=4096, d=3), "three_deep": dict(n=10**4, m=16, d=16)}
 
 
+def untuned_sizes(quick: bool) -> dict[str, dict[str, int]]:
+    """`--set untuned`: programs written after the loop nest's mechanisms, to measure them on code no change
+    was made for (attention and an MLP layer as maps over rows, an RBF kernel sum, logistic regression's
+    loss, each row's largest prefix sum)."""
+    if quick:
+        return {"attention": dict(n=64, m=48, d=8), "mlp": dict(n=500, d=8, h=16), "rbf": dict(n=200, m=150, d=4),
+                "logistic": dict(n=2000, d=8), "prefix_max": dict(n=100, m=40)}
+    return {"attention": dict(n=2048, m=2048, d=32), "mlp": dict(n=10**5, d=32, h=64),
+            "rbf": dict(n=2048, m=2048, d=8), "logistic": dict(n=10**6, d=32), "prefix_max": dict(n=10**4, m=256)}
+
+
 def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     f32 = np.float32
+    if case == "attention":
+        return tuple(rng.normal(size=(r, s["d"])).astype(f32) for r in (s["n"], s["m"], s["m"]))
+    if case == "mlp":
+        return (0.2 * rng.normal(size=(s["h"], s["d"]))).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
+    if case == "rbf":
+        return rng.normal(size=(s["n"], s["d"])).astype(f32), rng.normal(size=(s["m"], s["d"])).astype(f32)
+    if case == "logistic":
+        return (0.2 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
+            rng.choice(np.array([-1.0, 1.0], f32), s["n"])
+    if case == "prefix_max":
+        return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
     if case == "kmeans":
         return rng.normal(size=(s["k"], s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
     if case == "gmm":
@@ -72,6 +94,23 @@ def fold_natural(case: str) -> Callable:
     import fold
 
     M = fold.monoids
+    if case == "attention":
+        def attend(q, K, V):
+            s = fold.map(lambda k: fold.sum(q * k), K)
+            e = fold.exp(s - fold.reduce(M.max, s))
+            return fold.sum(fold.map(lambda ej, v: ej * v, e, V), axis=0) / fold.sum(e)
+
+        return lambda Q, K, V: fold.sum(fold.map(lambda q: attend(q, K, V), Q))
+    if case == "mlp":
+        return lambda W, X: fold.sum(fold.map(lambda x: fold.sum(fold.map(
+            lambda w: fold.tanh(fold.sum(x * w)) * fold.tanh(fold.sum(x * w)), W)), X))
+    if case == "rbf":
+        return lambda X, Y: fold.sum(fold.map(lambda x: fold.sum(fold.map(
+            lambda y: fold.exp(-0.5 * fold.sum((x - y) * (x - y))), Y)), X))
+    if case == "logistic":
+        return lambda w, X, y: fold.sum(fold.map(lambda x, t: fold.log(1.0 + fold.exp(-t * fold.sum(x * w))), X, y))
+    if case == "prefix_max":
+        return lambda X: fold.sum(fold.map(lambda r: fold.reduce(M.max, fold.scan(M.sum, r)), X))
     if case == "kmeans":
         return lambda C, P: fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.map(
             lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P))
@@ -105,6 +144,23 @@ def jax_natural(case: str) -> Callable:
     from jax.scipy.special import logsumexp
 
     vmap = jax.vmap
+    if case == "attention":
+        def attend(q, K, V):
+            s = vmap(lambda k: jnp.sum(q * k))(K)
+            e = jnp.exp(s - jnp.max(s))
+            return jnp.sum(vmap(lambda ej, v: ej * v)(e, V), axis=0) / jnp.sum(e)
+
+        return lambda Q, K, V: jnp.sum(vmap(lambda q: attend(q, K, V))(Q))
+    if case == "mlp":
+        return lambda W, X: jnp.sum(vmap(lambda x: jnp.sum(vmap(
+            lambda w: jnp.tanh(jnp.sum(x * w)) * jnp.tanh(jnp.sum(x * w)))(W)))(X))
+    if case == "rbf":
+        return lambda X, Y: jnp.sum(vmap(lambda x: jnp.sum(vmap(
+            lambda y: jnp.exp(-0.5 * jnp.sum((x - y) * (x - y))))(Y)))(X))
+    if case == "logistic":
+        return lambda w, X, y: jnp.sum(vmap(lambda x, t: jnp.log(1.0 + jnp.exp(-t * jnp.sum(x * w))))(X, y))
+    if case == "prefix_max":
+        return lambda X: jnp.sum(vmap(lambda r: jnp.max(jnp.cumsum(r)))(X))
     if case == "kmeans":
         return lambda C, P: jnp.sum(vmap(lambda p: jnp.min(vmap(lambda c: jnp.sum((p - c) * (p - c)))(C)))(P))
     if case == "gmm":
@@ -189,6 +245,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated cases")
+    parser.add_argument("--set", default="natural", choices=("natural", "untuned"),
+                        help="the issue's cases, or programs written after the mechanisms (untuned_sizes)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per worker process")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated, of {', '.join(MODES + EXTRA_MODES)} (default: {','.join(MODES)})")
@@ -202,10 +260,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return {}
-    chosen = [c for c in sizes(args.quick) if not args.only or c in args.only.split(",")]
+    table = (sizes if args.set == "natural" else untuned_sizes)(args.quick)
+    chosen = [c for c in table if not args.only or c in args.only.split(",")]
     records = []
     for case in chosen:
-        s = sizes(args.quick)[case]
+        s = table[case]
         for mode in modes:
             row: dict[str, Any] = {"case": case, "mode": mode, "sizes": s}
             for impl in ("fold", "jax", "fold_best"):
@@ -221,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
             records.append(row)
             print(_line(row), flush=True)
     payload = {"machine": machine(), "quick": args.quick, "records": records}
-    name = args.out or ("natural_quick" if args.quick else "natural")
+    name = args.out or (args.set + ("_quick" if args.quick else ""))
     write_json(RESULTS_DIR / f"{name}.json", payload)
     plot(records, name)
     return payload
