@@ -414,6 +414,27 @@ def test_a_value_the_earlier_loop_changes_is_computed_again():
     assert reused(kernel) == kernel
 
 
+def _attention(Q, K, V):
+    """Attention written with maps: per query, softmax(K q) weighting the rows of V."""
+    def attend(q):
+        s = fold.map(lambda k: fold.sum(q * k), K)
+        e = fold.exp(s - fold.reduce(M.max, s))
+        return fold.sum(fold.map(lambda ej, v: ej * v, e, V), axis=0) / fold.sum(e)
+
+    return fold.map(attend, Q)
+
+
+@lanes_only
+def test_an_array_a_map_stored_is_read_from_its_buffer_by_the_statements_after_it():
+    """Attention's weights exp(s - max) are stored for the weighted sum of V's rows (a map reading them again
+    for each column); the normaliser's sum after it reads that buffer, not the exponentials again."""
+    Q, K, V = (rng.normal(size=(r, 8)).astype(np.float32) for r in (12, 40, 40))
+    text = _sources(_attention, Q, K, V)
+    assert text.count("vexpf(") == 1, text
+    _close(*_both(_attention, Q, K, V), 2e-6)
+    _close(*_both(fold.grad(lambda Q, K, V: fold.sum(_attention(Q, K, V)), argnums=(0, 1, 2)), Q, K, V), 2e-5)
+
+
 @lanes_only
 def test_softmax_rows_compute_each_exp_once():
     """exp(x - max) is summed in one loop and divided by the sum in the next: the first loop stores it. The

@@ -109,6 +109,9 @@ class Writer:
         # written again where that block is still open (a gradient recomputing what its primal computed, a
         # jvp's value beside its tangent) is read from that name, not computed twice
         self._texts: dict[str, tuple[str, list]] = {}
+        # id of a Pull -> (the Pull, the block its buffer was made in, the buffer): a rule that stored its
+        # argument (a map reading a costly array again) leaves it stored for the statements after it too
+        self._stored: dict[int, tuple[Pull, list, Stored]] = {}
 
     def _open(self, block: list) -> bool:
         """Whether `block` is still being written (a name assigned in it is in scope here)."""
@@ -203,7 +206,14 @@ class Writer:
         name = self.fresh("b")
         self.emit(Buffer(name, value.shape, value.dtype))
         self.each_index(value.shape, lambda idx: self.emit(Store(name, idx, self.element(value, idx))))
-        return Stored(name, value.shape, value.dtype)
+        stored = Stored(name, value.shape, value.dtype)
+        self._stored[id(value)] = (value, self.blocks[-1], stored)
+        return stored
+
+    def stored_as(self, value: Value) -> Value | None:
+        """The buffer `value` was stored in where that buffer is in scope here, else None."""
+        found = self._stored.get(id(value))
+        return found[2] if found is not None and found[0] is value and self._open(found[1]) else None
 
     def materialise_together(self, values: list[Pull]) -> list[Stored]:
         """Each value in a Buffer, those of one shape computed in one loop (sharing what their elements share)."""
@@ -251,6 +261,10 @@ class Writer:
             if rule is None:
                 raise NotNestable(f"{stmt.prim.name} has no loop-nest rule")
             outs = rule(self, stmt.prim, args, [v.aval for v in stmt.outs])
+            for a, value in zip(stmt.args, args):  # an argument the rule stored is read from its buffer from now on
+                stored = self.stored_as(value) if isinstance(a, Var) and isinstance(value, Pull) else None
+                if stored is not None:
+                    env[a], chain[a] = stored, 0
             depth = 1 + max((chain[a] for a in stmt.args if isinstance(a, Var)), default=0)
             for var, out in zip(stmt.outs, outs, strict=True):
                 if isinstance(out, Pull) and out.heavy and uses[var] > 1:  # read twice: stored, not recomputed
