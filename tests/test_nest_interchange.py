@@ -3,6 +3,7 @@ swapped kernel's shape, where it declines, and results equal to the unswapped ke
 
 from __future__ import annotations
 
+import re
 import weakref
 
 import numpy as np
@@ -266,4 +267,59 @@ def test_a_transcendental_of_each_swapped_sum_runs_in_vector_calls():
     X = rng.normal(size=(40, 8)).astype(np.float32)
     text = _sources(layer, W, X)
     assert "in0__T[" in text and "vtanhf(" in text and "math.tanh" not in text, text
-    np.testing.assert_allclose(fold.jit(layer)(W, X), np.tanh(X @ W.T).sum(), rtol=1e-5)
+    np.testing.assert_allclose(fold.jit(layer)(W, X), np.tanh(X.astype(np.float64) @ W.T).sum(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_short_loop_over_columns_reads_its_trip_count_from_the_matrix():
+    """A weighted sum of a matrix's rows (attention's values): per column a fold over the rows, read [row,
+    column]. Swapped, the column loop runs innermost over contiguous elements, its trip count read from the
+    matrix's shape (a constant this short would be unrolled into scalars, not vectorised)."""
+    def weighted_rows(E, V):
+        return fold.map(lambda e: fold.sum(fold.map(lambda ej, v: ej * v, e, V), axis=0), E)
+
+    E = rng.normal(size=(6, 40)).astype(np.float32)
+    V = rng.normal(size=(40, 16)).astype(np.float32)
+    text = _sources(weighted_rows, E, V)
+    assert re.search(r"for \w+ in range\(in\d\.shape\[1\]\)", text) and "__T" not in text, text
+    np.testing.assert_allclose(fold.jit(weighted_rows)(E, V), E.astype(np.float64) @ V, rtol=1e-5, atol=1e-5)
+
+
+def test_a_transcendental_before_a_row_stored_per_unit_runs_in_vector_calls():
+    """The MLP layer's gradient for its weights: per unit, tanh of the unit's sum, then the row
+    2 x t'(s) ct stored. The straight-line statements run as a loop of their own, in vector calls, keeping
+    what the row loop reads in a buffer; the row loop follows."""
+    def layer(W, X):
+        return fold.sum(fold.map(lambda x: fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * w)), W)), X))
+
+    W = (0.3 * rng.normal(size=(16, 8))).astype(np.float32)
+    X = rng.normal(size=(40, 8)).astype(np.float32)
+    grad = fold.grad(layer)
+    text = _sources(grad, W, X)
+    assert "in0__T[" in text and "vtanhf(" in text and "math.tanh" not in text and "__y[" in text, text
+    t = np.tanh(X.astype(np.float64) @ W.T.astype(np.float64))
+    np.testing.assert_allclose(fold.jit(grad)(W, X), (1 - t * t).T @ X, rtol=2e-5, atol=1e-5)
+
+
+def test_a_value_computed_between_inner_loops_from_the_first_ones_sum_runs_after_both():
+    """tanh of the first sum written before the second loop (a Hessian-vector product's layer): it reads the
+    first loop's final sum, so it moves after both swapped loops and reads that sum from its buffer."""
+    second = (Assign("e8", "in0[c, k]"), Assign("acc7", "np.float64((acc7 + e8))"))
+    kernel = _two_sums(second, between=(Assign("t9", "np.float64((acc6 * 2.0))"),))
+    swapped = interchanged(kernel)
+    rest = swapped.outer.body[-2]
+    assert rest.index == "c" and rest.body[:3] == (
+        Assign("acc6__r", "acc6__x[c]"), Assign("acc7__r", "acc7__x[c]"), Assign("t9", "np.float64((acc6__r * 2.0))"))
+
+
+def test_a_layers_hessian_vector_product_swaps_both_sums_and_matches_numpy():
+    def layer(W, X):
+        return fold.sum(fold.map(lambda x: fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * w)), W)), X))
+
+    W = (0.3 * rng.normal(size=(16, 8))).astype(np.float32)
+    X = rng.normal(size=(40, 8)).astype(np.float32)
+    V = rng.normal(size=W.shape).astype(np.float32)
+    hvp = lambda W, X: fold.jvp(fold.grad(layer), (W, X), (V, np.zeros_like(X)))[1]  # noqa: E731
+    text = _sources(hvp, W, X)
+    assert text.count("__T = np.ascontiguousarray(") == 2 and "vtanhf(" in text, text
+    np.testing.assert_allclose(fold.jit(hvp, backend="numba")(W, X), fold.jit(hvp, backend="numpy")(W, X),
+                               rtol=1e-4, atol=1e-5)

@@ -65,8 +65,8 @@ def interchanged(kernel: Kernel) -> Kernel:
     body = outer.body if isinstance(outer, ParallelMap) else outer.step
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge) \
         if isinstance(outer, ParallelFold) else Counter()
-    ndims = {p.name: len(p.shape) for p in kernel.inputs}
-    swapped = _block(body, reads(body) + outside, ndims)
+    shapes = {p.name: tuple(p.shape) for p in kernel.inputs}
+    swapped = _block(body, reads(body) + outside, shapes)
     if swapped == body:
         return kernel
     changed = (dataclasses.replace(outer, body=swapped) if isinstance(outer, ParallelMap)
@@ -91,30 +91,37 @@ def transposed(kernel: Kernel) -> list[str]:
     return sorted(found)
 
 
-def _block(nodes: tuple, total: Counter, ndims: dict[str, int]) -> tuple:
+def _block(nodes: tuple, total: Counter, shapes: dict[str, tuple]) -> tuple:
     out: list = []
     for node in nodes:
         if isinstance(node, Loop):
-            node = dataclasses.replace(node, body=_block(node.body, total, ndims))
-            out += _swapped(node, total, ndims) or [node]
+            node = dataclasses.replace(node, body=_block(node.body, total, shapes))
+            out += _swapped(node, total, shapes) or [node]
         elif isinstance(node, If):
-            out.append(dataclasses.replace(node, body=_block(node.body, total, ndims)))
+            out.append(dataclasses.replace(node, body=_block(node.body, total, shapes)))
         else:
             out.append(node)
     return tuple(out)
 
 
-def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
+def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | None:
     """The loop as (accumulators set, each inner loop swapped, the rest per outer iteration), or None."""
     if isinstance(loop.extent, str) or not MIN_EXTENT <= loop.extent <= MAX_EXTENT:
         return None
     at = [k for k, n in enumerate(loop.body) if not isinstance(n, (Assign, Store))]
     if not at or not all(isinstance(loop.body[k], Loop) for k in at):
         return None
+    # the inner loops swapped are the leading ones of straight-line assignments; loops after them (an MLP
+    # gradient's row stored per unit) run per outer iteration with the statements after the sums
+    folding = 0
+    while folding < len(at) and all(isinstance(n, Assign) for n in loop.body[at[folding]].body):
+        folding += 1
+    if not folding:
+        return None
+    at = at[:folding]
     inners = [loop.body[k] for k in at]
     before, post = [n for n in loop.body[: at[-1]] if not isinstance(n, Loop)], loop.body[at[-1] + 1:]
-    if not all(isinstance(n, Assign) for n in before) or not all(
-            isinstance(n, Assign) for inner in inners for n in inner.body):
+    if not all(isinstance(n, Assign) for n in before):
         return None
     if any(not isinstance(k.extent, str) and k.extent >= nest_lanes.MIN_EXTENT and any(
             nest_lanes.lane_call(n.expr) for n in k.body) for k in inners):
@@ -128,8 +135,16 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
     pre = tuple(n for n in before if n.target in accs)
     deferred = tuple(n for n in before if n.target not in accs)
     post = deferred + tuple(post)
-    if not accs or len(pre) != len(accs) or (accs | set().union(*own)) & set(reads(pre + deferred)):
+    if not accs or len(pre) != len(accs) or (accs | set().union(*own)) & set(reads(pre)):
         return None  # an accumulator set twice, or read (with an inner loop's values) before the inner loops end
+    # a deferred statement may read the final sum of an inner loop before it (a Hessian-vector product's
+    # tanh of the first sum, written before the tangent's sum), not a later loop's value nor be read by one
+    position = {id(n): k for k, n in enumerate(loop.body)}
+    owner = {name: at[m] for m in range(len(inners)) for name in own[m]}
+    if any(owner.get(name, -1) > position[id(d)] for d in deferred for name in reads((d,))):
+        return None
+    if any(set(reads(k.body)) & assigned(deferred) for k in inners):
+        return None
     if assigned(post) & set(reads(pre + tuple(inners))) or any(
             set(names(str(k.extent))) & (accs | assigned(post)) for k in inners):
         return None  # carried from one outer iteration's last statements to the next one's first
@@ -154,14 +169,14 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
         inner_reads = reads(inner.body)
         loaded = [a for a in kept if a in own[m] or a in inner_reads]
         body = [Assign(unsigned, f"np.uint64({index})"), *(Assign(a, f"{kept[a]}[{unsigned}]") for a in loaded)]
-        body += [Assign(n.target, _subscripts(n.expr, index, unsigned, ndims, flipped)) for n in inner.body]
+        body += [Assign(n.target, _subscripts(n.expr, index, unsigned, shapes, flipped)) for n in inner.body]
         bodies.append(body + [Store(kept[a], (unsigned,), a) for a in kept if a in own[m]])
-    if flipped:  # a trip count LLVM cannot see: it vectorises the loop instead of unrolling it into scalars
-        extent = f"{min(flipped)}{TRANSPOSED}.shape[1]"
-    elif loop.extent <= UNROLLED:
-        return None
-    else:
+    # a trip count LLVM cannot see: it vectorises the loop instead of unrolling it into scalars
+    extent = f"{min(flipped)}{TRANSPOSED}.shape[1]" if flipped else _shape_read(bodies, unsigned, loop.extent, shapes)
+    if extent is None:
         extent = loop.extent
+        if extent <= UNROLLED:
+            return None
     start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
     start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
     swapped = [Loop(k.index, k.extent, (Loop(index, extent, tuple(b)),)) for k, b in zip(inners, bodies)]
@@ -170,19 +185,74 @@ def _swapped(loop: Loop, total: Counter, ndims: dict[str, int]) -> list | None:
     # carried between them (and run the loop's tanh or exp per element instead of in vector calls)
     own_reads = reads(loop.body)
     fresh = {a: f"{a}__r" for a in kept if total[a] <= own_reads[a]}
-    rest = Loop(index, loop.extent, (*(Assign(fresh.get(a, a), f"{kept[a]}[{index}]") for a in kept),
-                                     *(_renamed(n, fresh) for n in post)), loop.folds)
-    return [*start, *swapped, rest]
+    rest = (*(Assign(fresh.get(a, a), f"{kept[a]}[{index}]") for a in kept), *(_renamed(n, fresh) for n in post))
+    acc_dtypes = {fresh.get(a, a): dtypes[a] for a in kept}
+    split = _distributed(Loop(index, loop.extent, rest, loop.folds), acc_dtypes)
+    return [*start, *swapped, *(split or [Loop(index, loop.extent, rest, loop.folds)])]
 
 
-def _renamed(node: Assign | Store, fresh: dict[str, str]) -> Assign | Store:
-    """An assignment or store with the names in `fresh` replaced."""
+def _distributed(rest: Loop, acc_dtypes: dict[str, np.dtype]) -> list | None:
+    """The loop after the swapped sums as two: its straight-line statements first, where they call a
+    function nest_lanes runs in vector calls (tanh of each unit's sum), storing what the rest reads in
+    buffers; then the rest (loops storing a row per unit). None where that does not apply or pay."""
+    first = next((k for k, n in enumerate(rest.body) if isinstance(n, (Loop, If))), None)
+    if first is None:
+        return None
+    head, tail = rest.body[:first], rest.body[first:]
+    if not any(isinstance(n, Assign) and nest_lanes.lane_call(n.expr) for n in head):
+        return None
+    fold_accs = {a for f in rest.folds for a in f.accs}
+    if assigned(tail) & reads(head).keys() or (assigned(head) & fold_accs and assigned(tail) & fold_accs):
+        return None  # a value carried from the rest of one iteration to the start of the next, or split folds
+    tail_reads = reads(tail)
+    crossing = [n.target for n in head if isinstance(n, Assign) and tail_reads[n.target]]
+    types = {name: _cast_type(name, head, acc_dtypes) for name in crossing}
+    if any(t is None for t in types.values()) or len(set(crossing)) != len(crossing):
+        return None
+    index, extent = rest.index, rest.extent
+    buffered = {name: f"{name}__y" for name in crossing}
+    read_back = {name: f"{name}__b" for name in crossing}
+    folds_first = bool(assigned(head) & fold_accs) or not (assigned(tail) & fold_accs)
+    return [*(Buffer(buffered[n], (extent,), types[n]) for n in crossing),
+            Loop(index, extent, (*head, *(Store(buffered[n], (index,), n) for n in crossing)),
+                 rest.folds if folds_first else ()),
+            Loop(index, extent, (*(Assign(read_back[n], f"{buffered[n]}[{index}]") for n in crossing),
+                                 *(_renamed(n, read_back) for n in tail)), () if folds_first else rest.folds)]
+
+
+def _cast_type(name: str, nodes: tuple, known: dict[str, np.dtype]):
+    """The NumPy type of `name`, assigned once in `nodes` as a cast or a copy of such a value (or of a
+    name of a `known` type); None where it is not written so."""
+    targets = Counter(n.target for n in nodes if isinstance(n, Assign))
+    by_target = {n.target: n.expr for n in nodes if isinstance(n, Assign)}
+    for _ in range(8):
+        if name in known:
+            return known[name]
+        if targets[name] != 1:
+            return None
+        expr = by_target[name]
+        match = _TYPED.fullmatch(expr)
+        if match is not None and _balanced(match.group(2)):
+            return np.dtype(match.group(1))
+        name = expr
+    return None
+
+
+def _renamed(node, fresh: dict[str, str]):
+    """A node with the names in `fresh` replaced (loops and branches entered)."""
     def sub(text: str) -> str:
         return _NAME.sub(lambda m: fresh.get(m.group(0), m.group(0)), text)
 
     if isinstance(node, Assign):
         return Assign(fresh.get(node.target, node.target), sub(node.expr))
-    return Store(node.target, tuple(sub(i) for i in node.index), sub(node.expr))
+    if isinstance(node, Store):
+        return Store(node.target, tuple(sub(i) for i in node.index), sub(node.expr))
+    if isinstance(node, Loop):
+        extent = sub(node.extent) if isinstance(node.extent, str) else node.extent
+        return dataclasses.replace(node, extent=extent, body=tuple(_renamed(n, fresh) for n in node.body))
+    if isinstance(node, If):
+        return If(sub(node.cond), tuple(_renamed(n, fresh) for n in node.body))
+    return node
 
 
 def _dtype(acc: str, pre: tuple, inner: tuple):
@@ -214,13 +284,26 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
-def _subscripts(expr: str, index: str, unsigned: str, ndims: dict[str, int], flipped: set[str]) -> str:
+def _shape_read(bodies: list, unsigned: str, extent: int, shapes: dict[str, tuple]) -> str | None:
+    """The trip count as the length of an input's axis the swapped loop reads it along (a matrix read as
+    [row, index], as attention's values are by its weighted sum over their rows), or None where none is."""
+    for node in (n for body in bodies for n in body):
+        for match in _SUBSCRIPT.finditer(node.expr if isinstance(node, Assign) else ""):
+            array, parts = match.group(1), match.group(2).split(", ")
+            axis = len(parts) - 1
+            if (parts[-1] == unsigned and _READ_ONLY.fullmatch(array) and len(shapes.get(array, ())) == len(parts)
+                    and shapes[array][axis] == extent):
+                return f"{array}.shape[{axis}]"
+    return None
+
+
+def _subscripts(expr: str, index: str, unsigned: str, shapes: dict[str, tuple], flipped: set[str]) -> str:
     """`expr` reading a read-only matrix subscripted [index, j] from its transpose at [j, index] (the matrix
     added to `flipped`), and every subscript by `index` alone by its unsigned copy."""
     def one(match: re.Match) -> str:
         array, parts = match.group(1), match.group(2).split(", ")
         if (len(parts) == 2 and parts[0] == index and index not in names(parts[1])
-                and _READ_ONLY.fullmatch(array) and ndims.get(array) == 2):
+                and _READ_ONLY.fullmatch(array) and len(shapes.get(array, ())) == 2):
             flipped.add(array)
             array, parts = array + TRANSPOSED, [parts[1], index]
         return f"{array}[{', '.join(unsigned if p == index else p for p in parts)}]"
