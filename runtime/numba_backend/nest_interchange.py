@@ -20,8 +20,13 @@ is unsigned, since Numba's check of a signed index for a negative value to wrap 
 (nest_lanes.TILE says the same of the tiled folds).
 
 It applies where the outer loop's body is statements setting the accumulators (and others no inner loop
-reads, which move after them), inner loops of straight-line statements, then statements (and stores) reading
-what the inner loops left. Several inner loops (a Hessian-vector product sums the distance, then its tangent)
+reads, which move after them, reading an earlier inner loop's final sum if they like), inner loops of
+straight-line statements, then statements, stores and loops (an MLP gradient's row stored per unit) reading
+what the inner loops left. Where a loop follows, the straight-line statements before it run as a loop of
+their own, keeping in buffers what the later part reads, so that their tanh or exp runs in vector calls; the
+sums are read back under names of their own for the same reason (nest_lanes takes a name two loops assign
+for one carried between them). Without a transpose, the swapped loop's trip count is read from an input
+the inner statements index along that axis, where there is one. Several inner loops (a Hessian-vector product sums the distance, then its tangent)
 are distributed: each is swapped in turn, and a later one reads an earlier one's final sums from their
 buffer. It applies where no value but the accumulators passes from one inner iteration to the next or from
 the outer iteration's last statements to its first, and where no inner loop calls a function that nest_lanes
