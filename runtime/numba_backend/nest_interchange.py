@@ -43,7 +43,7 @@ from collections import Counter
 import numpy as np
 
 from fold.runtime.loops.nest import Assign, Buffer, If, Kernel, Loop, ParallelFold, ParallelMap, Store
-from fold.runtime.loops.text import assigned, names, reads
+from fold.runtime.loops.text import assigned, names, reads, substitute
 
 from . import nest_lanes
 
@@ -59,7 +59,6 @@ UNROLLED = 32
 TRANSPOSED = "__T"
 
 _SUBSCRIPT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[([^\[\]]*)\]")
-_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 _READ_ONLY = re.compile(r"(in|k)\d+")
 _TYPED = re.compile(r"np\.(float32|float64|int64|int32|uint64|bool_)\((.*)\)")
 
@@ -211,8 +210,10 @@ def _distributed(rest: Loop, acc_dtypes: dict[str, np.dtype]) -> list | None:
         return None  # a value carried from the rest of one iteration to the start of the next, or split folds
     tail_reads = reads(tail)
     crossing = [n.target for n in head if isinstance(n, Assign) and tail_reads[n.target]]
-    types = {name: _cast_type(name, head, acc_dtypes) for name in crossing}
-    if any(t is None for t in types.values()) or len(set(crossing)) != len(crossing):
+    once = Counter(n.target for n in head if isinstance(n, Assign))
+    copies = {n.target: n.expr for n in head if isinstance(n, Assign) and once[n.target] == 1}
+    types = {name: _cast(name, copies, acc_dtypes) for name in crossing}
+    if any(t is None for t in types.values()):  # assigned twice, or not as a cast
         return None
     index, extent = rest.index, rest.extent
     buffered = {name: f"{name}__y" for name in crossing}
@@ -225,28 +226,10 @@ def _distributed(rest: Loop, acc_dtypes: dict[str, np.dtype]) -> list | None:
                                  *(_renamed(n, read_back) for n in tail)), () if folds_first else rest.folds)]
 
 
-def _cast_type(name: str, nodes: tuple, known: dict[str, np.dtype]):
-    """The NumPy type of `name`, assigned once in `nodes` as a cast or a copy of such a value (or of a
-    name of a `known` type); None where it is not written so."""
-    targets = Counter(n.target for n in nodes if isinstance(n, Assign))
-    by_target = {n.target: n.expr for n in nodes if isinstance(n, Assign)}
-    for _ in range(8):
-        if name in known:
-            return known[name]
-        if targets[name] != 1:
-            return None
-        expr = by_target[name]
-        match = _TYPED.fullmatch(expr)
-        if match is not None and _balanced(match.group(2)):
-            return np.dtype(match.group(1))
-        name = expr
-    return None
-
-
 def _renamed(node, fresh: dict[str, str]):
     """A node with the names in `fresh` replaced (loops and branches entered)."""
     def sub(text: str) -> str:
-        return _NAME.sub(lambda m: fresh.get(m.group(0), m.group(0)), text)
+        return substitute(text, lambda name: fresh.get(name, name))
 
     if isinstance(node, Assign):
         return Assign(fresh.get(node.target, node.target), sub(node.expr))
@@ -263,19 +246,25 @@ def _renamed(node, fresh: dict[str, str]):
 def _dtype(acc: str, pre: tuple, inner: tuple):
     """The NumPy type every assignment of `acc` gives it (its first and each inner one, followed through
     copies), or None where one is not written as a cast: a buffer of another type would round it."""
-    by_target = {n.target: n.expr for n in pre + inner}
-    found = set()
-    for node in pre + inner:
-        if node.target != acc:
-            continue
-        expr, hops = node.expr, 0
-        while expr in by_target and expr != acc and hops < 8:
-            expr, hops = by_target[expr], hops + 1
+    by_target = {n.target: n.expr for n in pre + inner if n.target != acc}
+    found = {_cast(n.expr, by_target) for n in pre + inner if n.target == acc}
+    # not `None in`: a dtype equals None (np.dtype(None) is float64)
+    return found.pop() if len(found) == 1 and not any(t is None for t in found) else None
+
+
+def _cast(expr: str, copies: dict[str, str], known: dict | None = None):
+    """The NumPy type of `expr`: a cast, a name of a `known` type, or a name `copies` maps to such an
+    expression (followed through eight copies at most); None otherwise."""
+    for _ in range(8):
+        if known and expr in known:
+            return known[expr]
         match = _TYPED.fullmatch(expr)
-        if match is None or not _balanced(match.group(2)):
+        if match is not None and _balanced(match.group(2)):
+            return np.dtype(match.group(1))
+        if expr not in copies:
             return None
-        found.add(match.group(1))
-    return np.dtype(found.pop()) if len(found) == 1 else None
+        expr = copies[expr]
+    return None
 
 
 def _balanced(text: str) -> bool:
