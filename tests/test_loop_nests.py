@@ -1221,3 +1221,25 @@ def test_a_long_rows_sum_and_maximum_fold_in_lanes_without_a_transcendental(dtyp
         found = (re.search(rf"s\d+__{lanes} = ", text), re.search(rf"_maximum\(acc\d+__{lanes}, ", text))
         assert all(found) == split and any(found) == split, text
         _close(*_both(f, X, w), rtol)
+
+
+# ---------------------------------------------------------------- reshapes inside a nest
+
+def _reshaped_rows(X, w):
+    def row(r):
+        column = fold.reshape(r, (6, 1)) * fold.reshape(w, (6, 1))      # unit axes added
+        grid = fold.reshape(fold.reshape(r, (2, 3)), (3, 2))             # general reshapes
+        back = fold.reshape(fold.reshape(column, (1, 6)), (6,))           # and dropped
+        return fold.sum(column) + fold.reduce(M.max, fold.sum(grid, axis=1)) * fold.sum(back * back)
+    return fold.reduce(M.sum, fold.map(row, X))
+
+
+def test_a_reshape_that_adds_or_drops_unit_axes_reads_its_input_at_the_same_indices():
+    X, w = rng.normal(size=(50, 6)), rng.normal(size=6)
+    source = _sources(_reshaped_rows, X, w)
+    # the general reshape divides its flat position by 3 for its first axis (no remainder needed) and takes
+    # it modulo 3 for its second; nothing is multiplied, divided or taken modulo by 1 (the unit axes)
+    assert "// 3" in source and "% 3" in source, source
+    assert not re.search(r"(\*|//|%) 1\b", source), source
+    _close(*_both(_reshaped_rows, X, w), 1e-12)
+    _close(*_both(fold.grad(_reshaped_rows, argnums=(0, 1)), X, w), 1e-12)

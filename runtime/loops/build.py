@@ -374,13 +374,30 @@ def _reshape(w: Writer, prim: Reshape, args: list[Value], out_avals) -> list[Val
         if shape == ():
             return [Scalar(w.assign(one), x.dtype, zero_unless=x.zero_unless)]
         return [Pull(shape, x.dtype, lambda w, idx: one, False, zero_unless=x.zero_unless)]
+    if _without_units(shape) == _without_units(x.shape):  # unit axes added or dropped: indices carried over
+        def element(w: Writer, idx: tuple) -> str:
+            kept = iter(i for i, n in zip(idx, shape) if n != 1)
+            return w.element(x, tuple("0" if n == 1 else next(kept) for n in x.shape))
+
+        return [with_facts(Pull(shape, x.dtype, element, _heavy(x)), reshape_facts(x, shape))]
     out_strides, in_strides = _strides(shape), _strides(x.shape)
 
     def element(w: Writer, idx: tuple) -> str:
-        flat = " + ".join(f"{i} * {s}" for i, s in zip(idx, out_strides) if s) or "0"
-        return w.element(x, tuple(f"(({flat}) // {s}) % {n}" for s, n in zip(in_strides, x.shape)))
+        flat = " + ".join(i if s == 1 else f"{i} * {s}" for i, s in zip(idx, out_strides)) or "0"
+        # the first axis' quotient is below its extent already
+        return w.element(x, tuple(_index_of(flat, s, n, k == 0) for k, (s, n) in enumerate(zip(in_strides, x.shape))))
 
     return [with_facts(Pull(shape, x.dtype, element, _heavy(x)), reshape_facts(x, shape))]
+
+
+def _without_units(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
+
+
+def _index_of(flat: str, stride: int, extent: int, first: bool) -> str:
+    """The index along an axis of `stride` and `extent` of the flat position `flat`."""
+    quotient = f"({flat})" if stride == 1 else f"(({flat}) // {stride})"
+    return quotient if first else f"({quotient} % {extent})"
 
 
 @_rules.register(Transpose)
