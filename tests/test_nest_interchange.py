@@ -285,17 +285,43 @@ def test_a_short_loop_over_columns_reads_its_trip_count_from_the_matrix():
 
 
 def test_a_transcendental_before_a_row_stored_per_unit_runs_in_vector_calls():
-    """The MLP layer's gradient for its weights: per unit, tanh of the unit's sum, then the row
-    2 x t'(s) ct stored. The straight-line statements run as a loop of their own, in vector calls, keeping
-    what the row loop reads in a buffer; the row loop follows."""
+    """Per unit, tanh of the unit's sum, then the row tanh(s) sin(x) stored (its sine keeps the row from
+    being pulled from the units' scalars, build.row_scalars). The straight-line statements run as a loop of
+    their own, in vector calls, keeping what the row loop reads in a buffer; the row loop follows."""
+    def layer(W, X):
+        return fold.map(lambda x: fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * w)) * fold.sin(x), W), axis=0), X)
+
+    W = (0.3 * rng.normal(size=(16, 8))).astype(np.float32)
+    X = rng.normal(size=(40, 8)).astype(np.float32)
+    text = _sources(layer, W, X)
+    assert "in0__T[" in text and "vtanhf(" in text and "math.tanh" not in text and "__y[" in text, text
+    X64 = X.astype(np.float64)
+    want = np.sin(X64) * np.tanh(X64 @ W.T.astype(np.float64)).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(fold.jit(layer)(W, X), want, rtol=2e-5, atol=1e-5)
+
+
+def test_a_layers_gradient_adds_each_units_row_into_the_sum_as_it_is_made():
+    """The MLP layer's gradient for its weights: per point and unit, the row t'(s) x is a scalar of the
+    unit times the point. Only the units' scalars are stored (after the swapped sums, in vector calls);
+    each row's elements are added into the fold's state where they are made, no row buffer written and
+    read back."""
     def layer(W, X):
         return fold.sum(fold.map(lambda x: fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * w)), W)), X))
 
     W = (0.3 * rng.normal(size=(16, 8))).astype(np.float32)
     X = rng.normal(size=(40, 8)).astype(np.float32)
     grad = fold.grad(layer)
+    from fold.runtime.loops import LoopNest, kernel_of
+    from fold.runtime.loops.nest import buffers
+    from fold.runtime.numba_backend.passes import prepare
+
+    kernels = [kernel_of(s.prim) for s in prepare(fold.trace(grad, W, X), whole_arrays=True).stmts
+               if isinstance(s.prim, LoopNest)]
+    (kernel,) = [k for k in kernels if any(p.shape == W.shape for p in k.folded)]  # the one summing over points
+    shapes = [b.shape for b in buffers(kernel.outer.step)]
+    assert shapes and all(len(shape) == 1 for shape in shapes), shapes  # the units' scalars, not (16, 8) rows
     text = _sources(grad, W, X)
-    assert "in0__T[" in text and "vtanhf(" in text and "math.tanh" not in text and "__y[" in text, text
+    assert "in0__T[" in text and "vtanhf(" in text and "math.tanh" not in text, text
     t = np.tanh(X.astype(np.float64) @ W.T.astype(np.float64))
     np.testing.assert_allclose(fold.jit(grad)(W, X), (1 - t * t).T @ X, rtol=2e-5, atol=1e-5)
 

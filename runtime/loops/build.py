@@ -27,13 +27,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
 from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
-from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
+from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL, TRANSCENDENTAL_CALLS
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 from .text import defined, names, pure as is_pure, statement_lines
@@ -507,6 +508,9 @@ def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
     heavy = _has_loops(prim.body) or _heavy(*xs)
     vanishing = _vanishing_rows(w, prim, consts, xs)
     if _has_loops(prim.body) and (len(out_avals) > 1 or any(len(a.shape) > 1 for a in out_avals)):
+        split = None if vanishing.conditions else row_scalars(prim.body)
+        if split is not None:
+            return _map_after_its_scalars(w, prim, split, consts, xs, out_avals)
         return _stored_map(w, prim, consts, xs, out_avals, vanishing)
 
     def output(k: int, aval) -> Value:
@@ -517,6 +521,84 @@ def _map(w: Writer, prim: Map, args: list[Value], out_avals) -> list[Value]:
         return Pull(tuple(aval.shape), aval.dtype, element, heavy, **facts)
 
     return [output(k, aval) for k, aval in enumerate(out_avals)]
+
+
+def row_scalars(body: Program) -> tuple[Program, Program] | None:
+    """(head, tail): a map body split where only scalars cross. The head is the body's loops, what they
+    read, and every scalar statement that follows from those and the inputs; the tail is the rest, with the
+    arrays it reads from the head made again (cheap: the tail may run no loop), reading the head's scalars
+    as inputs after the body's own. None where a loop gives an array, the tail runs a loop or a
+    transcendental function, or nothing is left for it."""
+    produced = {v: s for s in body.stmts for v in s.outs}
+    loops = [s for s in body.stmts if isinstance(s.prim, _LOOPING)]
+    if any(o.aval.shape != () for s in loops for o in s.outs):
+        return None
+    head: set[int] = set()
+
+    def need(stmt) -> None:
+        if id(stmt) not in head:
+            head.add(id(stmt))
+            for a in stmt.args:
+                if isinstance(a, Var) and a in produced:
+                    need(produced[a])
+
+    for stmt in loops:
+        need(stmt)
+    for stmt in body.stmts:  # in order: a scalar of scalars the head makes is made there too
+        if all(o.aval.shape == () for o in stmt.outs) and all(
+                not isinstance(a, Var) or a not in produced or id(produced[a]) in head for a in stmt.args):
+            head.add(id(stmt))
+    rest = {id(s) for s in body.stmts if id(s) not in head}
+
+    def again(stmt) -> None:  # an array the head makes cheaply (x - y), made again where the tail reads it
+        if id(stmt) not in rest and stmt.outs[0].aval.shape != ():
+            rest.add(id(stmt))
+            for a in stmt.args:
+                if isinstance(a, Var) and a in produced:
+                    again(produced[a])
+
+    for stmt in [s for s in body.stmts if id(s) in rest]:
+        for a in stmt.args:
+            if isinstance(a, Var) and a in produced:
+                again(produced[a])
+    tail = [s for s in body.stmts if id(s) in rest]
+    if not tail or any(isinstance(s.prim, _LOOPING) or _transcendental(s.prim) for s in tail):
+        return None
+    made = {v for s in body.stmts if id(s) in head and id(s) not in rest for v in s.outs}
+    crossing = list(dict.fromkeys([a for s in tail for a in s.args if isinstance(a, Var) and a in made]
+                                  + [v for v in body.outputs if isinstance(v, Var) and v in made]))
+    if any(v.aval.shape != () for v in crossing):
+        return None
+    first = Program(body.inputs, tuple(s for s in body.stmts if id(s) in head), tuple(crossing),
+                    _tuple_tree(len(body.inputs)), _tuple_tree(len(crossing)), {})
+    rest = Program(tuple(body.inputs) + tuple(crossing), tuple(tail), body.outputs,
+                   _tuple_tree(len(body.inputs) + len(crossing)), body.out_tree, {})
+    return first, rest
+
+
+_LOOPING = (Map, Reduce, SumAxes, MatMul, Scan)
+
+
+def _transcendental(prim) -> bool:
+    return isinstance(prim, Elementwise) and prim.op in TRANSCENDENTAL
+
+
+def _tuple_tree(n: int):
+    from fold.pytree import tree_flatten
+
+    return tree_flatten(tuple(range(n)))[1]
+
+
+def _map_after_its_scalars(w: Writer, prim: Map, split: tuple[Program, Program], consts, xs, out_avals) -> list[Value]:
+    """A map whose body loops but gives arrays made of scalars: the scalars of every row are stored (the loops
+    run once per row), and the arrays are pulled from them where they are read: a sum over the map's rows
+    then adds each element into its state as it is made, where a stored row would be written and read back
+    (a layer's gradient, a rank-1 update per point)."""
+    head, tail = split
+    n = out_avals[0].shape[0]
+    scalars = _stored_map(w, Map(head, prim.num_consts), consts, xs,
+                          [ShapedArray((n,), v.aval.dtype) for v in head.outputs], VanishingRows())
+    return _map(w, Map(tail, prim.num_consts), [*consts, *xs, *scalars], out_avals)
 
 
 def _reread(x: Value, out_avals) -> bool:
