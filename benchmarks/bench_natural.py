@@ -61,9 +61,33 @@ def untuned_sizes(quick: bool) -> dict[str, dict[str, int]]:
             "rbf": dict(n=2048, m=2048, d=8), "logistic": dict(n=10**6, d=32), "prefix_max": dict(n=10**4, m=256)}
 
 
+def fresh_sizes(quick: bool) -> dict[str, dict[str, int]]:
+    """`--set fresh`: programs written in session 51, after every mechanism up to it, and measured before any
+    change for them: a two-layer network, layer normalisation of rows, each query's largest cosine similarity,
+    a Huber regression loss, and the entropy of each row's softmax."""
+    if quick:
+        return {"mlp2": dict(n=500, d=8, h=16, o=4), "layernorm": dict(n=200, m=32),
+                "cosine_max": dict(n=64, m=48, d=8), "huber": dict(n=2000, d=8), "entropy": dict(n=200, m=100)}
+    return {"mlp2": dict(n=10**5, d=32, h=64, o=16), "layernorm": dict(n=10**5, m=256),
+            "cosine_max": dict(n=2048, m=2048, d=32), "huber": dict(n=10**6, d=32), "entropy": dict(n=10**4, m=1000)}
+
+
+SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes}
+
+
 def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     f32 = np.float32
+    if case == "mlp2":
+        return tuple((rng.normal(size=shape) / np.sqrt(shape[-1])).astype(f32)
+                     for shape in ((s["h"], s["d"]), (s["o"], s["h"]), (s["n"], s["d"])))
+    if case in ("layernorm", "entropy"):
+        return rng.normal(size=(s["n"], s["m"])).astype(f32), rng.normal(size=s["m"]).astype(f32)
+    if case == "cosine_max":
+        return tuple(rng.normal(size=(r, s["d"])).astype(f32) for r in (s["n"], s["m"]))
+    if case == "huber":
+        return (0.2 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
+            rng.normal(size=s["n"]).astype(f32)
     if case == "attention":
         return tuple(rng.normal(size=(r, s["d"])).astype(f32) for r in (s["n"], s["m"], s["m"]))
     if case == "mlp":
@@ -94,6 +118,39 @@ def fold_natural(case: str) -> Callable:
     import fold
 
     M = fold.monoids
+    if case == "mlp2":
+        def net(x, W1, W2):
+            h = fold.map(lambda w: fold.tanh(fold.sum(x * w)), W1)
+            out = fold.map(lambda v: fold.sum(v * h), W2)
+            return fold.sum(out * out)
+
+        return lambda W1, W2, X: fold.sum(fold.map(lambda x: net(x, W1, W2), X))
+    if case == "layernorm":
+        def normalised(x, g):
+            mean = fold.sum(x) / x.shape[0]
+            var = fold.sum((x - mean) * (x - mean)) / x.shape[0]
+            return fold.sum(fold.tanh((x - mean) / fold.sqrt(var + 1e-5) * g))
+
+        return lambda X, g: fold.sum(fold.map(lambda x: normalised(x, g), X))
+    if case == "cosine_max":
+        def best(q, K):
+            return fold.reduce(M.max, fold.map(
+                lambda k: fold.sum(q * k) / fold.sqrt(fold.sum(q * q) * fold.sum(k * k)), K))
+
+        return lambda Q, K: fold.sum(fold.map(lambda q: best(q, K), Q))
+    if case == "huber":
+        def huber(r):
+            return fold.where(fold.abs(r) < 1.0, 0.5 * r * r, fold.abs(r) - 0.5)
+
+        return lambda w, X, y: fold.sum(fold.map(lambda x, t: huber(t - fold.sum(x * w)), X, y))
+    if case == "entropy":
+        def entropy(r, g):
+            z = r * g
+            e = fold.exp(z - fold.reduce(M.max, z))
+            p = e / fold.sum(e)
+            return -fold.sum(p * fold.log(p))
+
+        return lambda X, g: fold.sum(fold.map(lambda r: entropy(r, g), X))
     if case == "attention":
         def attend(q, K, V):
             s = fold.map(lambda k: fold.sum(q * k), K)
@@ -144,6 +201,36 @@ def jax_natural(case: str) -> Callable:
     from jax.scipy.special import logsumexp
 
     vmap = jax.vmap
+    if case == "mlp2":
+        def net(x, W1, W2):
+            h = vmap(lambda w: jnp.tanh(jnp.sum(x * w)))(W1)
+            out = vmap(lambda v: jnp.sum(v * h))(W2)
+            return jnp.sum(out * out)
+
+        return lambda W1, W2, X: jnp.sum(vmap(lambda x: net(x, W1, W2))(X))
+    if case == "layernorm":
+        def normalised(x, g):
+            mean = jnp.sum(x) / x.shape[0]
+            var = jnp.sum((x - mean) * (x - mean)) / x.shape[0]
+            return jnp.sum(jnp.tanh((x - mean) / jnp.sqrt(var + 1e-5) * g))
+
+        return lambda X, g: jnp.sum(vmap(lambda x: normalised(x, g))(X))
+    if case == "cosine_max":
+        return lambda Q, K: jnp.sum(vmap(lambda q: jnp.max(vmap(
+            lambda k: jnp.sum(q * k) / jnp.sqrt(jnp.sum(q * q) * jnp.sum(k * k)))(K)))(Q))
+    if case == "huber":
+        def huber(r):
+            return jnp.where(jnp.abs(r) < 1.0, 0.5 * r * r, jnp.abs(r) - 0.5)
+
+        return lambda w, X, y: jnp.sum(vmap(lambda x, t: huber(t - jnp.sum(x * w)))(X, y))
+    if case == "entropy":
+        def entropy(r, g):
+            z = r * g
+            e = jnp.exp(z - jnp.max(z))
+            p = e / jnp.sum(e)
+            return -jnp.sum(p * jnp.log(p))
+
+        return lambda X, g: jnp.sum(vmap(lambda r: entropy(r, g))(X))
     if case == "attention":
         def attend(q, K, V):
             s = vmap(lambda k: jnp.sum(q * k))(K)
@@ -245,8 +332,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated cases")
-    parser.add_argument("--set", default="natural", choices=("natural", "untuned"),
-                        help="the issue's cases, or programs written after the mechanisms (untuned_sizes)")
+    parser.add_argument("--set", default="natural", choices=tuple(SETS),
+                        help="the issue's cases, or programs written after the mechanisms (untuned_sizes, fresh_sizes)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per worker process")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated, of {', '.join(MODES + EXTRA_MODES)} (default: {','.join(MODES)})")
@@ -260,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return {}
-    table = (sizes if args.set == "natural" else untuned_sizes)(args.quick)
+    table = SETS[args.set](args.quick)
     chosen = [c for c in table if not args.only or c in args.only.split(",")]
     records = []
     for case in chosen:
