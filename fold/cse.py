@@ -9,6 +9,11 @@ Only bodies are cleaned, at every depth, not the program's own top level: there 
 array, and a fusion that joins a map to the one fold reading it (loop nests, elementwise fusion) would find
 two readers where the program had one each, and store what it streamed (XLA's CSE runs before its fusion
 for the same reason, keeping fusion's duplicates).
+
+Across maps: reverse mode re-executes a scope, so the vjp of a map over a row (an MLP's hidden units) makes
+again, in its own body, what the forward map over the same row already gave (tanh(x . w) per unit). A map
+body value computed from the same arguments as an earlier map's result in the same body reads that result
+instead (`_reuse_sibling_maps`): one row argument more, and the loops that made it again are dead.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import dataclasses
 from typing import Any
 
 from .ir import Let, Lit, Program, Var
+from .primitives import Map
+from .pytree import tree_flatten
 
 
 def cse(program: Program) -> Program:
@@ -60,6 +67,9 @@ def _body_cse(body: Program, done: dict) -> Program:
         if key is not None:
             seen[key] = cleaned.outs
         kept.append(cleaned if args == cleaned.args else Let(cleaned.outs, cleaned.prim, args))
+    reused = _reuse_sibling_maps(kept)
+    changed |= reused is not kept
+    kept = reused
     outputs = tuple(rename.get(o, o) if isinstance(o, Var) else o for o in body.outputs)
     cleaned_body = dataclasses.replace(body, stmts=tuple(kept), outputs=outputs, meta=dict(body.meta)) if changed else body
     done[id(body)] = (body, cleaned_body)
@@ -79,3 +89,66 @@ def _key(prim, args: tuple) -> Any:
 def _literal_key(lit: Lit) -> Any:
     value = lit.value
     return "lit", value.dtype.str, value.shape, value.tobytes()
+
+
+def _reuse_sibling_maps(stmts: list[Let]) -> list[Let]:
+    """The statements with each map reading, as a row argument, what an earlier map over the same rows gave
+    and its body makes again; the list itself where no map does."""
+    out: list[Let] = []
+    given: dict[Any, Var] = {}  # a map result's canonical key (over the outer values its body read) -> the result
+    for stmt in stmts:
+        if isinstance(stmt.prim, Map):
+            stmt = _reading_earlier_results(stmt, given)
+            keys = _canonical_keys(stmt)
+            if keys is not None:
+                for v, k in zip(stmt.outs, (keys.get(o) for o in stmt.prim.body.outputs), strict=True):
+                    if k is not None:
+                        given.setdefault((_rows(stmt), k), v)
+        out.append(stmt)
+    return stmts if all(a is b for a, b in zip(out, stmts)) else out
+
+
+def _rows(stmt: Let) -> int:
+    return stmt.outs[0].aval.shape[0] if stmt.outs and stmt.outs[0].aval.shape else -1
+
+
+def _canonical_keys(stmt: Let) -> dict[Var, Any] | None:
+    """Each value of a map's body, as the computation it is from the outer values the map reads: a captured
+    value as ("const", outer), a row as ("row", outer), a statement's result as its primitive, its arguments'
+    keys and its position among the results. None where a primitive cannot be compared (unhashable)."""
+    prim, body = stmt.prim, stmt.prim.body
+    keys: dict[Var, Any] = {}
+    for k, (v, outer) in enumerate(zip(body.inputs, stmt.args, strict=True)):
+        keys[v] = ("const" if k < prim.num_consts else "row", outer if isinstance(outer, Var) else _literal_key(outer))
+    for inner in body.stmts:
+        try:
+            hash(inner.prim)
+        except TypeError:
+            return None
+        args = tuple(keys.get(a) if isinstance(a, Var) else _literal_key(a) for a in inner.args)
+        if any(a is None for a in args):
+            return None
+        for j, v in enumerate(inner.outs):
+            keys[v] = (inner.prim, args, j)
+    return keys
+
+
+def _reading_earlier_results(stmt: Let, given: dict[Any, Var]) -> Let:
+    """The map `stmt` with every body value an earlier map gave read as a row of that map's result."""
+    keys = _canonical_keys(stmt) if given else None
+    if keys is None:
+        return stmt
+    body, rows = stmt.prim.body, _rows(stmt)
+    inputs = set(body.inputs)
+    found = {v: given[(rows, k)] for v, k in keys.items()
+             if v not in inputs and (rows, k) in given and given[(rows, k)].aval.shape[1:] == v.aval.shape}
+    if not found:
+        return stmt
+    renamed = {v: Var(v.aval) for v in found}
+    stmts = tuple(Let(s.outs, s.prim, tuple(renamed.get(a, a) if isinstance(a, Var) else a for a in s.args))
+                  for s in body.stmts)
+    outputs = tuple(renamed.get(o, o) if isinstance(o, Var) else o for o in body.outputs)
+    new_inputs = tuple(body.inputs) + tuple(renamed[v] for v in found)
+    _, in_tree = tree_flatten(tuple(range(len(new_inputs))))
+    new_body = Program(new_inputs, stmts, outputs, in_tree, body.out_tree, dict(body.meta))
+    return Let(stmt.outs, dataclasses.replace(stmt.prim, body=new_body), tuple(stmt.args) + tuple(found.values()))

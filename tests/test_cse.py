@@ -81,3 +81,48 @@ def test_the_nest_of_the_layer_runs_one_dot_product_per_unit():
     """Lowered, the layer's nest sums x * w over the row once per unit, not twice."""
     shown = str(fold.lowered(squared_tanh_layer, W.astype(np.float32), X.astype(np.float32)))
     assert shown.count("sum[axes=(0,)]") == 2, shown  # the dot product's, and the sum over the units
+
+
+def two_layer(W1, W2, X):
+    """An MLP of two layers: the hidden units tanh(x . w) per point, then output units v . h, squared."""
+    def net(x):
+        h = fold.map(lambda w: fold.tanh(fold.sum(x * w)), W1)
+        out = fold.map(lambda v: fold.sum(v * h), W2)
+        return fold.sum(out * out)
+
+    return fold.sum(fold.map(net, X))
+
+
+W1, W2 = 0.3 * rng.normal(size=(6, 5)), 0.3 * rng.normal(size=(3, 6))
+
+
+def test_a_vjp_map_reads_the_forward_maps_results_over_the_same_rows():
+    """The gradient re-executes the hidden layer's map for tanh'(s); the forward map over the same units,
+    in the same body, already gave tanh(s): the vjp's map reads it as a row, its own dot products dead."""
+    from fold.dce import dce
+
+    program = dce(fold.trace(fold.grad(two_layer), W1, W2, X))
+    assert _count(program, Elementwise, "tanh") == 2 and _count(program, SumAxes) == 5
+    cleaned = dce(cse(program))
+    assert _count(cleaned, Elementwise, "tanh") == 1 and _count(cleaned, SumAxes) == 4  # one dot product less
+    h = np.tanh(X @ W1.T)
+    dpre = (2 * (h @ W2.T)) @ W2 * (1 - h * h)
+    for backend in ("numba", "numpy"):
+        np.testing.assert_allclose(fold.jit(fold.grad(two_layer), backend=backend)(W1, W2, X), dpre.T @ X, rtol=1e-10)
+
+
+def test_maps_over_other_rows_or_with_other_captures_make_their_values_themselves():
+    """Only a map over the same rows, capturing the same values, gives a body value to another."""
+    def f(A, B, X):
+        def row(x):
+            over_a = fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * w)), A))
+            other_rows = fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * w)), B))
+            other_capture = fold.sum(fold.map(lambda w: fold.tanh(fold.sum(x * x * w)), A))
+            return over_a + other_rows + other_capture
+        return fold.map(row, X)
+
+    from fold.dce import dce
+
+    A, B = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    cleaned = dce(cse(fold.trace(f, A, B, X)))
+    assert _count(cleaned, Elementwise, "tanh") == 3
