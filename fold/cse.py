@@ -94,16 +94,19 @@ def _literal_key(lit: Lit) -> Any:
 def _reuse_sibling_maps(stmts: list[Let]) -> list[Let]:
     """The statements with each map reading, as a row argument, what an earlier map over the same rows gave
     and its body makes again; the list itself where no map does."""
+    if sum(isinstance(s.prim, Map) for s in stmts) < 2:
+        return stmts
     out: list[Let] = []
-    given: dict[Any, Var] = {}  # a map result's canonical key (over the outer values its body read) -> the result
+    ids: dict[Any, int] = {}  # each computation's number (hash-consed: a key holds numbers, not nested keys)
+    given: dict[tuple[int, int], Var] = {}  # (rows, a map result's computation) -> the result
     for stmt in stmts:
         if isinstance(stmt.prim, Map):
-            stmt = _reading_earlier_results(stmt, given)
-            keys = _canonical_keys(stmt)
+            stmt = _reading_earlier_results(stmt, given, ids)
+            keys = _canonical_keys(stmt, ids)
             if keys is not None:
-                for v, k in zip(stmt.outs, (keys.get(o) for o in stmt.prim.body.outputs), strict=True):
-                    if k is not None:
-                        given.setdefault((_rows(stmt), k), v)
+                for v, o in zip(stmt.outs, stmt.prim.body.outputs, strict=True):
+                    if keys.get(o) is not None:
+                        given.setdefault((_rows(stmt), keys[o]), v)
         out.append(stmt)
     return stmts if all(a is b for a, b in zip(out, stmts)) else out
 
@@ -112,30 +115,34 @@ def _rows(stmt: Let) -> int:
     return stmt.outs[0].aval.shape[0] if stmt.outs and stmt.outs[0].aval.shape else -1
 
 
-def _canonical_keys(stmt: Let) -> dict[Var, Any] | None:
-    """Each value of a map's body, as the computation it is from the outer values the map reads: a captured
-    value as ("const", outer), a row as ("row", outer), a statement's result as its primitive, its arguments'
-    keys and its position among the results. None where a primitive cannot be compared (unhashable)."""
+def _canonical_keys(stmt: Let, ids: dict[Any, int]) -> dict[Var, int] | None:
+    """Each value of a map's body numbered by the computation it is from the outer values the map reads: a
+    captured value ("const", outer), a row ("row", outer), a statement's result (its primitive, its
+    arguments' numbers, its position among the results). None where a primitive cannot be compared."""
     prim, body = stmt.prim, stmt.prim.body
-    keys: dict[Var, Any] = {}
+
+    def number(key: Any) -> int:
+        return ids.setdefault(key, len(ids))
+
+    keys: dict[Var, int] = {}
     for k, (v, outer) in enumerate(zip(body.inputs, stmt.args, strict=True)):
-        keys[v] = ("const" if k < prim.num_consts else "row", outer if isinstance(outer, Var) else _literal_key(outer))
+        keys[v] = number(("const" if k < prim.num_consts else "row", outer if isinstance(outer, Var) else _literal_key(outer)))
     for inner in body.stmts:
         try:
             hash(inner.prim)
         except TypeError:
             return None
-        args = tuple(keys.get(a) if isinstance(a, Var) else _literal_key(a) for a in inner.args)
+        args = tuple(keys.get(a) if isinstance(a, Var) else number(_literal_key(a)) for a in inner.args)
         if any(a is None for a in args):
             return None
         for j, v in enumerate(inner.outs):
-            keys[v] = (inner.prim, args, j)
+            keys[v] = number((inner.prim, args, j))
     return keys
 
 
-def _reading_earlier_results(stmt: Let, given: dict[Any, Var]) -> Let:
+def _reading_earlier_results(stmt: Let, given: dict[tuple[int, int], Var], ids: dict[Any, int]) -> Let:
     """The map `stmt` with every body value an earlier map gave read as a row of that map's result."""
-    keys = _canonical_keys(stmt) if given else None
+    keys = _canonical_keys(stmt, ids) if given else None
     if keys is None:
         return stmt
     body, rows = stmt.prim.body, _rows(stmt)

@@ -567,13 +567,13 @@ def row_scalars(body: Program) -> tuple[Program, Program] | None:
     made = {v for s in body.stmts if id(s) in head and id(s) not in rest for v in s.outs}
     crossing = list(dict.fromkeys([a for s in tail for a in s.args if isinstance(a, Var) and a in made]
                                   + [v for v in body.outputs if isinstance(v, Var) and v in made]))
-    if any(v.aval.shape != () for v in crossing):
+    if not crossing or any(v.aval.shape != () for v in crossing):
         return None
-    first = Program(body.inputs, tuple(s for s in body.stmts if id(s) in head), tuple(crossing),
-                    _tuple_tree(len(body.inputs)), _tuple_tree(len(crossing)), {})
-    rest = Program(tuple(body.inputs) + tuple(crossing), tuple(tail), body.outputs,
-                   _tuple_tree(len(body.inputs) + len(crossing)), body.out_tree, {})
-    return first, rest
+    head_program = Program(body.inputs, tuple(s for s in body.stmts if id(s) in head), tuple(crossing),
+                           _tuple_tree(len(body.inputs)), _tuple_tree(len(crossing)), {})
+    tail_program = Program(tuple(body.inputs) + tuple(crossing), tuple(tail), body.outputs,
+                           _tuple_tree(len(body.inputs) + len(crossing)), body.out_tree, {})
+    return head_program, tail_program
 
 
 _LOOPING = (Map, Reduce, SumAxes, MatMul, Scan)
