@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .hoist import hoist_invariants
 from .ir import Let, Lit, Program, Var
 from .primitives import Map
 from .pytree import tree_flatten
@@ -28,12 +29,13 @@ from .pytree import tree_flatten
 
 def cse(program: Program) -> Program:
     """`program` with repeated statements in its combinators' bodies computed once (see the module's
-    docstring); the program itself where nothing repeats."""
+    docstring), and what a map in a body computes alike for every row computed before it (hoist.py); the
+    program itself where nothing repeats."""
     done: dict[int, tuple[Program, Program]] = {}  # a body shared by statements is cleaned once, and stays shared
     stmts = tuple(_with_clean_bodies(s, done) for s in program.stmts)
-    if all(a is b for a, b in zip(stmts, program.stmts)):
-        return program
-    return dataclasses.replace(program, stmts=stmts, meta=dict(program.meta))
+    if not all(a is b for a, b in zip(stmts, program.stmts)):
+        program = dataclasses.replace(program, stmts=stmts, meta=dict(program.meta))
+    return hoist_invariants(program)
 
 
 def _with_clean_bodies(stmt: Let, done: dict) -> Let:

@@ -1,0 +1,83 @@
+"""Loop-invariant statements lifted out of the maps nested in a program's bodies.
+
+A map body computes a statement once per row even where it reads only what the map captures: each query's
+largest cosine similarity over the keys, written `sum(q * k) / sqrt(sum(q * q) * sum(k * k))` in a map over
+the keys, summed q * q once per key. `hoist_invariants(program)` moves such statements (those reading a
+captured value, and those reading only what was moved) to just before the map, which captures their
+results instead: computed once per run of the map. Innermost maps first, so that a value invariant in two
+enclosing maps rises through both.
+
+Only maps inside bodies: a map at the top level is left as it is, so that a fusion of the program's own
+statements sees the statements it saw (as cse leaves the top level alone). Statements that read no captured
+value (an iota, a literal broadcast) stay where they are: a loop nest knows facts of them where they are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .ir import Let, Program, Var
+from .primitives import Map
+from .pytree import tree_flatten
+
+
+def hoist_invariants(program: Program) -> Program:
+    """`program` with the invariant statements of maps in its bodies computed before those maps."""
+    stmts = tuple(_in_bodies(s) for s in program.stmts)
+    if all(a is b for a, b in zip(stmts, program.stmts)):
+        return program
+    return dataclasses.replace(program, stmts=stmts, meta=dict(program.meta))
+
+
+def _in_bodies(stmt: Let) -> Let:
+    """The statement with every body of it cleaned: in each, the maps' invariants lifted into that body."""
+    prim = stmt.prim
+    if not prim.body_fields:
+        return stmt
+    bodies = {f: _body(getattr(prim, f)) for f in prim.body_fields}
+    if all(bodies[f] is getattr(prim, f) for f in prim.body_fields):
+        return stmt
+    return Let(stmt.outs, dataclasses.replace(prim, **bodies), stmt.args)
+
+
+def _body(body: Program) -> Program:
+    out: list[Let] = []
+    for stmt in body.stmts:
+        stmt = _in_bodies(stmt)
+        if isinstance(stmt.prim, Map):
+            lifted, stmt = _lifted(stmt)
+            out += lifted
+        out.append(stmt)
+    if len(out) == len(body.stmts) and all(a is b for a, b in zip(out, body.stmts)):
+        return body
+    return dataclasses.replace(body, stmts=tuple(out), meta=dict(body.meta))
+
+
+def _lifted(stmt: Let) -> tuple[list[Let], Let]:
+    """(the statements moved out of the map `stmt`, written on its outer values; the map capturing their
+    results)."""
+    prim, body = stmt.prim, stmt.prim.body
+    consts = body.inputs[: prim.num_consts]
+    invariant = set(consts)
+    moved: list[Let] = []
+    for inner in body.stmts:
+        reads = [a for a in inner.args if isinstance(a, Var)]
+        if reads and all(a in invariant for a in reads) and any(a in invariant for a in reads):
+            moved.append(inner)
+            invariant.update(inner.outs)
+    if not moved:
+        return [], stmt
+    gone = {id(s) for s in moved}
+    kept = [s for s in body.stmts if id(s) not in gone]
+    read_after = {a for s in kept for a in s.args if isinstance(a, Var)} | {o for o in body.outputs if isinstance(o, Var)}
+    results = [v for s in moved for v in s.outs if v in read_after]
+    outer = {v: a for v, a in zip(consts, stmt.args[: prim.num_consts], strict=True)}
+    for s in moved:
+        outer.update({v: Var(v.aval) for v in s.outs})
+    lifted = [Let(tuple(outer[v] for v in s.outs), s.prim,
+                  tuple(outer.get(a, a) if isinstance(a, Var) else a for a in s.args)) for s in moved]
+    inputs = tuple(consts) + tuple(results) + tuple(body.inputs[prim.num_consts:])
+    _, in_tree = tree_flatten(tuple(range(len(inputs))))
+    new_body = Program(inputs, tuple(kept), body.outputs, in_tree, body.out_tree, dict(body.meta))
+    args = tuple(stmt.args[: prim.num_consts]) + tuple(outer[v] for v in results) + tuple(stmt.args[prim.num_consts:])
+    return lifted, Let(stmt.outs, dataclasses.replace(prim, body=new_body, num_consts=prim.num_consts + len(results)), args)
