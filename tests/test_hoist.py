@@ -90,3 +90,13 @@ def test_the_top_levels_maps_and_statements_of_literals_stay():
 
     outer, inner = _maps(dce(cse(fold.trace(positions, Q))))
     assert _count(inner.prim.body, Iota) == 1
+
+
+def test_a_loop_is_lifted_but_a_cheap_comparison_of_its_result_stays_in_the_row_loop():
+    def f(X):
+        return fold.map(lambda x: fold.sum(fold.map(lambda v: fold.where(fold.sum(x) > 0.0, v, -v), x)), X)
+
+    outer, inner = _maps(dce(cse(fold.trace(f, Q))))
+    assert _count(outer.prim.body, SumAxes) == 2 and _count(inner.prim.body, SumAxes) == 0
+    assert sum(getattr(s.prim, "op", None) == "gt" for s in inner.prim.body.stmts) == 1
+    np.testing.assert_allclose(fold.jit(f)(Q), np.where(Q.sum(1) > 0, 1, -1) * Q.sum(1), rtol=1e-12)
