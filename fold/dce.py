@@ -5,6 +5,7 @@ computing them."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterable, Sequence
 
 from .ir import Let, Program, Var
 from .primitives import Map
@@ -38,3 +39,16 @@ def _needed_map_results(stmt: Let, needed: set) -> Let:
     body = Program(body.inputs, body.stmts, tuple(body.outputs[k] for k in keep), body.in_tree, out_tree,
                    dict(body.meta))
     return Let(tuple(stmt.outs[k] for k in keep), dataclasses.replace(stmt.prim, body=body), stmt.args)
+
+
+def with_producers(stmts: Sequence[Let], roots: Iterable[Let]) -> set[int]:
+    """The ids of `roots` and of every statement among `stmts` whose results they read, directly or not."""
+    produced = {v: s for s in stmts for v in s.outs}
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        stmt = todo.pop()
+        if id(stmt) not in found:
+            found.add(id(stmt))
+            todo += [produced[a] for a in stmt.args if isinstance(a, Var) and a in produced]
+    return found

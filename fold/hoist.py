@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .dce import with_producers
 from .ir import Let, Program, Var
 from .primitives import Elementwise, Map, MatMul, Reduce, Scan, SumAxes
 from .pytree import tree_flatten
@@ -63,19 +64,8 @@ _TRANSCENDENTAL = ("exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sqrt",
 
 def _worth_moving(moved: list[Let]) -> list[Let]:
     """The invariant statements that run a loop or a transcendental function, with what they read."""
-    produced = {v: s for s in moved for v in s.outs}
-    keep: set[int] = set()
-
-    def need(s: Let) -> None:
-        if id(s) not in keep:
-            keep.add(id(s))
-            for a in s.args:
-                if isinstance(a, Var) and a in produced:
-                    need(produced[a])
-
-    for s in moved:
-        if isinstance(s.prim, _COSTLY_PRIMS) or (isinstance(s.prim, Elementwise) and s.prim.op in _TRANSCENDENTAL):
-            need(s)
+    keep = with_producers(moved, [s for s in moved if isinstance(s.prim, _COSTLY_PRIMS) or (
+        isinstance(s.prim, Elementwise) and s.prim.op in _TRANSCENDENTAL)])
     return [s for s in moved if id(s) in keep]
 
 

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from fold.dce import with_producers
 from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
@@ -533,17 +534,7 @@ def row_scalars(body: Program) -> tuple[Program, Program] | None:
     loops = [s for s in body.stmts if isinstance(s.prim, _LOOPING)]
     if any(o.aval.shape != () for s in loops for o in s.outs):
         return None
-    head: set[int] = set()
-
-    def need(stmt) -> None:
-        if id(stmt) not in head:
-            head.add(id(stmt))
-            for a in stmt.args:
-                if isinstance(a, Var) and a in produced:
-                    need(produced[a])
-
-    for stmt in loops:
-        need(stmt)
+    head = with_producers(body.stmts, loops)
     for stmt in body.stmts:  # in order: a scalar of scalars the head makes is made there too
         if all(o.aval.shape == () for o in stmt.outs) and all(
                 not isinstance(a, Var) or a not in produced or id(produced[a]) in head for a in stmt.args):
