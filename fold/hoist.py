@@ -5,8 +5,8 @@ largest cosine similarity over the keys, written `sum(q * k) / sqrt(sum(q * q) *
 the keys, summed q * q once per key. `hoist_invariants(program)` moves such statements (those reading a
 captured value, and those reading only what was moved) to just before the map, which captures their
 results instead: computed once per run of the map. Only what costs is moved (a loop, a transcendental
-function, and what those read): a cheap comparison of a captured scalar stays in the row loop. Innermost maps first, so that a value invariant in two
-enclosing maps rises through both.
+function, and what those read): a cheap comparison of a captured scalar stays in the row loop. Innermost
+maps first, so that a value invariant in two enclosing maps rises through both.
 
 Only maps inside bodies: a map at the top level is left as it is, so that a fusion of the program's own
 statements sees the statements it saw (as cse leaves the top level alone). Statements that read no captured
@@ -19,7 +19,7 @@ import dataclasses
 
 from .dce import with_producers
 from .ir import Let, Program, Var
-from .primitives import Elementwise, Map, MatMul, Reduce, Scan, SumAxes
+from .primitives import LOOPING, TRANSCENDENTAL, Elementwise, Map
 from .pytree import tree_flatten
 
 
@@ -58,14 +58,12 @@ def _body(body: Program) -> Program:
 # what is worth computing once: a loop (a sum of the captured row) or a transcendental function; a cheap scalar
 # comparison or product stays where it is (a compiler hoists it from a row loop itself, and a nest that kept
 # it there ran the natural cross-entropy's gradient 12-16% faster than one capturing it)
-_COSTLY_PRIMS = (Map, Reduce, Scan, SumAxes, MatMul)
-_TRANSCENDENTAL = ("exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sqrt", "sigmoid", "logaddexp")
 
 
 def _worth_moving(moved: list[Let]) -> list[Let]:
     """The invariant statements that run a loop or a transcendental function, with what they read."""
-    keep = with_producers(moved, [s for s in moved if isinstance(s.prim, _COSTLY_PRIMS) or (
-        isinstance(s.prim, Elementwise) and s.prim.op in _TRANSCENDENTAL)])
+    keep = with_producers(moved, [s for s in moved if isinstance(s.prim, LOOPING) or (
+        isinstance(s.prim, Elementwise) and s.prim.op in TRANSCENDENTAL)])
     return [s for s in moved if id(s) in keep]
 
 
@@ -78,7 +76,7 @@ def _lifted(stmt: Let) -> tuple[list[Let], Let]:
     moved: list[Let] = []
     for inner in body.stmts:
         reads = [a for a in inner.args if isinstance(a, Var)]
-        if reads and all(a in invariant for a in reads) and any(a in invariant for a in reads):
+        if reads and all(a in invariant for a in reads):
             moved.append(inner)
             invariant.update(inner.outs)
     moved = _worth_moving(moved)

@@ -2,7 +2,7 @@
 
 from .ad_support import IndexTranspose, LoopSaving, StopGradient
 from .combinators import Loop, Map, Reduce, ReduceByIndex, Scan
-from .elementwise import SCALAR_OPS, Elementwise, ScalarOp
+from .elementwise import SCALAR_OPS, TRANSCENDENTAL, Elementwise, ScalarOp
 from .gemm import GemmBlockSum, GemmMapReduce
 from .structural import (
     BroadcastTo,
@@ -17,7 +17,10 @@ from .structural import (
     Transpose,
 )
 
+# the statements that run a loop over an array (within a map body: per row)
+LOOPING = (Map, Reduce, Scan, SumAxes, MatMul)
+
 __all__ = [
-    "SCALAR_OPS", "BroadcastTo", "IndexTranspose", "LoopSaving", "StopGradient", "Concatenate", "Convert", "Elementwise", "Gather", "GemmBlockSum", "GemmMapReduce", "Iota", "Loop", "Map",
+    "LOOPING", "SCALAR_OPS", "TRANSCENDENTAL", "BroadcastTo", "IndexTranspose", "LoopSaving", "StopGradient", "Concatenate", "Convert", "Elementwise", "Gather", "GemmBlockSum", "GemmMapReduce", "Iota", "Loop", "Map",
     "MatMul", "Reduce", "ReduceByIndex", "Reshape", "ScalarOp", "Scan", "StaticIndex", "SumAxes", "Transpose",
 ]

@@ -19,6 +19,9 @@ from ..tracing import shape_rules
 # kinds: "arith" keeps the promoted dtype; "float" promotes integers and bools to float64 first;
 # "compare" gives bool; "logical" takes and gives bool; "select" is where(cond, a, b).
 KINDS = ("arith", "float", "compare", "logical", "select")
+# operations that call a function costing many adds (computed once where they would be repeated: a loop
+# nest stores an array made with one before reading it again; a map's invariant one is lifted out of it)
+TRANSCENDENTAL = ("exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sqrt", "sigmoid", "logaddexp")
 
 
 @dataclass(frozen=True)

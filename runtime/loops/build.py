@@ -31,11 +31,11 @@ from fold.dce import with_producers
 from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
-from fold.primitives import (BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
+from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
-from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL, TRANSCENDENTAL_CALLS
+from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 from .text import defined, names, pure as is_pure, statement_lines
@@ -531,7 +531,7 @@ def row_scalars(body: Program) -> tuple[Program, Program] | None:
     as inputs after the body's own. None where a loop gives an array, the tail runs a loop or a
     transcendental function, or nothing is left for it."""
     produced = {v: s for s in body.stmts for v in s.outs}
-    loops = [s for s in body.stmts if isinstance(s.prim, _LOOPING)]
+    loops = [s for s in body.stmts if isinstance(s.prim, LOOPING)]
     if any(o.aval.shape != () for s in loops for o in s.outs):
         return None
     head = with_producers(body.stmts, loops)
@@ -553,7 +553,7 @@ def row_scalars(body: Program) -> tuple[Program, Program] | None:
             if isinstance(a, Var) and a in produced:
                 again(produced[a])
     tail = [s for s in body.stmts if id(s) in rest]
-    if not tail or any(isinstance(s.prim, _LOOPING) or _transcendental(s.prim) for s in tail):
+    if not tail or any(isinstance(s.prim, LOOPING) or _transcendental(s.prim) for s in tail):
         return None
     made = {v for s in body.stmts if id(s) in head and id(s) not in rest for v in s.outs}
     crossing = list(dict.fromkeys([a for s in tail for a in s.args if isinstance(a, Var) and a in made]
@@ -565,9 +565,6 @@ def row_scalars(body: Program) -> tuple[Program, Program] | None:
     tail_program = Program(tuple(body.inputs) + tuple(crossing), tuple(tail), body.outputs,
                            _tuple_tree(len(body.inputs) + len(crossing)), body.out_tree, {})
     return head_program, tail_program
-
-
-_LOOPING = (Map, Reduce, SumAxes, MatMul, Scan)
 
 
 def _transcendental(prim) -> bool:

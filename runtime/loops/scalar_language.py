@@ -5,6 +5,8 @@ helpers it calls (`_minimum`, `_logaddexp`, ...) are each backend's (scalar_help
 
 from __future__ import annotations
 
+from fold.primitives.elementwise import TRANSCENDENTAL
+
 TEMPLATES = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
     "mod": "_mod({0}, {1})", "floordiv": "_floordiv({0}, {1})", "maximum": "_maximum({0}, {1})",
@@ -19,5 +21,4 @@ TEMPLATES = {
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 # operations that call a function costing many adds: an array computed with one is stored before a map reads
 # its elements again for every element of a result row (build.py), rather than computed at each read
-TRANSCENDENTAL = ("exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sqrt", "sigmoid", "logaddexp")
 TRANSCENDENTAL_CALLS = tuple(TEMPLATES[op].split("{0}")[0] for op in TRANSCENDENTAL)
