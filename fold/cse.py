@@ -25,17 +25,19 @@ from .hoist import hoist_invariants
 from .ir import Let, Lit, Program, Var
 from .primitives import Map
 from .pytree import tree_flatten
+from .scatter_sums import scatter_sums
 
 
 def cse(program: Program) -> Program:
     """`program` with repeated statements in its combinators' bodies computed once (see the module's
-    docstring), and what a map in a body computes alike for every row computed before it (hoist.py); the
-    program itself where nothing repeats."""
+    docstring), what a map in a body computes alike for every row computed before it (hoist.py), and a sum
+    over a map's rows of scatter-adds as one scatter-add (scatter_sums.py); the program itself where nothing
+    changes."""
     done: dict[int, tuple[Program, Program]] = {}  # a body shared by statements is cleaned once, and stays shared
     stmts = tuple(_with_clean_bodies(s, done) for s in program.stmts)
     if not all(a is b for a, b in zip(stmts, program.stmts)):
         program = dataclasses.replace(program, stmts=stmts, meta=dict(program.meta))
-    return hoist_invariants(program)
+    return scatter_sums(hoist_invariants(program))
 
 
 def _with_clean_bodies(stmt: Let, done: dict) -> Let:
