@@ -1261,3 +1261,55 @@ def test_a_rows_array_read_by_its_loop_and_by_its_result_is_made_again_not_store
     diff = X[:, None, :] - Y[None, :, :]
     t = np.exp(-0.5 * (diff * diff).sum(axis=2))
     np.testing.assert_allclose(fold.jit(grad)(X, Y), -(t[:, :, None] * diff).sum(axis=1), rtol=1e-10, atol=1e-12)
+
+
+def _windows(x, w, offset=0):
+    k = w.shape[0]
+    return fold.map(lambda j: fold.sum(x[j + offset + fold.iota(k)] * w), fold.iota(x.shape[0] - k + 1))
+
+
+@pytest.mark.parametrize("offset", [0, -3])
+def test_a_gather_at_indices_known_in_range_is_a_read_of_the_nest(offset):
+    # j + offset + t lies in [offset, n - 1 + offset]: in range, or counting from the end where negative
+    x, w = rng.normal(size=400), rng.normal(size=5)
+    program, kernels = _nests(lambda x, w: _windows(x, w, offset), x, w)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
+    (kernel,) = kernels
+    assert [p.dtype.kind for p in kernel.inputs] == ["f", "f"], describe(kernel)  # the windows' starts are its index
+    got, want = _both(lambda x, w: _windows(x, w, offset), x, w)
+    _close(got, want, 1e-12)
+    assert np.isclose(got[0], x[offset: offset + 5] @ w if offset >= 0 else np.r_[x[offset:], x[:offset + 5]] @ w)
+
+
+def test_a_gather_at_indices_not_known_in_range_stays_a_checked_statement():
+    E, v = rng.normal(size=(20, 4)), rng.normal(size=4)
+
+    def scores(E, v, tokens):
+        return fold.map(lambda t: fold.sum(E[t] * v), tokens)
+
+    tokens = rng.integers(0, 20, 50)
+    program, kernels = _nests(scores, E, v, tokens)
+    assert not kernels, program
+    got, want = _both(scores, E, v, tokens)
+    _close(got, want, 1e-12)
+    with pytest.raises(fold.FoldError, match="20"):
+        fold.jit(scores, backend="numba")(E, v, np.r_[tokens, 20])
+
+
+def test_a_histogram_of_each_rows_indices_bins_them_as_the_map_makes_them():
+    # a convolution's gradient: each window's cotangents scattered at its indices (fold/scatter_sums.py)
+    x, w = rng.normal(size=3000), rng.normal(size=6)
+
+    def loss(x, w):
+        return fold.sum(fold.tanh(_windows(x, w)))
+
+    from fold.cse import cse
+    from fold.dce import dce
+
+    program = prepare(dce(cse(fold.trace(fold.grad(loss), x, w))), whole_arrays=True)  # as fold.jit prepares it
+    rows = x.shape[0] - w.shape[0] + 1
+    assert not [s for s in program.stmts for o in s.outs if o.aval.shape[:1] == (rows,) and o.aval.ndim == 2], program
+    assert any(isinstance(s.prim, fold.primitives.ReduceByIndex)
+               for s in program.stmts if isinstance(s.prim, LoopNest) for s in s.prim.program.stmts), program
+    got, want = _both(fold.grad(loss), x, w)
+    _close(got, want, 1e-12)

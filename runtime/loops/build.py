@@ -12,8 +12,9 @@ Every value is one of three kinds while a body is written:
   (or read from inside a loop over something else) and costs a loop or a transcendental function to
   compute, which would otherwise be recomputed at every read.
 
-A scan of a row is a sequential loop storing each prefix. Statements with no rule here (gathers, histograms,
-folds or scans of elements that are not scalars) raise
+A scan of a row is a sequential loop storing each prefix. A gather is a read at its index where the indices
+are known to be in range (facts.py's bounds). Statements with no rule here (gathers at indices not known to be
+in range, histograms, folds or scans of elements that are not scalars) raise
 `NotNestable`, and the statements stay as they were.
 """
 
@@ -31,7 +32,8 @@ from fold.dce import with_producers
 from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
-from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Convert, Elementwise, Iota, Map, MatMul, Reduce, Reshape, Scan,
+from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Convert, Elementwise, Gather, Iota, Map, MatMul, Reduce,
+                             Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
@@ -57,6 +59,7 @@ class Scalar:
     dtype: np.dtype
     shape: tuple = ()
     zero_unless: str | None = None  # the value is 0 unless this condition (computed before) holds
+    bounds: tuple[int, int] | None = None  # an integer known to lie in [low, high]
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Pull:
     index_axis: int | None = None  # element idx equals idx[axis] (an iota, broadcast or reshaped)
     splat: str | None = None  # every element equals this scalar
     equals: tuple[int, str] | None = None  # element idx is (idx[axis] == this scalar)
+    bounds: tuple[int, int] | None = None  # every element is an integer in [low, high]
 
 
 @dataclass(frozen=True)
@@ -279,7 +283,8 @@ class Writer:
         if isinstance(atom, Lit):
             dtype = atom.aval.dtype
             if atom.aval.shape == ():
-                return Scalar(literal(atom.value, dtype), dtype)
+                known = (int(atom.value),) * 2 if dtype.kind in "iu" else None
+                return Scalar(literal(atom.value, dtype), dtype, bounds=known)
             return Stored(self.constant(np.asarray(atom.value)), atom.aval.shape, dtype)
         return env[atom]
 
@@ -346,7 +351,8 @@ def _stop_gradient(w: Writer, prim, args: list[Value], out_avals) -> list[Value]
 @_rules.register(Iota)
 def _iota(w: Writer, prim: Iota, args, out_avals) -> list[Value]:
     dtype = np.dtype(prim.dtype)
-    return [Pull((prim.n,), dtype, lambda w, idx: f"np.{dtype.name}({idx[0]})", False, index_axis=0)]
+    known = (0, prim.n - 1) if dtype.kind in "iu" else None
+    return [Pull((prim.n,), dtype, lambda w, idx: f"np.{dtype.name}({idx[0]})", False, index_axis=0, bounds=known)]
 
 
 @_rules.register(BroadcastTo)
@@ -434,6 +440,25 @@ def _static_index(w: Writer, prim: StaticIndex, args: list[Value], out_avals) ->
     return [_scalar_or_pull(w, tuple(out.shape), x.dtype, element, _heavy(x))]
 
 
+@_rules.register(Gather)
+def _gather(w: Writer, prim: Gather, args: list[Value], out_avals) -> list[Value]:
+    """x[idx] along x's first axis: a read at the index, where the indices are known to lie in [-n, n) (an
+    iota, a map's index, and sums of those; a negative one counts from the end); otherwise NotNestable, and
+    the gather stays a statement of its own, which checks them."""
+    (x, idx), out = args, out_avals[0]
+    n, known = x.shape[0], getattr(idx, "bounds", None)
+    if known is None or not (-n <= known[0] and known[1] < n):
+        raise NotNestable(f"a gather at indices not known to lie in [-{n}, {n})")
+    lead = len(idx.shape)
+
+    def element(w: Writer, at: tuple) -> str:
+        k = w.element(idx, at[:lead])
+        k = k if known[0] >= 0 else w.assign(f"({k} + {n} if {k} < 0 else {k})")
+        return w.element(x, (k,) + tuple(at[lead:]))
+
+    return [_scalar_or_pull(w, tuple(out.shape), x.dtype, element, _heavy(x, idx))]
+
+
 def _summed(w: Writer, x: Value, axes: tuple[int, ...], idx: tuple, dtype: np.dtype) -> str:
     """The sum of x over `axes` at the other axes' index `idx`, in a loop written here; over a one-hot axis,
     only its one index is read (none if it is out of range)."""
@@ -490,11 +515,12 @@ def _row(w: Writer, x: Value, i: str) -> Value:
     """Row `i` of x (a map's element); a one-hot x's row is zero unless i is its index."""
     onehot = getattr(x, "onehot", None)
     zero_unless = f"({i} == {onehot[1]})" if onehot is not None and onehot[0] == 0 else getattr(x, "zero_unless", None)
+    known = getattr(x, "bounds", None)
     if x.shape[1:] == ():
-        return Scalar(w.assign(w.element(x, (i,))), x.dtype, zero_unless=zero_unless)
+        return Scalar(w.assign(w.element(x, (i,))), x.dtype, zero_unless=zero_unless, bounds=known)
     inner = (onehot[0] - 1, onehot[1]) if onehot is not None and onehot[0] > 0 else None
     return Pull(x.shape[1:], x.dtype, lambda w, idx: w.element(x, (i,) + idx), _heavy(x), zero_unless=zero_unless,
-                onehot=inner)
+                onehot=inner, bounds=known)
 
 
 @_rules.register(Map)

@@ -10,7 +10,10 @@ an array element by element would do k times the work it needs. These facts let 
 - `onehot`: the element at idx is 0 unless idx[axis] == s: `where(equals, x, 0)`, kept by products, negation,
   conversion, and by a map whose rows vanish with such a row;
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
-  what products and sums of such rows make.
+  what products and sums of such rows make;
+- `bounds`: an integer value's elements lie in [low, high]: an iota's, a literal's, a map's index over an
+  iota, and sums, differences, minima, maxima and selections of those (interval arithmetic). A gather at
+  such indices reads without a check.
 
 A consumer that adds up a one-hot array (a sum over the map's axis, a sum over the one-hot axis, a matrix
 product contracting it) reads the one index s instead of all of them, and none when s is out of range. As
@@ -51,8 +54,31 @@ def is_zero(value: Any) -> bool:
     return value.shape == () and hasattr(value, "expr") and value.expr in (literal(0, value.dtype), literal(0.0, value.dtype))
 
 
+def _bounded(op: str, args: list) -> tuple[int, int] | None:
+    """[low, high] of an integer result from its arguments' (interval arithmetic), where every one is known."""
+    known = [_fact(a, "bounds") for a in args]
+    if op not in _INTERVALS or any(b is None for b in known[-2:]):
+        return None
+    return _INTERVALS[op](*known)
+
+
+_INTERVALS = {
+    "add": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    "sub": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+    "maximum": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
+    "minimum": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
+    "where": lambda cond, a, b: (min(a[0], b[0]), max(a[1], b[1])),
+}
+
+
 def elementwise_facts(op: str, args: list, out: Any) -> dict:
     """The facts of `op`'s result from its arguments'."""
+    facts = _zero_facts(op, args)
+    bounds = _bounded(op, args) if out.dtype.kind in "iu" else None
+    return facts if bounds is None else {**facts, "bounds": bounds}
+
+
+def _zero_facts(op: str, args: list) -> dict:
     if op == "eq":
         for x, y in ((args[0], args[1]), (args[1], args[0])):
             axis, s = _fact(x, "index_axis"), _splat(y)
@@ -83,7 +109,7 @@ def broadcast_facts(x: Any, lead: int) -> dict:
         return None if fact is None or x.shape[fact[0]] == 1 else (fact[0] + lead,) + tuple(fact[1:])
 
     facts = {"zero_unless": _fact(x, "zero_unless"), "onehot": moved(_fact(x, "onehot")),
-             "equals": moved(_fact(x, "equals")), "splat": _splat(x)}
+             "equals": moved(_fact(x, "equals")), "splat": _splat(x), "bounds": _fact(x, "bounds")}
     axis = _fact(x, "index_axis")
     if axis is not None and x.shape[axis] != 1:
         facts["index_axis"] = axis + lead
@@ -94,7 +120,7 @@ def reshape_facts(x: Any, shape: tuple[int, ...]) -> dict:
     """A reshape that only adds or drops axes of length 1 keeps the axis facts, renumbered."""
     kept = [n for n in x.shape if n != 1]
     if kept != [n for n in shape if n != 1]:
-        return {"zero_unless": _fact(x, "zero_unless"), "splat": _fact(x, "splat")}
+        return {"zero_unless": _fact(x, "zero_unless"), "splat": _fact(x, "splat"), "bounds": _fact(x, "bounds")}
     old = [j for j, n in enumerate(x.shape) if n != 1]
     new = [j for j, n in enumerate(shape) if n != 1]
     where = dict(zip(old, new))
@@ -104,4 +130,5 @@ def reshape_facts(x: Any, shape: tuple[int, ...]) -> dict:
 
     axis = _fact(x, "index_axis")
     return {"zero_unless": _fact(x, "zero_unless"), "splat": _fact(x, "splat"), "onehot": moved(_fact(x, "onehot")),
-            "equals": moved(_fact(x, "equals")), "index_axis": where.get(axis) if axis is not None else None}
+            "equals": moved(_fact(x, "equals")), "index_axis": where.get(axis) if axis is not None else None,
+            "bounds": _fact(x, "bounds")}

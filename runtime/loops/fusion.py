@@ -28,6 +28,7 @@ replaced as a program of its own, which the numpy implementation runs: a backend
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ import fold
 
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Map, MatMul, Reduce, ReduceByIndex, Scan, SumAxes
+from fold.primitives import Iota, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
@@ -130,6 +131,12 @@ def _consumers(stmt: Let, readers: dict, uses: Counter, histograms: bool) -> tup
         if binned or (isinstance(reader.prim, Reduce) and _folds_exactly(reader, read)):
             found = [reader], [v for v in used if v not in read]
             break
+    flattened = _flattened(alone, readers, uses) if histograms and found is None else {}
+    for reader in dict.fromkeys(readers[f.outs[0]] for f in flattened.values()):
+        read = [v for v in alone if v in flattened and readers[flattened[v].outs[0]] is reader]
+        if isinstance(reader.prim, ReduceByIndex) and _bins(reader, [flattened[v].outs[0] for v in read], rows=True):
+            found = [flattened[v] for v in read] + [reader], [v for v in used if v not in read]
+            break
     if found is not None and found[1] and _of_scalars(stmt.prim.body):
         return None
     return found
@@ -143,14 +150,29 @@ def _folds_exactly(reader: Let, read: list[Var]) -> bool:
             and nestable(reader.prim.body) is None)
 
 
-def _bins(reader: Let, used: list[Var]) -> bool:
+def _bins(reader: Let, used: list[Var], rows: bool = False) -> bool:
     """Whether the histogram `reader` bins the map's results `used` (each once, as its values, or as its
-    indices) and nothing else the map makes, with an operator the nest can write."""
+    indices) and nothing else the map makes, with an operator the nest can write. `rows`: `used` are the
+    map's rows flattened, indices and values alike."""
     rbi = reader.prim
     k, nc = rbi.num_leaves, rbi.num_consts
     indices, leaves = reader.args[nc + k], reader.args[nc + k + 1:]
     from_map = set(leaves) | ({indices} & set(used))
-    return rbi.n > 0 and from_map == set(used) and indices.aval.ndim == 1 and nestable(rbi.body) is None
+    return (rbi.n > 0 and from_map == set(used) and indices.aval.ndim == 1 and nestable(rbi.body) is None
+            and (not rows or indices in used))
+
+
+def _flattened(results: list[Var], readers: dict, uses: Counter) -> dict[Var, Let]:
+    """The map's results of rows of vectors that one reshape flattens, read once ({result: the reshape}): a
+    scatter-add per row summed over the rows (fold/scatter_sums.py) bins them all."""
+    found = {}
+    for v in results:
+        reader = readers[v]
+        if (isinstance(reader.prim, Reshape) and len(v.aval.shape) == 2 and uses[reader.outs[0]] == 1
+                and tuple(reader.prim.shape) == (v.aval.shape[0] * v.aval.shape[1],)
+                and readers.get(reader.outs[0]) is not None):
+            found[v] = reader
+    return found
 
 
 def _as_reduces(consumers: list[Let]) -> list[Let]:
@@ -213,7 +235,7 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
         consumers, kept = found if placed is not None else (None, [])
         folding = None if consumers is None else _as_reduces(consumers)
         folded = folds_of_scalar_maps and folding is not None and isinstance(folding[0].prim, Reduce)
-        binned = consumers is not None and isinstance(consumers[0].prim, ReduceByIndex)
+        binned = consumers is not None and isinstance(consumers[-1].prim, ReduceByIndex)
         if not _candidate(stmt, folded, row_folds, binned):
             stmts.append(stmt)
             continue
@@ -225,7 +247,7 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
             stmts.append(stmt)
             continue
         group = [stmt] + (folding or consumers)
-        nest = _loop_nest(group, kept)
+        nest = _loop_nest(group, kept, _iotas_read(stmt, produced_by))
         if nest is None:
             stmts.append(stmt)
             continue
@@ -235,7 +257,17 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
         stmts += before + [nest] + after
     if len(stmts) == len(program.stmts) and all(a is b for a, b in zip(stmts, program.stmts)):
         return program
+    read = {a for s in stmts for a in s.args} | set(program.outputs)
+    stmts = [s for s in stmts if not (isinstance(s.prim, Iota) and s.outs[0] not in read)]  # made in the nests now
     return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+
+
+def _iotas_read(stmt: Let, produced_by: dict) -> list[Let]:
+    """The iotas the map `stmt` maps over: the nest makes their elements (its index) instead of reading
+    arrays of them, and knows their bounds (a gather at such an index needs no check)."""
+    xs = stmt.args[stmt.prim.num_consts:]
+    return list(dict.fromkeys(produced_by[a] for a in xs if isinstance(a, Var) and a in produced_by
+                              and isinstance(produced_by[a].prim, Iota)))
 
 
 def _placed_around(program: Program, stmt: Let, consumers: list[Let], kept: list[Var], absorbed: set[int]):
@@ -259,12 +291,16 @@ def _placed_around(program: Program, stmt: Let, consumers: list[Let], kept: list
     return before, after
 
 
-def _loop_nest(group: list[Let], kept: Sequence[Var] = ()) -> Let | None:
+def _loop_nest(group: list[Let], kept: Sequence[Var] = (), made_inside: Sequence[Let] = ()) -> Let | None:
     """The group as one LoopNest statement (its results: the map's `kept` results, then its consumers'), or
-    None if the nest cannot be built for it."""
+    None if the nest cannot be built for it. `made_inside`: statements of no arguments (iotas) the map
+    reads, which the nest makes again itself."""
+    # a reshape flattening the map's rows for a histogram is read inside the nest alone
+    outs = (tuple(kept) + tuple(v for s in group[1:] if not isinstance(s.prim, Reshape) for v in s.outs)
+            if len(group) > 1 else tuple(group[0].outs))
+    group = list(made_inside) + list(group)
     inner = {v for s in group for v in s.outs}
     args = list(dict.fromkeys(a for s in group for a in s.args if isinstance(a, Var) and a not in inner))
-    outs = tuple(kept) + tuple(v for s in group[1:] for v in s.outs) if len(group) > 1 else tuple(group[0].outs)
     remap = {a: Var(a.aval) for a in args}
     stmts = tuple(Let(s.outs, s.prim, tuple(remap.get(a, a) if isinstance(a, Var) else a for a in s.args)) for s in group)
     _, in_tree = tree_flatten(tuple(range(len(args))))
@@ -313,12 +349,15 @@ def _build(program: Program) -> tuple[Kernel, dict]:
         name = f"in{j}"
         params.append(Param(name, tuple(v.aval.shape), v.aval.dtype, "input"))
         env[v] = Stored(name, tuple(v.aval.shape), v.aval.dtype)
-    map_stmt = program.stmts[0]
+    made_inside = list(itertools.takewhile(lambda s: not isinstance(s.prim, Map), program.stmts))
+    for stmt in made_inside:  # iotas (fuse's _iotas_read): their elements are the index
+        (env[stmt.outs[0]],) = w.body(Program((), (stmt,), stmt.outs, None, None, {}), [])
+    map_stmt, readers = program.stmts[len(made_inside)], program.stmts[len(made_inside) + 1:]
     prim = map_stmt.prim
     values = [w.value(a, env) for a in map_stmt.args]
     consts, xs = values[: prim.num_consts], values[prim.num_consts:]
     for v in (consts + xs):
-        if not isinstance(v, (Stored, Scalar)):
+        if not isinstance(v, (Stored, Scalar)) and not (isinstance(v, Pull) and not v.heavy):
             raise NotNestable("a map's argument that is not stored")
     n = int(map_stmt.outs[0].aval.shape[0])
     outputs = [f"out{j}" for j in range(len(program.outputs))]
@@ -327,7 +366,7 @@ def _build(program: Program) -> tuple[Kernel, dict]:
     index = "i"
     w.blocks.append([])
     rows = map_row(w, prim.body, consts, xs, index)
-    if len(program.stmts) == 1:
+    if not readers:
         store_rows(w, outputs, rows, (index,))
         outer = ParallelMap(index, n, tuple(w.blocks.pop()))
         return prune(Kernel(tuple(params), outer)), constants
@@ -336,12 +375,13 @@ def _build(program: Program) -> tuple[Kernel, dict]:
     kept = [v for v in program.outputs if v in by_var]
     store_rows(w, outputs[: len(kept)], [by_var[v] for v in kept], (index,))
     folded = outputs[len(kept):]
-    if isinstance(program.stmts[1].prim, SumAxes):
-        outer = _sums(w, program.stmts[1:], map_stmt, rows, folded, index, n)
-    elif isinstance(program.stmts[1].prim, ReduceByIndex):
-        outer = _histogram(w, program.stmts[1], map_stmt, rows, env, folded, index, n)
+    if isinstance(readers[0].prim, SumAxes):
+        outer = _sums(w, readers, map_stmt, rows, folded, index, n)
+    elif isinstance(readers[-1].prim, ReduceByIndex):
+        flattened = {r.outs[0]: r.args[0] for r in readers[:-1]}  # the map's rows flattened (_flattened)
+        outer = _histogram(w, readers[-1], map_stmt, rows, env, folded, index, n, flattened)
     else:
-        outer = _fold(w, program.stmts[1], map_stmt, rows, env, folded, index, n)
+        outer = _fold(w, readers[0], map_stmt, rows, env, folded, index, n)
     return prune(Kernel(tuple(params), outer)), constants
 
 
@@ -397,14 +437,17 @@ def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs:
 
 
 def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs: list[str], index: str,
-               n: int) -> ParallelFold:
+               n: int, flattened: dict | None = None) -> ParallelFold:
     """The ParallelFold of the histogram `reader` of the map's rows: each state is the bins of one leaf,
-    (bins,) + the element's shape; an index outside the bins is ignored, as reduce_by_index says."""
+    (bins,) + the element's shape; an index outside the bins is ignored, as reduce_by_index says. Where the
+    histogram reads the rows flattened (`flattened`: the reshape's result -> the map's), each row's
+    elements are binned in order."""
     rbi = reader.prim
     k, nc = rbi.num_leaves, rbi.num_consts
     values = [w.value(a, env) for a in reader.args[: nc + k]]
     consts, identity = values[:nc], values[nc:]
     by_var = dict(zip(map_stmt.outs, rows, strict=True))
+    by_var.update({flat: by_var[v] for flat, v in (flattened or {}).items()})
     at = reader.args[nc + k]
     leaves = [by_var[v] for v in reader.args[nc + k + 1:]]
     dtypes = [a.aval.dtype for a in reader.outs]
@@ -415,8 +458,15 @@ def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, out
                    for a, d, out in zip(reader.outs, carried, outputs, strict=True))
     componentwise = recognize_binary_op(operator, nc) is not None
     where = by_var[at] if at in by_var else w.value(at, env)
-    b = w.assign(f"np.int64({w.element(where, () if at in by_var else (index,))})", "h")
-    w.guarded(f"0 <= {b} < {rbi.n}", lambda: _into_bin(w, operator, consts, states, b, leaves, componentwise))
+
+    def bin_one(lead: tuple, leaves: list) -> None:
+        b = w.assign(f"np.int64({w.element(where, lead)})", "h")
+        w.guarded(f"0 <= {b} < {rbi.n}", lambda: _into_bin(w, operator, consts, states, b, leaves, componentwise))
+
+    if flattened:  # a row of elements, each binned in turn
+        w.loop(where.shape[0], lambda j: bin_one((j,), [_element_of(w, leaf, j) for leaf in leaves]))
+    else:
+        bin_one(() if at in by_var else (index,), leaves)
     step = tuple(w.blocks.pop())
     init = tuple(node for s, e, d in zip(states, identity, dtypes, strict=True)
                  for node in _fill(w, s, lambda idx, s=s, e=e, d=d: cast(w.element(e, idx[1:]), s.dtype, d)))
@@ -426,6 +476,13 @@ def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, out
     w.loop(rbi.n, lambda bin_: _into_bin(w, operator, consts, states, bin_, [p(bin_) for p in partials], componentwise))
     w.blocks.pop()
     return ParallelFold(index, n, states, init, step, tuple(merge))
+
+
+def _element_of(w: Writer, row, j: str):
+    """Element j of a map's row (a vector of scalars, or of arrays), read here."""
+    if len(row.shape) == 1:
+        return Scalar(w.element(row, (j,)), row.dtype)
+    return Pull(row.shape[1:], row.dtype, lambda w, idx: w.element(row, (j,) + idx), getattr(row, "heavy", False))
 
 
 def _bin_view(name: str, lead: tuple, state: State):
