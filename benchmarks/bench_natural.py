@@ -72,12 +72,39 @@ def fresh_sizes(quick: bool) -> dict[str, dict[str, int]]:
             "cosine_max": dict(n=2048, m=2048, d=32), "huber": dict(n=10**6, d=32), "entropy": dict(n=10**4, m=1000)}
 
 
-SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes}
+CLASSES = 100  # the class_sums case's number of classes
+
+
+def family_sizes(quick: bool) -> dict[str, dict[str, int]]:
+    """`--set families`: programs of the families the earlier sets leave out, written in session 52 and
+    measured before any change for them: a linear recurrence (a scan of affine maps, a user operator), a 1-d
+    convolution reading its windows by index, a bilinear form per batch element (small matrix-vector
+    products), each row's two largest values as a reduce with a user operator of two leaves, and a loss over
+    per-class sums (a histogram)."""
+    if quick:
+        return {"recurrence": dict(n=1000), "conv1d": dict(n=1000, k=5), "bilinear": dict(n=300, d=4),
+                "top2": dict(n=100, m=40), "class_sums": dict(n=2000, d=8)}
+    return {"recurrence": dict(n=10**6), "conv1d": dict(n=10**6, k=16), "bilinear": dict(n=10**5, d=8),
+            "top2": dict(n=10**4, m=256), "class_sums": dict(n=10**6, d=32)}
+
+
+SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes, "families": family_sizes}
 
 
 def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     f32 = np.float32
+    if case == "recurrence":
+        return rng.uniform(0.5, 0.99, s["n"]).astype(f32), rng.normal(size=s["n"]).astype(f32)
+    if case == "conv1d":
+        return rng.normal(size=s["n"]).astype(f32), (rng.normal(size=s["k"]) / s["k"]).astype(f32)
+    if case == "bilinear":
+        return rng.normal(size=(s["n"], s["d"], s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
+    if case == "top2":
+        return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
+    if case == "class_sums":
+        return (0.1 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
+            rng.integers(0, CLASSES, s["n"])
     if case == "mlp2":
         return tuple((rng.normal(size=shape) / np.sqrt(shape[-1])).astype(f32)
                      for shape in ((s["h"], s["d"]), (s["o"], s["h"]), (s["n"], s["d"])))
@@ -118,6 +145,37 @@ def fold_natural(case: str) -> Callable:
     import fold
 
     M = fold.monoids
+    if case == "recurrence":
+        def compose(first, second):
+            (a1, b1), (a2, b2) = first, second
+            return a1 * a2, a2 * b1 + b2
+
+        return lambda a, b: fold.sum(fold.scan(compose, (a, b), identity=(1.0, 0.0))[1] ** 2)
+    if case == "conv1d":
+        def conv(x, w):
+            k = w.shape[0]
+            return fold.map(lambda j: fold.sum(x[j + fold.iota(k)] * w), fold.iota(x.shape[0] - k + 1))
+
+        return lambda x, w: fold.sum(fold.tanh(conv(x, w)))
+    if case == "bilinear":
+        return lambda As, xs: fold.sum(fold.map(lambda A, x: fold.sum(x * fold.map(lambda a: fold.sum(a * x), A)),
+                                                As, xs))
+    if case == "top2":
+        def top_two(first, second):
+            (a1, a2), (b1, b2) = first, second
+            return fold.maximum(a1, b1), fold.maximum(fold.minimum(a1, b1), fold.maximum(a2, b2))
+
+        def row(r):
+            best, second = fold.reduce(top_two, (r, r * 0.0 - np.inf), identity=(-np.inf, -np.inf))
+            return best + second
+
+        return lambda X: fold.sum(fold.map(row, X))
+    if case == "class_sums":
+        def loss(w, X, labels):
+            sums = fold.reduce_by_index(M.sum, CLASSES, labels, fold.map(lambda x: fold.sum(x * w), X))
+            return fold.sum(fold.tanh(sums))
+
+        return loss
     if case == "mlp2":
         def net(x, W1, W2):
             h = fold.map(lambda w: fold.tanh(fold.sum(x * w)), W1)
@@ -201,6 +259,27 @@ def jax_natural(case: str) -> Callable:
     from jax.scipy.special import logsumexp
 
     vmap = jax.vmap
+    if case == "recurrence":
+        def compose(first, second):
+            (a1, b1), (a2, b2) = first, second
+            return a1 * a2, a2 * b1 + b2
+
+        return lambda a, b: jnp.sum(jax.lax.associative_scan(compose, (a, b))[1] ** 2)
+    if case == "conv1d":
+        def conv(x, w):
+            k = w.shape[0]
+            return vmap(lambda j: jnp.sum(x[j + jnp.arange(k)] * w))(jnp.arange(x.shape[0] - k + 1))
+
+        return lambda x, w: jnp.sum(jnp.tanh(conv(x, w)))
+    if case == "bilinear":
+        return lambda As, xs: jnp.sum(vmap(lambda A, x: jnp.sum(x * vmap(lambda a: jnp.sum(a * x))(A)))(As, xs))
+    if case == "top2":
+        return lambda X: jnp.sum(vmap(lambda r: jnp.sum(jax.lax.top_k(r, 2)[0]))(X))
+    if case == "class_sums":
+        def loss(w, X, labels):
+            return jnp.sum(jnp.tanh(jax.ops.segment_sum(vmap(lambda x: jnp.sum(x * w))(X), labels, CLASSES)))
+
+        return loss
     if case == "mlp2":
         def net(x, W1, W2):
             h = vmap(lambda w: jnp.tanh(jnp.sum(x * w)))(W1)
