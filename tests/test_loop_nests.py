@@ -1313,3 +1313,18 @@ def test_a_histogram_of_each_rows_indices_bins_them_as_the_map_makes_them():
                for s in program.stmts if isinstance(s.prim, LoopNest) for s in s.prim.program.stmts), program
     got, want = _both(fold.grad(loss), x, w)
     _close(got, want, 1e-12)
+
+
+def test_a_map_of_maps_over_rows_of_arrays_that_folds_nothing_writes_its_rows_in_one_nest():
+    # the gradient of a bilinear form per batch element: an outer product per matrix, no fold anywhere
+    As, xs = rng.normal(size=(200, 5, 5)), rng.normal(size=(200, 5))
+
+    def forms(As, xs):
+        return fold.sum(fold.map(lambda A, x: fold.sum(x * fold.map(lambda a: fold.sum(a * x), A)), As, xs))
+
+    program, kernels = _nests(fold.grad(forms), As, xs)
+    assert not [s for s in program.stmts if s.prim.name == "map"], program
+    assert next(s for s in program.stmts if program.outputs[0] in s.outs).prim.name == "loop_nest", program
+    got, want = _both(fold.grad(forms), As, xs)
+    _close(got, want, 1e-12)
+    np.testing.assert_allclose(got, xs[:, :, None] * xs[:, None, :], rtol=1e-12)
