@@ -1328,3 +1328,18 @@ def test_a_map_of_maps_over_rows_of_arrays_that_folds_nothing_writes_its_rows_in
     got, want = _both(fold.grad(forms), As, xs)
     _close(got, want, 1e-12)
     np.testing.assert_allclose(got, xs[:, :, None] * xs[:, None, :], rtol=1e-12)
+
+
+def test_a_gather_at_a_remainder_by_the_length_is_a_read_of_the_nest():
+    # a periodic stencil: (j + 1) % n and (j - 1) % n lie in [0, n - 1] (NumPy's remainder has the divisor's sign)
+    X = rng.normal(size=(30, 20))
+
+    def laplacian(X):
+        n, m = X.shape
+        return fold.map(lambda i: fold.map(lambda j: X[(i + 1) % n][j] + X[(i - 1) % n][j] + X[i][(j + 1) % m]
+                                           + X[i][(j - 1) % m] - 4.0 * X[i][j], fold.iota(m)), fold.iota(n))
+
+    program, kernels = _nests(laplacian, X)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
+    want = np.roll(X, -1, 0) + np.roll(X, 1, 0) + np.roll(X, -1, 1) + np.roll(X, 1, 1) - 4.0 * X
+    np.testing.assert_allclose(fold.jit(laplacian, backend="numba")(X), want, rtol=1e-12)

@@ -12,8 +12,8 @@ an array element by element would do k times the work it needs. These facts let 
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
   what products and sums of such rows make;
 - `bounds`: an integer value's elements lie in [low, high]: an iota's, a literal's, a map's index over an
-  iota, and sums, differences, minima, maxima and selections of those (interval arithmetic). A gather at
-  such indices reads without a check.
+  iota, and sums, differences, minima, maxima, selections and remainders by a positive divisor of those
+  (interval arithmetic). A gather at such indices reads without a check.
 
 A consumer that adds up a one-hot array (a sum over the map's axis, a sum over the one-hot axis, a matrix
 product contracting it) reads the one index s instead of all of them, and none when s is out of range. As
@@ -68,6 +68,8 @@ _INTERVALS = {
     "maximum": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
     "minimum": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
     "where": lambda cond, a, b: (min(a[0], b[0]), max(a[1], b[1])),
+    # NumPy's integer remainder has the divisor's sign: a positive divisor's lies in [0, divisor - 1]
+    "mod": lambda a, b: (0, b[1] - 1) if b[0] > 0 else None,
 }
 
 
