@@ -79,13 +79,18 @@ def family_sizes(quick: bool) -> dict[str, dict[str, int]]:
     """`--set families`: programs of the families the earlier sets leave out, written in session 52 and
     measured before any change for them: a linear recurrence (a scan of affine maps, a user operator), a 1-d
     convolution reading its windows by index, a bilinear form per batch element (small matrix-vector
-    products), each row's two largest values as a reduce with a user operator of two leaves, and a loss over
-    per-class sums (a histogram)."""
+    products), each row's two largest values as a reduce with a user operator of two leaves, a loss over
+    per-class sums (a histogram); then a log Mahalanobis distance per point (a captured matrix), a batch of
+    matrix-vector products written with @, a smoothed total variation (static slices), and a 5-point stencil
+    on a periodic grid (a map of maps over iotas gathering neighbours)."""
     if quick:
         return {"recurrence": dict(n=1000), "conv1d": dict(n=1000, k=5), "bilinear": dict(n=300, d=4),
-                "top2": dict(n=100, m=40), "class_sums": dict(n=2000, d=8)}
+                "top2": dict(n=100, m=40), "class_sums": dict(n=2000, d=8), "mahalanobis": dict(n=500, d=6),
+                "batched_matvec": dict(n=300, d=6), "total_variation": dict(n=1000), "stencil": dict(n=40, m=30)}
     return {"recurrence": dict(n=10**6), "conv1d": dict(n=10**6, k=16), "bilinear": dict(n=10**5, d=8),
-            "top2": dict(n=10**4, m=256), "class_sums": dict(n=10**6, d=32)}
+            "top2": dict(n=10**4, m=256), "class_sums": dict(n=10**6, d=32), "mahalanobis": dict(n=10**5, d=32),
+            "batched_matvec": dict(n=10**5, d=16), "total_variation": dict(n=10**7),
+            "stencil": dict(n=2048, m=2048)}
 
 
 SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes, "families": family_sizes}
@@ -96,6 +101,15 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
     f32 = np.float32
     if case == "recurrence":
         return rng.uniform(0.5, 0.99, s["n"]).astype(f32), rng.normal(size=s["n"]).astype(f32)
+    if case == "mahalanobis":
+        S = rng.normal(size=(s["d"], s["d"])) / s["d"]
+        return (S @ S.T).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), rng.normal(size=s["d"]).astype(f32)
+    if case == "batched_matvec":
+        return (rng.normal(size=(s["n"], s["d"], s["d"])) / s["d"]).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
+    if case == "total_variation":
+        return (rng.normal(size=s["n"]).astype(f32),)
+    if case == "stencil":
+        return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
     if case == "conv1d":
         return rng.normal(size=s["n"]).astype(f32), (rng.normal(size=s["k"]) / s["k"]).astype(f32)
     if case == "bilinear":
@@ -151,6 +165,24 @@ def fold_natural(case: str) -> Callable:
             return a1 * a2, a2 * b1 + b2
 
         return lambda a, b: fold.sum(fold.scan(compose, (a, b), identity=(1.0, 0.0))[1] ** 2)
+    if case == "mahalanobis":
+        def distance(x, S, mu):
+            d = x - mu
+            return fold.sum(d * fold.map(lambda s: fold.sum(s * d), S))
+
+        return lambda S, X, mu: fold.sum(fold.map(lambda x: fold.log(1.0 + distance(x, S, mu)), X))
+    if case == "batched_matvec":
+        return lambda As, xs: fold.sum(fold.map(lambda A, x: fold.sum(fold.tanh(A @ x)), As, xs))
+    if case == "total_variation":
+        return lambda x: fold.sum(fold.sqrt((x[1:] - x[:-1]) ** 2 + 1e-3))
+    if case == "stencil":
+        def smoothed(X):
+            n, m = X.shape
+            return fold.map(lambda i: fold.map(lambda j: X[i][j] - 0.25 * (X[(i + 1) % n][j] + X[(i - 1) % n][j]
+                                                                           + X[i][(j + 1) % m] + X[i][(j - 1) % m]),
+                                               fold.iota(m)), fold.iota(n))
+
+        return lambda X: fold.sum(smoothed(X) ** 2)
     if case == "conv1d":
         def conv(x, w):
             k = w.shape[0]
@@ -265,6 +297,24 @@ def jax_natural(case: str) -> Callable:
             return a1 * a2, a2 * b1 + b2
 
         return lambda a, b: jnp.sum(jax.lax.associative_scan(compose, (a, b))[1] ** 2)
+    if case == "mahalanobis":
+        def distance(x, S, mu):
+            d = x - mu
+            return jnp.sum(d * vmap(lambda s: jnp.sum(s * d))(S))
+
+        return lambda S, X, mu: jnp.sum(vmap(lambda x: jnp.log(1.0 + distance(x, S, mu)))(X))
+    if case == "batched_matvec":
+        return lambda As, xs: jnp.sum(vmap(lambda A, x: jnp.sum(jnp.tanh(A @ x)))(As, xs))
+    if case == "total_variation":
+        return lambda x: jnp.sum(jnp.sqrt((x[1:] - x[:-1]) ** 2 + 1e-3))
+    if case == "stencil":
+        def smoothed(X):
+            n, m = X.shape
+            return vmap(lambda i: vmap(lambda j: X[i][j] - 0.25 * (X[(i + 1) % n][j] + X[(i - 1) % n][j]
+                                                                   + X[i][(j + 1) % m] + X[i][(j - 1) % m]))(
+                jnp.arange(m)))(jnp.arange(n))
+
+        return lambda X: jnp.sum(smoothed(X) ** 2)
     if case == "conv1d":
         def conv(x, w):
             k = w.shape[0]
