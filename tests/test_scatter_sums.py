@@ -101,3 +101,62 @@ def test_only_a_sum_of_scatter_adds_read_by_it_alone_is_rewritten(op, also_retur
                 bins[r, i] = bins[r, i] + v if op is M.sum else max(bins[r, i], v)
     got = fold.jit(f)(idx, vals)
     np.testing.assert_allclose(got[0] if also_returned else got, bins.sum(axis=0), rtol=1e-12)
+
+
+def test_scatter_adds_of_rows_at_bins_out_of_range_add_nothing():
+    # values of three elements per index: a bin out of range must not spill into a neighbour's positions
+    idx, vals = rng.integers(-3, 11, (30, 5)), rng.normal(size=(30, 5, 3))
+
+    def f(idx, vals):
+        return fold.sum(fold.map(lambda i, v: fold.reduce_by_index(M.sum, 8, i, v), idx, vals), axis=0)
+
+    program = dce(cse(fold.trace(f, idx, vals)))
+    assert not any(isinstance(s.prim, ReduceByIndex) for m in program.stmts if isinstance(m.prim, Map)
+                   for s in m.prim.body.stmts), program
+    want = np.zeros((8, 3))
+    inside = (idx >= 0) & (idx < 8)
+    np.add.at(want, idx[inside], vals[inside])
+    for backend in ("numba", "numpy"):
+        np.testing.assert_allclose(fold.jit(f, backend=backend)(idx, vals), want, rtol=1e-12)
+
+
+def _stencil_energy(X):
+    n, m = X.shape
+    smoothed = fold.map(lambda i: fold.map(lambda j: X[i][j] - 0.25 * (X[(i + 1) % n][j] + X[(i - 1) % n][j]
+                                                                       + X[i][(j + 1) % m] + X[i][(j - 1) % m]),
+                                           fold.iota(m)), fold.iota(n))
+    return fold.sum(smoothed ** 2)
+
+
+def test_a_stencils_gradient_scatters_the_entries_of_both_maps_once():
+    # a gather of a gathered row, and sums of scatter-adds: the entries rise through the inner and the outer map
+    X = rng.normal(size=(40, 30))
+    program = dce(cse(fold.trace(fold.grad(_stencil_energy), X)))
+    assert _largest_value(program) < 40 * 30 * 30, program  # no (rows, columns, n, m) nor (rows, n, m) values
+    assert [type(s.prim) for s in program.stmts].count(ReduceByIndex) == 1, program
+    r = X - 0.25 * (np.roll(X, -1, 0) + np.roll(X, 1, 0) + np.roll(X, -1, 1) + np.roll(X, 1, 1))
+    want = 2 * r - 0.5 * (np.roll(r, 1, 0) + np.roll(r, -1, 0) + np.roll(r, 1, 1) + np.roll(r, -1, 1))
+    for backend in ("numba", "numpy"):
+        np.testing.assert_allclose(fold.jit(fold.grad(_stencil_energy), backend=backend)(X), want, rtol=1e-10)
+
+
+def test_a_scatter_add_of_scatter_adds_drops_the_inner_entries_out_of_range():
+    # inner indices -1 and 4 name no bin of 4: they must not wrap (-1 // 4 is row -1) into a bin of the outer one
+    rows, inner = rng.integers(-1, 4, (25, 1)), rng.integers(-1, 5, (25, 2))
+    vals = rng.normal(size=(25, 2))
+
+    def f(rows, inner, vals):
+        def per_row(r, j, v):
+            return fold.reduce_by_index(M.sum, 3, r, fold.reduce_by_index(M.sum, 4, j, v).reshape((1, 4)))
+
+        return fold.sum(fold.map(per_row, rows, inner, vals), axis=0)
+
+    want = np.zeros((3, 4))
+    for r, js, vs in zip(rows[:, 0], inner, vals):
+        for j, v in zip(js, vs):
+            if 0 <= r < 3 and 0 <= j < 4:
+                want[r, j] += v
+    program = dce(cse(fold.trace(f, rows, inner, vals)))
+    assert [type(s.prim) for s in program.stmts].count(ReduceByIndex) == 1, program
+    for backend in ("numba", "numpy"):
+        np.testing.assert_allclose(fold.jit(f, backend=backend)(rows, inner, vals), want, rtol=1e-12)
