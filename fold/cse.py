@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from .hoist import hoist_invariants
-from .ir import Let, Lit, Program, Var
+from .ir import Let, Lit, Program, Var, with_bodies
 from .primitives import Map
 from .pytree import tree_flatten
 from .scatter_sums import scatter_sums
@@ -41,13 +41,7 @@ def cse(program: Program) -> Program:
 
 
 def _with_clean_bodies(stmt: Let, done: dict) -> Let:
-    prim = stmt.prim
-    if not prim.body_fields:
-        return stmt
-    bodies = {f: _body_cse(getattr(prim, f), done) for f in prim.body_fields}
-    if all(bodies[f] is getattr(prim, f) for f in prim.body_fields):
-        return stmt
-    return Let(stmt.outs, dataclasses.replace(prim, **bodies), stmt.args)
+    return with_bodies(stmt, lambda body: _body_cse(body, done))
 
 
 def _body_cse(body: Program, done: dict) -> Program:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from .dce import with_producers
-from .ir import Let, Program, Var
+from .ir import Let, Program, Var, with_bodies
 from .primitives import LOOPING, TRANSCENDENTAL, Elementwise, Map
 from .pytree import tree_flatten
 
@@ -33,13 +33,7 @@ def hoist_invariants(program: Program) -> Program:
 
 def _in_bodies(stmt: Let) -> Let:
     """The statement with every body of it cleaned: in each, the maps' invariants lifted into that body."""
-    prim = stmt.prim
-    if not prim.body_fields:
-        return stmt
-    bodies = {f: _body(getattr(prim, f)) for f in prim.body_fields}
-    if all(bodies[f] is getattr(prim, f) for f in prim.body_fields):
-        return stmt
-    return Let(stmt.outs, dataclasses.replace(prim, **bodies), stmt.args)
+    return with_bodies(stmt, _body)
 
 
 def _body(body: Program) -> Program:

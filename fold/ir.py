@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass, field, fields
-from typing import Any, Union
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -165,6 +165,18 @@ def depends_on(stmts: list[Let], sources: set[Var]) -> set[Var]:
         if any(isinstance(a, Var) and a in tainted for a in stmt.args):
             tainted.update(stmt.outs)
     return tainted
+
+
+def with_bodies(stmt: Let, rewrite: Callable[[Program], Program]) -> Let:
+    """The statement with each of its combinator's bodies replaced by `rewrite(body)` (the passes that clean
+    every depth of a program); the statement itself where no body changed."""
+    prim = stmt.prim
+    if not prim.body_fields:
+        return stmt
+    bodies = {f: rewrite(getattr(prim, f)) for f in prim.body_fields}
+    if all(bodies[f] is getattr(prim, f) for f in prim.body_fields):
+        return stmt
+    return Let(stmt.outs, replace(prim, **bodies), stmt.args)
 
 
 def with_statements_replaced(program: Program, replaced: dict[int, Let], removed: set[int]) -> Program:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .ir import Let, Lit, Program, Var
+from .ir import Let, Lit, Program, Var, with_bodies
 from .primitives import Elementwise, Map, ReduceByIndex, Reshape, SumAxes
 from .pytree import tree_flatten
 from .recognize import recognize_binary_op
@@ -44,7 +44,7 @@ class Scattered:
 def scatter_sums(program: Program) -> Program:
     """`program`, at every depth, with each sum over a map's axis of scatter-adds its body returns made one
     scatter-add of the rows' entries (see the module's docstring); the program itself where there is none."""
-    stmts = [_in_bodies(s) for s in program.stmts]
+    stmts = [with_bodies(s, scatter_sums) for s in program.stmts]
     readers: dict[Var, list[Let]] = {}
     for stmt in stmts:
         for a in stmt.args:
@@ -63,16 +63,6 @@ def scatter_sums(program: Program) -> Program:
         return program
     out = tuple(made for s in stmts for made in replaced.get(id(s), [s]))
     return dataclasses.replace(program, stmts=out, meta=dict(program.meta))
-
-
-def _in_bodies(stmt: Let) -> Let:
-    prim = stmt.prim
-    if not prim.body_fields:
-        return stmt
-    bodies = {f: scatter_sums(getattr(prim, f)) for f in prim.body_fields}
-    if all(bodies[f] is getattr(prim, f) for f in prim.body_fields):
-        return stmt
-    return Let(stmt.outs, dataclasses.replace(prim, **bodies), stmt.args)
 
 
 def _spliced(fn: Callable, args: list) -> tuple[list[Let], list]:
