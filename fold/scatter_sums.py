@@ -134,7 +134,7 @@ def _binned(stmt: Let, forms: dict[Var, Scattered]) -> tuple[list[Let], Scattere
                 import fold
 
                 inside = (p >= 0) & (p < count)  # a position outside the values is no entry: read no index for it
-                bin_ = i[fold.where(inside, p // width, 0)]
+                bin_ = i[fold.minimum(fold.maximum(p // width, 0), i.shape[0] - 1)]  # clamped: a read in range
                 return fold.where(inside & (bin_ >= 0) & (bin_ < n), bin_ * width + p % width, -1)
 
             extra, (flat,) = _spliced(moved, [indices, position])

@@ -1343,3 +1343,50 @@ def test_a_gather_at_a_remainder_by_the_length_is_a_read_of_the_nest():
     assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
     want = np.roll(X, -1, 0) + np.roll(X, 1, 0) + np.roll(X, -1, 1) + np.roll(X, 1, 1) - 4.0 * X
     np.testing.assert_allclose(fold.jit(laplacian, backend="numba")(X), want, rtol=1e-12)
+
+
+def test_a_concatenation_in_a_body_is_written_into_one_buffer_of_the_row():
+    X, w = rng.normal(size=(300, 7)), rng.normal(size=14)
+
+    def f(X, w):
+        return fold.map(lambda r: fold.sum(fold.concatenate([fold.tanh(r), r * 2.0]) * w), X)
+
+    program, kernels = _nests(f, X, w)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(X, w), np.c_[np.tanh(X), 2.0 * X] @ w, rtol=1e-12)
+
+
+def test_a_stencils_gradient_bins_every_neighbours_entry_as_its_rows_are_made():
+    # scatter_sums' entries of both maps, concatenated per row, binned in the nest; inner bins found by a
+    # clamped quotient (bounds at both ends from a maximum and a minimum)
+    from fold.cse import cse
+    from fold.dce import dce
+
+    X = rng.normal(size=(40, 30))
+
+    def energy(X):
+        n, m = X.shape
+        s = fold.map(lambda i: fold.map(lambda j: X[i][j] - 0.25 * (X[(i + 1) % n][j] + X[(i - 1) % n][j]
+                                                                    + X[i][(j + 1) % m] + X[i][(j - 1) % m]),
+                                        fold.iota(m)), fold.iota(n))
+        return fold.sum(s ** 2)
+
+    program = prepare(dce(cse(fold.trace(fold.grad(energy), X))), whole_arrays=True)
+    assert not [s for s in program.stmts if s.prim.name in ("map", "reduce_by_index")], program
+    histograms = [s for s in program.stmts if isinstance(s.prim, LoopNest)
+                  and any(isinstance(t.prim, fold.primitives.ReduceByIndex) for t in s.prim.program.stmts)]
+    assert len(histograms) == 1, program
+    got, want = _both(fold.grad(energy), X)
+    _close(got, want, 1e-12)
+
+
+def test_a_gather_at_a_quotient_by_a_positive_literal_is_a_read_of_the_nest():
+    x = rng.normal(size=50)
+
+    def halves(x):  # (j + t) // 2 for j < 50, t < 4 lies in [0, 26]
+        return fold.map(lambda j: fold.sum(x[(j + fold.iota(4)) // 2]), fold.iota(x.shape[0]))
+
+    program, kernels = _nests(halves, x)
+    assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
+    want = [sum(x[(j + t) // 2] for t in range(4)) for j in range(50)]
+    np.testing.assert_allclose(fold.jit(halves, backend="numba")(x), want, rtol=1e-12)

@@ -32,8 +32,8 @@ from fold.dce import with_producers
 from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
-from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Convert, Elementwise, Gather, Iota, Map, MatMul, Reduce,
-                             Reshape, Scan,
+from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather, Iota, Map,
+                             MatMul, Reduce, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
@@ -59,7 +59,7 @@ class Scalar:
     dtype: np.dtype
     shape: tuple = ()
     zero_unless: str | None = None  # the value is 0 unless this condition (computed before) holds
-    bounds: tuple[int, int] | None = None  # an integer known to lie in [low, high]
+    bounds: tuple[int | None, int | None] | None = None  # an integer known to lie in [low, high] (None: not known)
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Pull:
     index_axis: int | None = None  # element idx equals idx[axis] (an iota, broadcast or reshaped)
     splat: str | None = None  # every element equals this scalar
     equals: tuple[int, str] | None = None  # element idx is (idx[axis] == this scalar)
-    bounds: tuple[int, int] | None = None  # every element is an integer in [low, high]
+    bounds: tuple[int | None, int | None] | None = None  # every element is an integer in [low, high] (None: not known)
 
 
 @dataclass(frozen=True)
@@ -446,8 +446,8 @@ def _gather(w: Writer, prim: Gather, args: list[Value], out_avals) -> list[Value
     iota, a map's index, and sums of those; a negative one counts from the end); otherwise NotNestable, and
     the gather stays a statement of its own, which checks them."""
     (x, idx), out = args, out_avals[0]
-    n, known = x.shape[0], getattr(idx, "bounds", None)
-    if known is None or not (-n <= known[0] and known[1] < n):
+    n, known = x.shape[0], getattr(idx, "bounds", None) or (None, None)
+    if known[0] is None or known[1] is None or not (-n <= known[0] and known[1] < n):
         raise NotNestable(f"a gather at indices not known to lie in [-{n}, {n})")
     lead = len(idx.shape)
 
@@ -457,6 +457,24 @@ def _gather(w: Writer, prim: Gather, args: list[Value], out_avals) -> list[Value
         return w.element(x, (k,) + tuple(at[lead:]))
 
     return [_scalar_or_pull(w, tuple(out.shape), x.dtype, element, _heavy(x, idx))]
+
+
+@_rules.register(Concatenate)
+def _concatenate(w: Writer, prim: Concatenate, args: list[Value], out_avals) -> list[Value]:
+    """The pieces written one after the other into a buffer of the result's size (a row of a gradient's
+    scatter entries, fold/scatter_sums.py): each piece's elements are computed once, where the buffer is."""
+    out, axis = out_avals[0], prim.axis % len(out_avals[0].shape)
+    name = w.fresh("b")
+    w.emit(Buffer(name, tuple(out.shape), out.dtype))
+    offset = 0
+    for piece in args:
+        def store(idx: tuple, piece=piece, offset=offset) -> None:
+            at = idx[:axis] + (f"{idx[axis]} + {offset}" if offset else idx[axis],) + idx[axis + 1:]
+            w.emit(Store(name, at, cast(w.element(piece, idx), out.dtype, piece.dtype)))
+
+        w.each_index(piece.shape, store)
+        offset += piece.shape[axis]
+    return [Stored(name, tuple(out.shape), out.dtype)]
 
 
 def _summed(w: Writer, x: Value, axes: tuple[int, ...], idx: tuple, dtype: np.dtype) -> str:

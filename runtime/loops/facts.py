@@ -11,9 +11,10 @@ an array element by element would do k times the work it needs. These facts let 
   conversion, and by a map whose rows vanish with such a row;
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
   what products and sums of such rows make;
-- `bounds`: an integer value's elements lie in [low, high]: an iota's, a literal's, a map's index over an
-  iota, and sums, differences, minima, maxima, selections and remainders by a positive divisor of those
-  (interval arithmetic). A gather at such indices reads without a check.
+- `bounds`: an integer value's elements lie in [low, high] (an end None where it is not known): an iota's, a
+  literal's, a map's index over an iota, and sums, differences, minima, maxima (a clamp), selections,
+  quotients by a positive literal and remainders by a positive divisor of those (interval arithmetic). A
+  gather at indices bounded at both ends within its array reads without a check.
 
 A consumer that adds up a one-hot array (a sum over the map's axis, a sum over the one-hot axis, a matrix
 product contracting it) reads the one index s instead of all of them, and none when s is out of range. As
@@ -54,22 +55,42 @@ def is_zero(value: Any) -> bool:
     return value.shape == () and hasattr(value, "expr") and value.expr in (literal(0, value.dtype), literal(0.0, value.dtype))
 
 
-def _bounded(op: str, args: list) -> tuple[int, int] | None:
-    """[low, high] of an integer result from its arguments' (interval arithmetic), where every one is known."""
-    known = [_fact(a, "bounds") for a in args]
-    if op not in _INTERVALS or any(b is None for b in known[-2:]):
+def _bounded(op: str, args: list) -> tuple[int | None, int | None] | None:
+    """[low, high] of an integer result from its arguments' (interval arithmetic; None for an end not known),
+    or None where neither end is known."""
+    if op not in _INTERVALS:
         return None
-    return _INTERVALS[op](*known)
+    known = [_fact(a, "bounds") or (None, None) for a in args]
+    low, high = _INTERVALS[op](*known)
+    return None if low is None and high is None else (low, high)
+
+
+def _both(f, x, y):
+    return None if x is None or y is None else f(x, y)
+
+
+def _known(f, *ends):
+    """f of the ends that are known, or None where none is."""
+    ends = [e for e in ends if e is not None]
+    return f(ends) if ends else None
+
+
+def _divided(a, b):
+    """a // d, for a divisor that is one positive literal d."""
+    d = b[0] if b[0] is not None and b[0] == b[1] and b[0] > 0 else None
+    return (None, None) if d is None else (_both(lambda x, y: x // y, a[0], d), _both(lambda x, y: x // y, a[1], d))
 
 
 _INTERVALS = {
-    "add": lambda a, b: (a[0] + b[0], a[1] + b[1]),
-    "sub": lambda a, b: (a[0] - b[1], a[1] - b[0]),
-    "maximum": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
-    "minimum": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
-    "where": lambda cond, a, b: (min(a[0], b[0]), max(a[1], b[1])),
+    "add": lambda a, b: (_both(int.__add__, a[0], b[0]), _both(int.__add__, a[1], b[1])),
+    "sub": lambda a, b: (_both(int.__sub__, a[0], b[1]), _both(int.__sub__, a[1], b[0])),
+    # max(a, b) is at least each known low; min(a, b) at most each known high (a clamp bounds both ends)
+    "maximum": lambda a, b: (_known(max, a[0], b[0]), _both(max, a[1], b[1])),
+    "minimum": lambda a, b: (_both(min, a[0], b[0]), _known(min, a[1], b[1])),
+    "where": lambda cond, a, b: (_both(min, a[0], b[0]), _both(max, a[1], b[1])),
     # NumPy's integer remainder has the divisor's sign: a positive divisor's lies in [0, divisor - 1]
-    "mod": lambda a, b: (0, b[1] - 1) if b[0] > 0 else None,
+    "mod": lambda a, b: (0, b[1] - 1) if b[0] is not None and b[0] > 0 else (None, None),
+    "floordiv": _divided,
 }
 
 
