@@ -1390,3 +1390,26 @@ def test_a_gather_at_a_quotient_by_a_positive_literal_is_a_read_of_the_nest():
     assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
     want = [sum(x[(j + t) // 2] for t in range(4)) for j in range(50)]
     np.testing.assert_allclose(fold.jit(halves, backend="numba")(x), want, rtol=1e-12)
+
+
+def test_the_matrix_form_kmeans_gradient_stays_with_the_product_kernel():
+    # after the one-hot rewrite its body gathers the nearest centroid's row beside C @ p: binned, it could be a
+    # nest, which writes the product as scalar loops (the product kernel folds it in registers)
+    from fold.cse import cse
+    from fold.dce import dce
+
+    C, P = rng.normal(size=(8, 5)), rng.normal(size=(400, 5))
+
+    def cost(C, P):
+        cc = fold.map(lambda c: fold.sum(c * c), C)
+        return fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.sum(p * p) - 2.0 * (C @ p) + cc), P))
+
+    program = prepare(dce(cse(fold.trace(fold.grad(cost, argnums=(0, 1)), C, P))), whole_arrays=True)
+
+    def products(p):
+        return any(isinstance(s.prim, fold.primitives.MatMul) or any(products(b) for b in s.prim.bodies())
+                   for s in p.stmts)
+
+    assert not [s for s in program.stmts if isinstance(s.prim, LoopNest) and products(s.prim.program)], program
+    got, want = _both(fold.grad(cost, argnums=(0, 1)), C, P)
+    _close(got, want, 1e-10)

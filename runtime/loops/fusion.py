@@ -40,7 +40,7 @@ import fold
 
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Iota, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
+from fold.primitives import Gather, Iota, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
@@ -93,7 +93,9 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False) -
     nothing else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
     several elements per vector instruction and fuse with their neighbours; read by a reduce, the nest's
     outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing. A map whose
-    results a histogram bins (`binned`) streams into the bins whatever its body."""
+    results a histogram bins (`binned`) streams into the bins whatever its body, but for a matrix product
+    beside a gather: the one-hot rewrite's form of k-means' matrix gradient (a row of the centroids gathered
+    at the nearest one), which the product kernel runs in registers."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
@@ -101,8 +103,13 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False) -
                  or (row_folds and _folds(body) and not _folds(body, (MatMul,)))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
-                 or binned)
+                 or (binned and not (_folds(body, (MatMul,)) and _gathers(body))))
             and nestable(body) is None)
+
+
+def _gathers(program: Program) -> bool:
+    """Whether a gather stands anywhere in `program`."""
+    return any(isinstance(s.prim, Gather) or any(_gathers(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
 def _maps_rows_of_arrays(program: Program) -> bool:
