@@ -81,16 +81,20 @@ def family_sizes(quick: bool) -> dict[str, dict[str, int]]:
     convolution reading its windows by index, a bilinear form per batch element (small matrix-vector
     products), each row's two largest values as a reduce with a user operator of two leaves, a loss over
     per-class sums (a histogram); then a log Mahalanobis distance per point (a captured matrix), a batch of
-    matrix-vector products written with @, a smoothed total variation (static slices), and a 5-point stencil
-    on a periodic grid (a map of maps over iotas gathering neighbours)."""
+    matrix-vector products written with @, a smoothed total variation (static slices), a 5-point stencil
+    on a periodic grid (a map of maps over iotas gathering neighbours); then NumPy-style pairwise Gaussian
+    kernel sums by broadcasting, a polynomial by Horner's rule in a fold.loop, and logistic loss with X @ w."""
     if quick:
         return {"recurrence": dict(n=1000), "conv1d": dict(n=1000, k=5), "bilinear": dict(n=300, d=4),
                 "top2": dict(n=100, m=40), "class_sums": dict(n=2000, d=8), "mahalanobis": dict(n=500, d=6),
-                "batched_matvec": dict(n=300, d=6), "total_variation": dict(n=1000), "stencil": dict(n=40, m=30)}
+                "batched_matvec": dict(n=300, d=6), "total_variation": dict(n=1000), "stencil": dict(n=40, m=30),
+                "broadcast_pairwise": dict(n=60, m=50, d=3), "horner": dict(n=1000, k=6),
+                "logistic_matrix": dict(n=2000, d=8)}
     return {"recurrence": dict(n=10**6), "conv1d": dict(n=10**6, k=16), "bilinear": dict(n=10**5, d=8),
             "top2": dict(n=10**4, m=256), "class_sums": dict(n=10**6, d=32), "mahalanobis": dict(n=10**5, d=32),
             "batched_matvec": dict(n=10**5, d=16), "total_variation": dict(n=10**7),
-            "stencil": dict(n=2048, m=2048)}
+            "stencil": dict(n=2048, m=2048), "broadcast_pairwise": dict(n=2048, m=2048, d=8),
+            "horner": dict(n=10**6, k=16), "logistic_matrix": dict(n=10**6, d=32)}
 
 
 SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes, "families": family_sizes}
@@ -108,6 +112,13 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
         return (rng.normal(size=(s["n"], s["d"], s["d"])) / s["d"]).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
     if case == "total_variation":
         return (rng.normal(size=s["n"]).astype(f32),)
+    if case == "broadcast_pairwise":
+        return tuple(rng.normal(size=(r, s["d"])).astype(f32) for r in (s["n"], s["m"]))
+    if case == "horner":
+        return (0.3 * rng.normal(size=s["k"])).astype(f32), rng.uniform(-1, 1, s["n"]).astype(f32)
+    if case == "logistic_matrix":
+        return (0.2 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
+            rng.choice(np.array([-1.0, 1.0], f32), s["n"])
     if case == "stencil":
         return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
     if case == "conv1d":
@@ -175,6 +186,12 @@ def fold_natural(case: str) -> Callable:
         return lambda As, xs: fold.sum(fold.map(lambda A, x: fold.sum(fold.tanh(A @ x)), As, xs))
     if case == "total_variation":
         return lambda x: fold.sum(fold.sqrt((x[1:] - x[:-1]) ** 2 + 1e-3))
+    if case == "broadcast_pairwise":  # NumPy style: an (n, m, d) difference summed over d
+        return lambda A, B: fold.sum(fold.exp(-fold.sum((A[:, None, :] - B[None, :, :]) ** 2, axis=2)))
+    if case == "horner":
+        return lambda c, x: fold.sum(fold.loop(lambda i, acc: acc * x + c[i], x * 0.0, c.shape[0]) ** 2)
+    if case == "logistic_matrix":
+        return lambda w, X, y: fold.sum(fold.log1p(fold.exp(-y * (X @ w))))
     if case == "stencil":
         def smoothed(X):
             n, m = X.shape
@@ -307,6 +324,12 @@ def jax_natural(case: str) -> Callable:
         return lambda As, xs: jnp.sum(vmap(lambda A, x: jnp.sum(jnp.tanh(A @ x)))(As, xs))
     if case == "total_variation":
         return lambda x: jnp.sum(jnp.sqrt((x[1:] - x[:-1]) ** 2 + 1e-3))
+    if case == "broadcast_pairwise":
+        return lambda A, B: jnp.sum(jnp.exp(-jnp.sum((A[:, None, :] - B[None, :, :]) ** 2, axis=2)))
+    if case == "horner":
+        return lambda c, x: jnp.sum(jax.lax.fori_loop(0, c.shape[0], lambda i, acc: acc * x + c[i], x * 0.0) ** 2)
+    if case == "logistic_matrix":
+        return lambda w, X, y: jnp.sum(jnp.log1p(jnp.exp(-y * (X @ w))))
     if case == "stencil":
         def smoothed(X):
             n, m = X.shape

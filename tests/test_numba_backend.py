@@ -1564,3 +1564,30 @@ def test_stop_gradient_in_an_operator_compiles(kernel_calls):
                        backend="numba")(x)
     assert kernel_calls.get("reduce", 0) >= 1
     assert_same(got, fold.jit(lambda x: fold.reduce(lambda a, b: a + b * 1.0, x, identity=0.0), backend="numpy")(x))
+
+
+@pytest.mark.parametrize("saving", [False, True])
+def test_a_loops_elementwise_step_runs_as_one_fused_kernel_per_iteration(saving, monkeypatch):
+    # Horner's rule over a large state: the body, prepared as a program on whole arrays, is one elementwise
+    # kernel (and so is the forward loop of its gradient, which saves the states)
+    from fold.runtime.numba_backend import lowering
+
+    prepared = []
+    original = lowering.numpy_impls.get
+
+    def spying(prim):
+        if prim.name in ("loop", "loop_saving"):
+            prepared.append(prim.body)
+        return original(prim)
+
+    monkeypatch.setattr(lowering.numpy_impls, "get", spying)
+    c, x = rng.normal(size=6), rng.uniform(-1, 1, COMPILE_FROM * 4)
+
+    def value(c, x):
+        return fold.sum(fold.loop(lambda i, acc: acc * x + c[i], x * 0.0, c.shape[0]) ** 2)
+
+    f = fold.grad(value) if saving else value
+    got = fold.jit(f, backend="numba")(c, x)
+    want = fold.jit(f, backend="numpy")(c, x)
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert any(s.prim.name == "elementwise" for body in prepared for s in body.stmts), prepared
