@@ -131,6 +131,20 @@ def ce_data():
 
 
 @FEW
+@given(chunkings(30))
+def test_gradient_of_a_gather_in_a_sharded_map_scatters_each_shards_entries(client, chunks):
+    # an embedding lookup's gradient: each shard's rows of scatter entries flattened (fold/scatter_sums.py)
+    def loss(tokens, E, v):
+        return fold.sum(fold.map(lambda t: fold.tanh(fold.sum(E[t] * v)), tokens))
+
+    rng = np.random.default_rng(8)
+    tokens, E, v = rng.integers(-20, 20, 30), rng.normal(size=(20, 4)), rng.normal(size=4)
+    g = fold.grad(loss, argnums=(1, 2))
+    got, want = sharded(g, client, chunks)(tokens, E, v), g(tokens, E, v)
+    close(got[0], want[0]), close(got[1], want[1])
+
+
+@FEW
 @given(chunkings(14, multiple=4))
 def test_gemm_map_reduce_over_columns(client, chunks):
     P, C, t = ce_data()

@@ -10,6 +10,7 @@ gathered onto one worker to make a statement run.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 from fold.ir import Let, Program
@@ -138,15 +139,26 @@ def _transpose(ctx, index, stmt, args):
 
 @shard_rules.register(Reshape)
 def _reshape(ctx, index, stmt, args):
-    split, new = args[0], stmt.prim.shape
-    old = split.aval.shape
-    if tuple(new[: split.axis + 1]) != tuple(old[: split.axis + 1]):
-        raise refuse(index, stmt, 0, split, f"reshape to {new} does not keep axes 0..{split.axis} of {old}")
+    """A reshape that keeps the axes up to the split one, or merges the split axis with the axes after it (a
+    gradient's scatter entries, rows of k flattened: fold/scatter_sums.py), each shard reshaped on its own."""
+    split, new = args[0], tuple(stmt.prim.shape)
+    old, a = tuple(split.aval.shape), split.axis
+    if new[:a + 1] == old[:a + 1]:
+        merged = a + 1  # the axes after the split one reshaped as they may be
+    else:
+        merged = next((m for m in range(a + 2, len(old) + 1) if new[:a] == old[:a] and new[a + 1:] == old[m:]
+                       and new[a:a + 1] == (math.prod(old[a:m]),)), None)
+    if merged is None:
+        raise refuse(index, stmt, 0, split, f"reshape to {new} neither keeps axes 0..{a} of {old} nor merges "
+                                            f"axis {a} with the axes after it")
+    factor = math.prod(old[a + 1:merged])  # each row of the split axis becomes this many
+    chunks = tuple(c * factor for c in split.chunks)
 
     def prim_for(k):
-        return dataclasses.replace(stmt.prim, shape=new[: split.axis] + (split.chunks[k],) + new[split.axis + 1:])
+        return dataclasses.replace(stmt.prim, shape=new[:a] + (chunks[k],) + new[a + 1:])
 
-    return as_split(stmt, per_shard(ctx, index, stmt, args, split, {}, prim_for, "reshape"), split, [split.axis])
+    results = per_shard(ctx, index, stmt, args, split, {}, prim_for, "reshape")
+    return as_split(stmt, results, dataclasses.replace(split, chunks=chunks), [a])
 
 
 @shard_rules.register(BroadcastTo)
