@@ -112,21 +112,12 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
         return (rng.normal(size=(s["n"], s["d"], s["d"])) / s["d"]).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
     if case == "total_variation":
         return (rng.normal(size=s["n"]).astype(f32),)
-    if case == "broadcast_pairwise":
-        return tuple(rng.normal(size=(r, s["d"])).astype(f32) for r in (s["n"], s["m"]))
     if case == "horner":
         return (0.3 * rng.normal(size=s["k"])).astype(f32), rng.uniform(-1, 1, s["n"]).astype(f32)
-    if case == "logistic_matrix":
-        return (0.2 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
-            rng.choice(np.array([-1.0, 1.0], f32), s["n"])
-    if case == "stencil":
-        return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
     if case == "conv1d":
         return rng.normal(size=s["n"]).astype(f32), (rng.normal(size=s["k"]) / s["k"]).astype(f32)
     if case == "bilinear":
         return rng.normal(size=(s["n"], s["d"], s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
-    if case == "top2":
-        return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
     if case == "class_sums":
         return (0.1 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
             rng.integers(0, CLASSES, s["n"])
@@ -135,7 +126,7 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
                      for shape in ((s["h"], s["d"]), (s["o"], s["h"]), (s["n"], s["d"])))
     if case in ("layernorm", "entropy"):
         return rng.normal(size=(s["n"], s["m"])).astype(f32), rng.normal(size=s["m"]).astype(f32)
-    if case == "cosine_max":
+    if case in ("cosine_max", "broadcast_pairwise"):
         return tuple(rng.normal(size=(r, s["d"])).astype(f32) for r in (s["n"], s["m"]))
     if case == "huber":
         return (0.2 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
@@ -146,10 +137,10 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
         return (0.2 * rng.normal(size=(s["h"], s["d"]))).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)
     if case == "rbf":
         return rng.normal(size=(s["n"], s["d"])).astype(f32), rng.normal(size=(s["m"], s["d"])).astype(f32)
-    if case == "logistic":
+    if case in ("logistic", "logistic_matrix"):
         return (0.2 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
             rng.choice(np.array([-1.0, 1.0], f32), s["n"])
-    if case == "prefix_max":
+    if case in ("prefix_max", "top2", "stencil"):
         return (rng.normal(size=(s["n"], s["m"])).astype(f32),)
     if case == "kmeans":
         return rng.normal(size=(s["k"], s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32)

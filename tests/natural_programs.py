@@ -39,3 +39,13 @@ def ordered_fold(X):
 def row_minima(C, P):
     """A map of a map with no consumer: the nest writes each row (a parallel map)."""
     return fold.map(lambda p: fold.reduce(M.min, fold.map(lambda c: fold.reduce(M.sum, (p - c) * (p - c)), C)), P)
+
+
+def periodic_stencil_energy(X):
+    """The squared residual of a 5-point smoothing on a periodic grid: a map of maps over iotas gathering each
+    element's neighbours (whose gradient is a scatter-add of a gathered row per neighbour)."""
+    n, m = X.shape
+    smoothed = fold.map(lambda i: fold.map(lambda j: X[i][j] - 0.25 * (X[(i + 1) % n][j] + X[(i - 1) % n][j]
+                                                                       + X[i][(j + 1) % m] + X[i][(j - 1) % m]),
+                                           fold.iota(m)), fold.iota(n))
+    return fold.sum(smoothed ** 2)

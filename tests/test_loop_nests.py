@@ -13,7 +13,8 @@ import fold
 from fold.runtime.loops import LoopNest, describe, kernel_of
 from fold.runtime.loops.nest import Buffer, buffers
 from fold.runtime.numba_backend.passes import prepare
-from natural_programs import gmm_objective, kmeans_cost, min_pairwise_distance, ordered_fold, three_deep
+from natural_programs import (gmm_objective, kmeans_cost, min_pairwise_distance, ordered_fold, periodic_stencil_energy,
+                              three_deep)
 
 pytest.importorskip("numba")
 
@@ -1363,14 +1364,7 @@ def test_a_stencils_gradient_bins_every_neighbours_entry_as_its_rows_are_made():
     from fold.dce import dce
 
     X = rng.normal(size=(40, 30))
-
-    def energy(X):
-        n, m = X.shape
-        s = fold.map(lambda i: fold.map(lambda j: X[i][j] - 0.25 * (X[(i + 1) % n][j] + X[(i - 1) % n][j]
-                                                                    + X[i][(j + 1) % m] + X[i][(j - 1) % m]),
-                                        fold.iota(m)), fold.iota(n))
-        return fold.sum(s ** 2)
-
+    energy = periodic_stencil_energy
     program = prepare(dce(cse(fold.trace(fold.grad(energy), X))), whole_arrays=True)
     assert not [s for s in program.stmts if s.prim.name in ("map", "reduce_by_index")], program
     histograms = [s for s in program.stmts if isinstance(s.prim, LoopNest)

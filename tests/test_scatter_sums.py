@@ -11,6 +11,7 @@ import fold
 from fold.cse import cse
 from fold.dce import dce
 from fold.primitives import Map, ReduceByIndex, SumAxes
+from natural_programs import periodic_stencil_energy
 
 M = fold.monoids
 rng = np.random.default_rng(52)
@@ -120,24 +121,16 @@ def test_scatter_adds_of_rows_at_bins_out_of_range_add_nothing():
         np.testing.assert_allclose(fold.jit(f, backend=backend)(idx, vals), want, rtol=1e-12)
 
 
-def _stencil_energy(X):
-    n, m = X.shape
-    smoothed = fold.map(lambda i: fold.map(lambda j: X[i][j] - 0.25 * (X[(i + 1) % n][j] + X[(i - 1) % n][j]
-                                                                       + X[i][(j + 1) % m] + X[i][(j - 1) % m]),
-                                           fold.iota(m)), fold.iota(n))
-    return fold.sum(smoothed ** 2)
-
-
 def test_a_stencils_gradient_scatters_the_entries_of_both_maps_once():
     # a gather of a gathered row, and sums of scatter-adds: the entries rise through the inner and the outer map
     X = rng.normal(size=(40, 30))
-    program = dce(cse(fold.trace(fold.grad(_stencil_energy), X)))
+    program = dce(cse(fold.trace(fold.grad(periodic_stencil_energy), X)))
     assert _largest_value(program) < 40 * 30 * 30, program  # no (rows, columns, n, m) nor (rows, n, m) values
     assert [type(s.prim) for s in program.stmts].count(ReduceByIndex) == 1, program
     r = X - 0.25 * (np.roll(X, -1, 0) + np.roll(X, 1, 0) + np.roll(X, -1, 1) + np.roll(X, 1, 1))
     want = 2 * r - 0.5 * (np.roll(r, 1, 0) + np.roll(r, -1, 0) + np.roll(r, 1, 1) + np.roll(r, -1, 1))
     for backend in ("numba", "numpy"):
-        np.testing.assert_allclose(fold.jit(fold.grad(_stencil_energy), backend=backend)(X), want, rtol=1e-10)
+        np.testing.assert_allclose(fold.jit(fold.grad(periodic_stencil_energy), backend=backend)(X), want, rtol=1e-10)
 
 
 def test_a_scatter_add_of_scatter_adds_drops_the_inner_entries_out_of_range():
