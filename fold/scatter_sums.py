@@ -22,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from .inline import spliced
 from .ir import Let, Lit, Program, Var, with_bodies
 from .primitives import Elementwise, Map, ReduceByIndex, Reshape, SumAxes
 from .pytree import tree_flatten
@@ -63,19 +64,6 @@ def scatter_sums(program: Program) -> Program:
         return program
     out = tuple(made for s in stmts for made in replaced.get(id(s), [s]))
     return dataclasses.replace(program, stmts=out, meta=dict(program.meta))
-
-
-def _spliced(fn: Callable, args: list) -> tuple[list[Let], list]:
-    """The statements of `fn` traced on values shaped like the atoms `args`, reading those atoms; its outputs."""
-    import fold
-
-    traced = fold.trace(fn, *[np.zeros(a.aval.shape, a.aval.dtype) for a in args])
-    rename = dict(zip(traced.inputs, args, strict=True))
-
-    def sub(a):
-        return rename.get(a, a) if isinstance(a, Var) else a
-
-    return [Let(s.outs, s.prim, tuple(sub(a) for a in s.args)) for s in traced.stmts], [sub(o) for o in traced.outputs]
 
 
 def _zero(atom: Any) -> bool:
@@ -137,13 +125,13 @@ def _binned(stmt: Let, forms: dict[Var, Scattered]) -> tuple[list[Let], Scattere
                 bin_ = i[fold.minimum(fold.maximum(p // width, 0), i.shape[0] - 1)]  # clamped: a read in range
                 return fold.where(inside & (bin_ >= 0) & (bin_ < n), bin_ * width + p % width, -1)
 
-            extra, (flat,) = _spliced(moved, [indices, position])
+            extra, (flat,) = spliced(moved, [indices, position])
             made += extra
             entries.append((flat, value))
         return made, Scattered(out_shape, tuple(entries))
     if width == 1:  # a vector's values, at their bins (reduce_by_index ignores the bins out of range, as any)
         count = values.aval.shape[0]
-        extra, (flat,) = _spliced(lambda v: v.reshape((count,)), [values])
+        extra, (flat,) = spliced(lambda v: v.reshape((count,)), [values])
         return extra, Scattered(out_shape, ((indices, flat),))
 
     def spread(i, v):
@@ -152,7 +140,7 @@ def _binned(stmt: Let, forms: dict[Var, Scattered]) -> tuple[list[Let], Scattere
         positions = fold.where(((i >= 0) & (i < n))[:, None], i[:, None] * width + fold.iota(width)[None, :], -1)
         return positions.reshape((-1,)), v.reshape((-1,))
 
-    extra, (flat, flat_values) = _spliced(spread, [indices, values])
+    extra, (flat, flat_values) = spliced(spread, [indices, values])
     return extra, Scattered(out_shape, ((flat, flat_values),))
 
 
@@ -190,7 +178,7 @@ def _rewritten(stmt: Let, readers: dict[Var, list[Let]], outputs: set[Var]):
             values = fold.concatenate([v.reshape((-1,)) for v in stacked_rows[1::2]])
             return fold.reduce_by_index(fold.monoids.sum, size, positions, values).reshape(shape)
 
-        made, (result_var,) = _spliced(scatter, [a for pair in stacked for a in pair])
+        made, (result_var,) = spliced(scatter, [a for pair in stacked for a in pair])
         if made and made[-1].outs == (result_var,):  # the sum's result is made by the last statement itself
             made[-1] = Let((total,), made[-1].prim, made[-1].args)
         else:

@@ -31,9 +31,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
 import fold
+from fold.inline import spliced
 from fold.ir import Let, Lit, Program, Var, flat_program
 from fold.primitives import BroadcastTo, Elementwise, Iota, Map, MatMul, Reshape, SumAxes, Transpose
 
@@ -60,13 +59,6 @@ def _renaming(rename: dict[Var, Any]) -> Callable[[Any], Any]:
 
 def _reading(stmt: Let, sub: Callable[[Any], Any]) -> Let:
     return Let(stmt.outs, stmt.prim, tuple(sub(a) for a in stmt.args))
-
-
-def _spliced(fn: Callable, args: list) -> tuple[list[Let], list]:
-    """The statements of `fn` traced on values shaped like the atoms `args`, reading those atoms; its outputs."""
-    program = fold.trace(fn, *[np.zeros(a.aval.shape, a.aval.dtype) for a in args])
-    sub = _renaming(dict(zip(program.inputs, args, strict=True)))
-    return [_reading(s, sub) for s in program.stmts], [sub(o) for o in program.outputs]
 
 
 def _scalar(a) -> bool:
@@ -104,12 +96,12 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
             value = scalars.get(args[1]) if isinstance(args[1], Var) else (args[1] if _scalar(args[1]) else None)
             if value is not None and out.aval.dtype.kind == "f" and value.aval.dtype == out.aval.dtype:
                 index, size = masks[args[0]]
-                made, (value,) = _spliced(lambda i, v: fold.where((i >= 0) & (i < size), v, 0.0), [index, value])
+                made, (value,) = spliced(lambda i, v: fold.where((i >= 0) & (i < size), v, 0.0), [index, value])
                 stmts += made  # an index outside [0, K): an all-zero vector, whose value is 0
                 hots[out] = OneHot(index, value, size, out.aval.shape)
         elif isinstance(prim, Elementwise) and prim.op == "neg" and args[0] in hots:
             hot = hots[args[0]]
-            made, (value,) = _spliced(lambda v: -v, [hot.value])
+            made, (value,) = spliced(lambda v: -v, [hot.value])
             stmts += made
             hots[out] = OneHot(hot.index, value, hot.size, hot.shape)
         elif isinstance(prim, Elementwise) and prim.op == "mul" and any(a in hots for a in args if isinstance(a, Var)):
@@ -118,7 +110,7 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
             factor = scalars.get(other) if isinstance(other, Var) else (other if _scalar(other) else None)
             if factor is not None:
                 hot = hots[hot_arg]
-                made, (value,) = _spliced(lambda v, s: v * s, [hot.value, factor])
+                made, (value,) = spliced(lambda v, s: v * s, [hot.value, factor])
                 if value.aval.dtype == out.aval.dtype:
                     stmts += made
                     hots[out] = OneHot(hot.index, value, hot.size, hot.shape)
@@ -158,7 +150,7 @@ def _product(stmt: Let, hots: dict[Var, OneHot]):
         rows = m.T if transpose else m
         return fold.reshape(rows[fold.minimum(fold.maximum(i, 0), size - 1)] * v, out_shape)
 
-    return _spliced(gathered, [matrix, hot.index, hot.value])
+    return spliced(gathered, [matrix, hot.index, hot.value])
 
 
 def _live(stmts: list[Let], outputs: list) -> list[Let]:
@@ -262,7 +254,7 @@ def _top_level_readers(top: Var, hot: OneHot, readers: dict[Var, list[Let]], pai
         out = reader.outs[0]
         if isinstance(reader.prim, SumAxes) and reader.prim.axes == (0,) and reader.args == (top,):
             index, value = pair_for(hot)
-            stmts, (total,) = _spliced(lambda i, v: fold.reshape(fold.reduce_by_index(fold.monoids.sum, size, i, v),
+            stmts, (total,) = spliced(lambda i, v: fold.reshape(fold.reduce_by_index(fold.monoids.sum, size, i, v),
                                                                   out.aval.shape), [index, value])
             made[id(reader)] = stmts
             renames[out] = total
@@ -273,7 +265,7 @@ def _top_level_readers(top: Var, hot: OneHot, readers: dict[Var, list[Let]], pai
         ids, product = chain
         other = product.args[1]
         index, value = pair_for(hot)
-        stmts, (total,) = _spliced(
+        stmts, (total,) = spliced(
             lambda i, v, x: fold.reduce_by_index(fold.monoids.sum, size, i, fold.map(lambda vi, xi: vi * xi, v, x)),
             [index, value, other])
         for reader_id in ids:
