@@ -123,6 +123,8 @@ def _backward_stretch(prim, consts, active_consts, start: int, length, first_sta
         new_s, new_c = _step_vjp(prim, consts, active_consts, start + i_local, state_i, list(ct_s), list(ct_c))
         return _add_saved_cts(new_s, saved_cts, start + i_local), new_c
 
+    if length == 1:  # one step: written in place, not as a loop of one iteration the backend runs apart
+        return back(0, (list(ct_state), list(ct_consts)))
     ct_s, ct_c = fold_loop(back, (list(ct_state), list(ct_consts)), length)
     return list(ct_s), list(ct_c)
 

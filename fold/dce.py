@@ -1,6 +1,7 @@
-"""Dead-code elimination: drop statements whose results nothing uses (bodies are cleaned recursively), and
-the results of a map that nothing reads (a jvp's primal beside the tangent wanted): its body stops
-computing them."""
+"""Dead-code elimination: drop statements whose results nothing uses (bodies are cleaned recursively), the
+results of a map that nothing reads (a jvp's primal beside the tangent wanted): its body stops computing
+them, the values a map or loop captures that its body no longer reads, and the saved states of a gradient's
+forward loop that no reverse step reads (it becomes a plain loop)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 from typing import Iterable, Sequence
 
 from .ir import Let, Program, Var
-from .primitives import Map
+from .primitives import Loop, LoopSaving, Map
 from .pytree import tree_flatten
 
 
@@ -19,11 +20,11 @@ def dce(program: Program) -> Program:
     for stmt in reversed(program.stmts):
         if not any(v in needed for v in stmt.outs):
             continue
-        stmt = _needed_map_results(stmt, needed)
+        stmt = _needed_loop_states(_unsaved_states(_needed_map_results(stmt, needed), needed), needed)
         prim = stmt.prim
         if prim.body_fields:
             prim = dataclasses.replace(prim, **{f: dce(getattr(prim, f)) for f in prim.body_fields})
-            stmt = Let(stmt.outs, prim, stmt.args)
+            stmt = _read_captures(Let(stmt.outs, prim, stmt.args))
         kept.append(stmt)
         needed.update(a for a in stmt.args if isinstance(a, Var))
     return Program(program.inputs, tuple(reversed(kept)), program.outputs, program.in_tree, program.out_tree, dict(program.meta))
@@ -39,6 +40,65 @@ def _needed_map_results(stmt: Let, needed: set) -> Let:
     body = Program(body.inputs, body.stmts, tuple(body.outputs[k] for k in keep), body.in_tree, out_tree,
                    dict(body.meta))
     return Let(tuple(stmt.outs[k] for k in keep), dataclasses.replace(stmt.prim, body=body), stmt.args)
+
+
+def _unsaved_states(stmt: Let, needed: set) -> Let:
+    """A LoopSaving none of whose stacks is read, as the Loop it stands for."""
+    prim = stmt.prim
+    if not isinstance(prim, LoopSaving):
+        return stmt
+    k = len(prim.body.outputs)
+    if any(v in needed for v in stmt.outs[k:]):
+        return stmt
+    return Let(stmt.outs[:k], Loop(prim.body, prim.num_consts, prim.n), stmt.args)
+
+
+def _needed_loop_states(stmt: Let, needed: set) -> Let:
+    """A loop statement carrying only the state leaves that its needed results depend on (a gradient's
+    reverse loop carries the cotangents of every input; most are not wanted)."""
+    prim = stmt.prim
+    if not isinstance(prim, Loop):
+        return stmt
+    body, nc = prim.body, prim.num_consts
+    states = body.inputs[nc + 1:]
+    keep = {k for k, v in enumerate(stmt.outs) if v in needed}
+    while True:
+        trimmed = dce(Program(body.inputs, body.stmts, tuple(body.outputs[k] for k in sorted(keep))))
+        read = {a for s in trimmed.stmts for a in s.args if isinstance(a, Var)} | set(trimmed.outputs)
+        more = {k for k, v in enumerate(states) if v in read} - keep
+        if not more:
+            break
+        keep |= more
+    if len(keep) == len(states):
+        return stmt
+    order = sorted(keep)
+    inputs = tuple(body.inputs[: nc + 1]) + tuple(states[k] for k in order)
+    _, in_tree = tree_flatten(tuple(range(len(inputs))))
+    _, out_tree = tree_flatten(tuple(range(len(order))))
+    body = Program(inputs, body.stmts, tuple(body.outputs[k] for k in order), in_tree, out_tree, dict(body.meta))
+    args = tuple(stmt.args[: nc]) + tuple(stmt.args[nc + k] for k in order)
+    return Let(tuple(stmt.outs[k] for k in order), dataclasses.replace(prim, body=body), args)
+
+
+# combinators whose captured values (the first num_consts arguments) only their body reads
+_CAPTURES_READ_BY_BODY = (Map, Loop, LoopSaving)
+
+
+def _read_captures(stmt: Let) -> Let:
+    """The map or loop `stmt` without the captured values its (cleaned) body does not read."""
+    prim = stmt.prim
+    if not isinstance(prim, _CAPTURES_READ_BY_BODY):
+        return stmt
+    body, nc = prim.body, prim.num_consts
+    read = {a for s in body.stmts for a in s.args if isinstance(a, Var)} | {o for o in body.outputs if isinstance(o, Var)}
+    keep = [k for k in range(nc) if body.inputs[k] in read]
+    if len(keep) == nc:
+        return stmt
+    inputs = tuple(body.inputs[k] for k in keep) + tuple(body.inputs[nc:])
+    _, in_tree = tree_flatten(tuple(range(len(inputs))))
+    body = Program(inputs, body.stmts, body.outputs, in_tree, body.out_tree, dict(body.meta))
+    args = tuple(stmt.args[k] for k in keep) + tuple(stmt.args[nc:])
+    return Let(stmt.outs, dataclasses.replace(prim, body=body, num_consts=len(keep)), args)
 
 
 def with_producers(stmts: Sequence[Let], roots: Iterable[Let]) -> set[int]:
