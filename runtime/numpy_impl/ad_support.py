@@ -22,6 +22,8 @@ def _index_transpose(prim: IndexTranspose, args: list, depth: int) -> list:
 @numpy_impls.register(LoopSaving)
 def _loop_saving(prim: LoopSaving, args: list, depth: int) -> list:
     consts, state = args[: prim.num_consts], list(args[prim.num_consts:])
+    if depth == 0:
+        return _loop_saving_into_stacks(prim, consts, state)
     saved: list[list[np.ndarray]] = [[] for _ in state]
     for i in range(prim.n):
         if i % prim.stride == 0:
@@ -36,6 +38,19 @@ def _loop_saving(prim: LoopSaving, args: list, depth: int) -> list:
             continue
         batch = np.broadcast_shapes(*[x.shape[:depth] for x in store]) if depth else ()
         stacks.append(np.stack([np.broadcast_to(x, batch + x.shape[depth:]) for x in store], axis=depth))
+    return state + stacks
+
+
+def _loop_saving_into_stacks(prim: LoopSaving, consts: list, state: list) -> list:
+    """At the top level every state has its aval's shape: each saved state is written into its row of a
+    stack allocated once, so the iteration's own array can be reused (not kept alive until a final stack
+    copies them all)."""
+    stacks = [np.empty((prim.num_saved,) + a.shape, a.dtype) for a in prim.body.out_avals]
+    for i in range(prim.n):
+        if i % prim.stride == 0:
+            for stack, s in zip(stacks, state, strict=True):
+                stack[i // prim.stride] = s
+        state = eval_program(prim.body, list(consts) + [np.full((), i, dtype=np.int64)] + state, 0)
     return state + stacks
 
 

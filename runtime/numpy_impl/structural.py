@@ -84,7 +84,8 @@ def _gather(prim: Gather, args: list, depth: int) -> list:
     x, idx = args
     check_indices(idx, x.shape[depth], "gather")
     if all(s == 1 for s in x.shape[:depth]):
-        return [x.reshape(x.shape[depth:])[idx]]
+        # one position read by a plain index is a view (a row of a loop's saved states), not a copy
+        return [x.reshape(x.shape[depth:])[int(idx) if np.ndim(idx) == 0 else idx]]
     batch = batch_shape([x, idx], depth)
     k = idx.ndim - depth
     grids = tuple(
