@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .bench_gemm import _current_rss_bytes, _peak_rss_bytes, _reset_peak_rss
+from . import numpy_style
 from .common import RESULTS_DIR, machine, plot_ratios, write_json
 
 MODES = ("primal", "grad", "hvp")
@@ -83,25 +84,32 @@ def family_sizes(quick: bool) -> dict[str, dict[str, int]]:
     per-class sums (a histogram); then a log Mahalanobis distance per point (a captured matrix), a batch of
     matrix-vector products written with @, a smoothed total variation (static slices), a 5-point stencil
     on a periodic grid (a map of maps over iotas gathering neighbours); then NumPy-style pairwise Gaussian
-    kernel sums by broadcasting, a polynomial by Horner's rule in a fold.loop, and logistic loss with X @ w."""
+    kernel sums by broadcasting, a polynomial by Horner's rule in a fold.loop, and logistic loss with X @ w;
+    then (session 53) the logistic map iterated per element in a fold.loop, whose gradient reads the states
+    the forward loop saves."""
     if quick:
         return {"recurrence": dict(n=1000), "conv1d": dict(n=1000, k=5), "bilinear": dict(n=300, d=4),
                 "top2": dict(n=100, m=40), "class_sums": dict(n=2000, d=8), "mahalanobis": dict(n=500, d=6),
                 "batched_matvec": dict(n=300, d=6), "total_variation": dict(n=1000), "stencil": dict(n=40, m=30),
                 "broadcast_pairwise": dict(n=60, m=50, d=3), "horner": dict(n=1000, k=6),
-                "logistic_matrix": dict(n=2000, d=8)}
+                "logistic_matrix": dict(n=2000, d=8), "logistic_map": dict(n=1000)}
     return {"recurrence": dict(n=10**6), "conv1d": dict(n=10**6, k=16), "bilinear": dict(n=10**5, d=8),
             "top2": dict(n=10**4, m=256), "class_sums": dict(n=10**6, d=32), "mahalanobis": dict(n=10**5, d=32),
             "batched_matvec": dict(n=10**5, d=16), "total_variation": dict(n=10**7),
             "stencil": dict(n=2048, m=2048), "broadcast_pairwise": dict(n=2048, m=2048, d=8),
-            "horner": dict(n=10**6, k=16), "logistic_matrix": dict(n=10**6, d=32)}
+            "horner": dict(n=10**6, k=16), "logistic_matrix": dict(n=10**6, d=32), "logistic_map": dict(n=10**6)}
 
 
-SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes, "families": family_sizes}
+LOGISTIC_STEPS = 16  # iterations of the logistic map (families set)
+
+SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes, "families": family_sizes,
+        "numpy": numpy_style.sizes}
 
 
 def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
+    if case in numpy_style.PROGRAMS:
+        return numpy_style.inputs(case, s, rng)
     f32 = np.float32
     if case == "recurrence":
         return rng.uniform(0.5, 0.99, s["n"]).astype(f32), rng.normal(size=s["n"]).astype(f32)
@@ -114,6 +122,8 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
         return (rng.normal(size=s["n"]).astype(f32),)
     if case == "horner":
         return (0.3 * rng.normal(size=s["k"])).astype(f32), rng.uniform(-1, 1, s["n"]).astype(f32)
+    if case == "logistic_map":
+        return rng.uniform(3.0, 3.9, s["n"]).astype(f32), rng.uniform(0.1, 0.9, s["n"]).astype(f32)
     if case == "conv1d":
         return rng.normal(size=s["n"]).astype(f32), (rng.normal(size=s["k"]) / s["k"]).astype(f32)
     if case == "bilinear":
@@ -160,6 +170,8 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
 def fold_natural(case: str) -> Callable:
     import fold
 
+    if case in numpy_style.PROGRAMS:
+        return numpy_style.PROGRAMS[case](np)
     M = fold.monoids
     if case == "recurrence":
         def compose(first, second):
@@ -179,6 +191,8 @@ def fold_natural(case: str) -> Callable:
         return lambda x: fold.sum(fold.sqrt((x[1:] - x[:-1]) ** 2 + 1e-3))
     if case == "broadcast_pairwise":  # NumPy style: an (n, m, d) difference summed over d
         return lambda A, B: fold.sum(fold.exp(-fold.sum((A[:, None, :] - B[None, :, :]) ** 2, axis=2)))
+    if case == "logistic_map":
+        return lambda r, x: fold.sum(fold.loop(lambda i, a: r * a * (1.0 - a), x, LOGISTIC_STEPS))
     if case == "horner":
         return lambda c, x: fold.sum(fold.loop(lambda i, acc: acc * x + c[i], x * 0.0, c.shape[0]) ** 2)
     if case == "logistic_matrix":
@@ -298,6 +312,8 @@ def jax_natural(case: str) -> Callable:
     import jax.numpy as jnp
     from jax.scipy.special import logsumexp
 
+    if case in numpy_style.PROGRAMS:
+        return numpy_style.PROGRAMS[case](jnp)
     vmap = jax.vmap
     if case == "recurrence":
         def compose(first, second):
@@ -317,6 +333,8 @@ def jax_natural(case: str) -> Callable:
         return lambda x: jnp.sum(jnp.sqrt((x[1:] - x[:-1]) ** 2 + 1e-3))
     if case == "broadcast_pairwise":
         return lambda A, B: jnp.sum(jnp.exp(-jnp.sum((A[:, None, :] - B[None, :, :]) ** 2, axis=2)))
+    if case == "logistic_map":
+        return lambda r, x: jnp.sum(jax.lax.fori_loop(0, LOGISTIC_STEPS, lambda i, a: r * a * (1.0 - a), x))
     if case == "horner":
         return lambda c, x: jnp.sum(jax.lax.fori_loop(0, c.shape[0], lambda i, acc: acc * x + c[i], x * 0.0) ** 2)
     if case == "logistic_matrix":

@@ -126,3 +126,17 @@ def test_lowered_shows_the_nests_the_cuda_backend_runs():
     C, P = rng.normal(size=(4, 3)), rng.normal(size=(50, 3))
     text = str(fold.lowered(kmeans_cost, C, P, backend="cuda"))
     assert "as the cuda backend runs it" in text and "parallel fold i < 50" in text
+
+
+@pytest.mark.parametrize("mode", ["primal", "grad"])
+def test_numpy_style_broadcasting_runs_as_cuda_nests(mode, nest_runs):
+    """A sum of an (n, m, d) value made by broadcasting runs as maps of the nest (runtime/loops/broadcast_maps.py),
+    on the cuda backend as on the numba one."""
+    def kernel_sum(A, B):
+        return fold.sum(fold.exp(-fold.sum((A[:, None, :] - B[None, :, :]) ** 2, axis=2)))
+
+    A, B = rng.normal(size=(30, 3)), rng.normal(size=(20, 3))
+    f = kernel_sum if mode == "primal" else fold.grad(kernel_sum, argnums=(0, 1))
+    got, want = _both(f, A, B)
+    _close(got, want, 1e-10)
+    assert nest_runs, "the broadcast ran no nest on the GPU"

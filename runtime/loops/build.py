@@ -379,9 +379,10 @@ def _reshape(w: Writer, prim: Reshape, args: list[Value], out_avals) -> list[Val
         return [x]
     if math.prod(shape) == 1:  # to or from a single element
         one = w.element(x, ("0",) * len(x.shape))
+        zero_unless = getattr(x, "zero_unless", None)  # a stored value knows none
         if shape == ():
-            return [Scalar(w.assign(one), x.dtype, zero_unless=x.zero_unless)]
-        return [Pull(shape, x.dtype, lambda w, idx: one, False, zero_unless=x.zero_unless)]
+            return [Scalar(w.assign(one), x.dtype, zero_unless=zero_unless)]
+        return [Pull(shape, x.dtype, lambda w, idx: one, False, zero_unless=zero_unless)]
     if _without_units(shape) == _without_units(x.shape):  # unit axes added or dropped: indices carried over
         def element(w: Writer, idx: tuple) -> str:
             kept = iter(i for i, n in zip(idx, shape) if n != 1)

@@ -21,6 +21,9 @@ A map of scalars that a reduce folds (`reduce(op, map(f, xs))`) is a parallel fo
 A map whose body folds or scans its rows with no map inside (a row's logsumexp or norm) is a nest as a map of
 maps is, unless it multiplies a matrix by the row (see `_candidate`).
 
+NumPy-style broadcasting summed over an axis is written as the maps it stands for first (broadcast_maps.py),
+where each such map then becomes part of a nest.
+
 Inside, maps, reduces, sums, matrix products and elementwise statements at any depth are loops of the nest
 (build.py). A statement the nest cannot write leaves the group as it was. `LoopNest` keeps the statements it
 replaced as a program of its own, which the numpy implementation runs: a backend may always decline.
@@ -45,6 +48,7 @@ from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
+from .broadcast_maps import maps_of_broadcasts
 from .build import NotNestable, Pull, Scalar, Stored, Writer, cast, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
@@ -224,7 +228,7 @@ def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_fol
     memo = _fused.setdefault((folds_of_scalar_maps, row_folds, histograms), weakref.WeakKeyDictionary())
     found = memo.get(program)
     if found is None:
-        found = _fuse(program, folds_of_scalar_maps, row_folds, histograms)
+        found = _fuse_with_broadcast_maps(program, folds_of_scalar_maps, row_folds, histograms)
         # an unchanged program is not stored as its own value: the entry would keep its key alive
         memo[program] = _UNCHANGED if found is program else found
     return program if found is _UNCHANGED else found
@@ -234,6 +238,18 @@ _UNCHANGED = object()
 
 
 _fused: "dict[tuple[bool, bool, bool], weakref.WeakKeyDictionary[Program, Program]]" = {}
+
+
+def _fuse_with_broadcast_maps(program: Program, *choices: bool) -> Program:
+    """The program's nests, with NumPy-style broadcasting written as maps (broadcast_maps.py) where every map
+    so written becomes part of a nest; otherwise the program's own statements, where the backend's kernels
+    for broadcasting and elementwise statements run them as before."""
+    lifted, maps = maps_of_broadcasts(program)
+    if maps:
+        fused = _fuse(lifted, *choices)
+        if not any(isinstance(s.prim, Map) and s.outs[0] in maps for s in fused.stmts):
+            return fused
+    return _fuse(program, *choices)
 
 
 def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histograms: bool) -> Program:
