@@ -7,7 +7,9 @@ as `exp(z - m) / total`) is a chain of whole-array statements, each a NumPy pass
 writes only the values used later. Statements in between that read none of the chain's values (the cheap
 reshapes and broadcasts the tracer inserts, a row maximum of an earlier value) are moved before it.
 
-Broadcast operands (a per-row value against a block) are read as NumPy's zero-stride views, never expanded.
+Broadcast operands (a per-row value against a block) are read as NumPy's zero-stride views, never expanded;
+an operand of one element (a 0-d value, or a sum's cotangent broadcast to the whole array) is a scalar of the
+kernel, whose loop then vectorises.
 A reduce that is the only reader of the run's only result joins it (the run's value is then never stored),
 as does a `fold.sum` of a vector (as the sum monoid's reduce), even after a single statement; where the run
 makes other values too, the reduce takes with it the members that only it reads (fold_producers.py gives
@@ -23,6 +25,7 @@ The primitive's numpy implementation runs the statements it replaced, so declini
 from __future__ import annotations
 
 import math
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,6 +34,7 @@ import numpy as np
 
 from fold.ir import Let, Lit, Primitive, Program, Var, use_counts
 from fold.primitives import Convert, Elementwise, Reduce, SumAxes
+from fold.pytree import tree_flatten
 
 from ..interpreter import eval_program, numpy_impls
 from .codegen import compile_scalar_program, has_f64x4_form, has_lane_form, is_scalar_program
@@ -330,14 +334,42 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
         fn = compile_scalar_program(prim.body)
     except Exception as err:  # noqa: BLE001
         return decline(prim, f"its body does not compile: {type(err).__name__}")
-    inputs = [np.broadcast_to(x, shape) for x in args]
+    if prim.reduce is not None and prim.row_sum is None:
+        return _fused_reduce(prim, fn, [np.broadcast_to(x, shape) for x in args], depth)
+    # one-element operands (a gradient's cotangent of a sum, broadcast to the whole array) are passed as
+    # scalars: read through a view with zero strides, they kept the loop from vectorising (2.5x slower)
+    single = [k for k, x in enumerate(args) if _one_element(x)]
+    single = single if len(single) < len(args) else []
+    consts = [np.asarray(args[k]).flat[0] for k in single]
+    inputs = [np.broadcast_to(x, shape) for k, x in enumerate(args) if k not in single]
     if prim.row_sum is not None:
-        return _fused_row_sums(prim, fn, inputs)
-    if prim.reduce is not None:
-        return _fused_reduce(prim, fn, inputs, depth)
+        return _fused_row_sums(prim, inputs, single, consts)
     outs = [np.empty(shape, v.aval.dtype) for v in prim.region.outputs]
-    done = run_kernel(prim, "map", fn, len(inputs), len(outs), inputs, out=outs)
+    fn = fn if not single else compile_scalar_program(_scalars_first(prim.body, tuple(single)))
+    done = run_kernel(prim, "map", fn, len(inputs), len(outs), inputs, consts=consts, out=outs)
     return None if done is None else outs
+
+
+def _one_element(x) -> bool:
+    """Whether `x` holds one value, whatever its shape (a broadcast of one element has no nonzero stride)."""
+    x = np.asarray(x)
+    return x.size == 1 or (x.size > 0 and not any(x.strides))
+
+
+_reordered: "weakref.WeakKeyDictionary[Program, dict[tuple[int, ...], Program]]" = weakref.WeakKeyDictionary()
+
+
+def _scalars_first(body: Program, single: tuple[int, ...]) -> Program:
+    """`body` taking its inputs at positions `single` first (the map kernels' constants), then the others in
+    order; memoised, so that a run's kernel function is made once."""
+    per_body = _reordered.setdefault(body, {})
+    found = per_body.get(single)
+    if found is None:
+        order = list(single) + [k for k in range(len(body.inputs)) if k not in single]
+        inputs = tuple(body.inputs[k] for k in order)
+        _, in_tree = tree_flatten(tuple(range(len(inputs))))
+        found = per_body[single] = Program(inputs, body.stmts, body.outputs, in_tree, body.out_tree, dict(body.meta))
+    return found
 
 
 def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: int):
@@ -357,15 +389,19 @@ def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: i
     return None if rows is None else [rows[0].astype(dtype, copy=False)]
 
 
-def _fused_row_sums(prim: FusedElementwise, fn, inputs: list[np.ndarray]):
-    """The run's stored values, then the row sums (the region's outputs in order), from one pass."""
+def _fused_row_sums(prim: FusedElementwise, inputs: list[np.ndarray], single: list[int], consts: list):
+    """The run's stored values, then the row sums (the region's outputs in order), from one pass; the body's
+    inputs at positions `single` are the scalars `consts`."""
     if inputs[0].ndim != 2:
         return None
     dtype = prim.region.outputs[-1].aval.dtype
-    if widens("add", dtype):  # float32 row sums: summed in float64 (wide_folds.py)
-        fn = compile_scalar_program(widened_last_output(prim.body))
+    body = widened_last_output(prim.body) if widens("add", dtype) else prim.body  # float32 row sums: in float64
+    try:
+        fn = compile_scalar_program(_scalars_first(body, tuple(single)) if single else body)
+    except Exception as err:  # noqa: BLE001
+        return decline(prim, f"its body does not compile: {type(err).__name__}")
     stored = [np.empty(inputs[0].shape, v.aval.dtype) for v in prim.region.outputs[:-1]]
-    found = run_kernel(prim, "map_with_row_sums", fn, len(inputs), len(stored), inputs, out=stored)
+    found = run_kernel(prim, "map_with_row_sums", fn, len(inputs), len(stored), inputs, consts=consts, out=stored)
     return None if found is None else [*found[0], found[1].astype(dtype, copy=False)]
 
 
