@@ -1,7 +1,8 @@
 """NumPy's reductions and cumulative functions on traced arrays, lowered to fold's monoids and scans.
 
-`np.max(x, axis=1)` inside a traced function becomes a `fold.reduce` with `fold.monoids.max` over the axes
-moved to the front (the other axes are the elements' fields), so it is differentiated by the reduce rules
+`np.max(x, axis=1)` inside a traced function becomes a `fold.reduce` with `fold.monoids.max`: over trailing
+axes a map of each row's reduce, over others a reduce over the axes moved to the front (the other axes are
+the elements' fields), so it is differentiated by the reduce rules
 (ties: the lowest index, as for every min/max). `np.cumsum` is a `fold.scan`. `where=` masks elements
 through `fold.where` (the masked ones become the monoid's identity). Registered into the table of
 fold/numpy_functions.py; ndarray-style methods (`x.max()`) are the same functions.
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import monoids, ops
-from .combinators import reduce as fold_reduce, scan as fold_scan
+from .combinators import map as fold_map, reduce as fold_reduce, scan as fold_scan
 from .errors import FoldTypeError, ShapeError
 from .numpy_functions import _axes, _handles, _keep_dims, _mean, _sum, _where_mask
 from .tracing import Tracer
@@ -55,10 +56,23 @@ def _monoid_reduce(name: str, monoid: Any, a: Any, axis: Any, keepdims: bool, wh
                          f"it; pass initial=)")
     identity = monoid.identity if initial is None else initial
     a = _masked(a, where, identity, f"np.{name}")
-    result = fold_reduce(monoid, _to_front(a, axes)) if axes else a
+    result = _reduced(monoid, a, shape, axes) if axes else a
     if initial is not None:
         result = monoid.op(result, ops.convert(initial, _dtype(result)))
     return _keep_dims(result, shape, axes) if keepdims else result
+
+
+def _reduced(monoid: Any, a: Any, shape: tuple[int, ...], axes: tuple[int, ...]) -> Any:
+    """`a` folded with `monoid` over `axes`. Over trailing axes (a matrix's rows: `np.max(S, axis=1)`), a map
+    over the kept leading axes of a reduce of each row, as the loop nest and its gradient fold a row; over
+    others, a reduce over those axes moved to the front, whose elements are the remaining axes' arrays.
+    Moving trailing axes to the front made a transposed copy, and the gradient's one-hot cotangent was built
+    on the transposed array and transposed back."""
+    kept = len(shape) - len(axes)
+    if not kept or axes != tuple(range(kept, len(shape))):
+        return fold_reduce(monoid, _to_front(a, axes))
+    rows = ops.reshape(a, (int(np.prod(shape[:kept], dtype=np.int64)), int(np.prod(shape[kept:], dtype=np.int64))))
+    return ops.reshape(fold_map(lambda row: fold_reduce(monoid, row), rows), shape[:kept])
 
 
 @_handles(np.max, np.amax)

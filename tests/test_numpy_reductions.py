@@ -102,3 +102,21 @@ def test_argmax_inside_a_gradient_is_a_constant_index() -> None:
     want = np.zeros(6)
     want[np.argmax(x)] = 2 * x.max()
     np.testing.assert_allclose(fold.grad(f)(x), want)
+
+
+@pytest.mark.parametrize("name", ["max", "min", "prod"])
+def test_a_reduction_over_trailing_axes_is_a_map_of_row_reductions(name) -> None:
+    """np.max(S, axis=1) folds each row: a map of a reduce, no transposed copy of S (its gradient built a
+    one-hot array on the transposed copy and transposed it back), with NumPy's values and gradients."""
+    from fold.primitives import Map, Transpose
+
+    fn = getattr(np, name)
+    f = lambda x: fn(x, axis=(1, 2), keepdims=True)  # noqa: E731
+    program = fold.trace(f, X)
+    assert [type(s.prim) for s in program.stmts if isinstance(s.prim, (Map, Transpose))] == [Map], program
+    got = fold.run(f, X)
+    np.testing.assert_allclose(got, fn(X, axis=(1, 2), keepdims=True), rtol=1e-12)
+    x = RNG.normal(size=(3, 4, 5)) + 0.1
+    check_grads(lambda x: np.sum(fn(x, axis=-1) * np.arange(4.0)), (x,), order=2)
+    grad = fold.trace(fold.grad(lambda x: np.sum(fn(x, axis=-1))), x)
+    assert not any(isinstance(s.prim, Transpose) for s in grad.stmts), grad
