@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import fold
 from fold.cse import cse
@@ -117,3 +118,31 @@ def test_an_array_constant_of_the_broadcast_shape_stays_outside_the_maps():
     hvp = lambda X, g: fold.jvp(grad, (X, g), (tangent, np.zeros_like(g)))[1]  # noqa: E731
     got, want = fold.jit(hvp, backend="numba")(X, g), fold.jit(hvp, backend="numpy")(X, g)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+_UNARY = {"tanh": fold.tanh, "square": lambda v: v * v, "sin": fold.sin, "neg": lambda v: -v}
+_BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+           "max": fold.maximum}
+
+
+@settings(max_examples=10, deadline=None)
+@given(sizes=st.tuples(*[st.integers(2, 5)] * 3), binary=st.sampled_from(sorted(_BINARY)),
+       unary=st.lists(st.sampled_from(sorted(_UNARY)), min_size=1, max_size=3),
+       axes=st.sampled_from([(0,), (1,), (2,), (0, 2), (1, 2), (0, 1)]), scaled=st.booleans())
+def test_random_broadcast_sums_match_the_numpy_backend(sizes, binary, unary, axes, scaled):
+    """Random (n, m, d) values made by broadcasting two matrices (and a scalar), summed over random axes: the
+    numba backend (broadcasts as maps, then nests) against the numpy backend, value and gradient."""
+    n, m, d = sizes
+    A, B, s = rng.normal(size=(n, d)), rng.normal(size=(m, d)), np.asarray(0.7)
+
+    def f(A, B, s):
+        v = _BINARY[binary](A[:, None, :], B[None, :, :])
+        for name in unary:
+            v = _UNARY[name](v)
+        v = v * s if scaled else v
+        return fold.sum(fold.sum(v, axis=axes) ** 2)
+
+    for g in (f, fold.grad(f, argnums=(0, 1))):
+        got, want = fold.jit(g, backend="numba")(A, B, s), fold.jit(g, backend="numpy")(A, B, s)
+        for a, b in zip(fold.tree_flatten(got)[0], fold.tree_flatten(want)[0], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
