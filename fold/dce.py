@@ -42,6 +42,12 @@ def _needed_map_results(stmt: Let, needed: set) -> Let:
     return Let(tuple(stmt.outs[k] for k in keep), dataclasses.replace(stmt.prim, body=body), stmt.args)
 
 
+def _read(program: Program) -> set[Var]:
+    """The variables `program`'s statements and outputs read."""
+    return {a for s in program.stmts for a in s.args if isinstance(a, Var)} | {
+        o for o in program.outputs if isinstance(o, Var)}
+
+
 def _unsaved_states(stmt: Let, needed: set) -> Let:
     """A LoopSaving none of whose stacks is read, as the Loop it stands for."""
     prim = stmt.prim
@@ -63,8 +69,7 @@ def _needed_loop_states(stmt: Let, needed: set) -> Let:
     states = body.inputs[nc + 1:]
     keep = {k for k, v in enumerate(stmt.outs) if v in needed}
     while True:
-        trimmed = dce(Program(body.inputs, body.stmts, tuple(body.outputs[k] for k in sorted(keep))))
-        read = {a for s in trimmed.stmts for a in s.args if isinstance(a, Var)} | set(trimmed.outputs)
+        read = _read(dce(Program(body.inputs, body.stmts, tuple(body.outputs[k] for k in sorted(keep)))))
         more = {k for k, v in enumerate(states) if v in read} - keep
         if not more:
             break
@@ -90,7 +95,7 @@ def _read_captures(stmt: Let) -> Let:
     if not isinstance(prim, _CAPTURES_READ_BY_BODY):
         return stmt
     body, nc = prim.body, prim.num_consts
-    read = {a for s in body.stmts for a in s.args if isinstance(a, Var)} | {o for o in body.outputs if isinstance(o, Var)}
+    read = _read(body)
     keep = [k for k in range(nc) if body.inputs[k] in read]
     if len(keep) == nc:
         return stmt

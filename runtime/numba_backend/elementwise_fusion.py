@@ -330,24 +330,32 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
     run_ndim = len(prim.run_shape)
     if len(shape) not in (1, 2) or len(shape) != depth + run_ndim or not worth_compiling(math.prod(shape)):
         return None  # NumPy's passes are cheap at this size; the kernel is for large arrays
-    try:
-        fn = compile_scalar_program(prim.body)
-    except Exception as err:  # noqa: BLE001
-        return decline(prim, f"its body does not compile: {type(err).__name__}")
     if prim.reduce is not None and prim.row_sum is None:
-        return _fused_reduce(prim, fn, [np.broadcast_to(x, shape) for x in args], depth)
+        fn = _kernel_function(prim, prim.body, ())
+        return None if fn is None else _fused_reduce(prim, fn, [np.broadcast_to(x, shape) for x in args], depth)
     # one-element operands (a gradient's cotangent of a sum, broadcast to the whole array) are passed as
     # scalars: read through a view with zero strides, they kept the loop from vectorising (2.5x slower)
     single = [k for k, x in enumerate(args) if _one_element(x)]
-    single = single if len(single) < len(args) else []
+    single = tuple(single) if len(single) < len(args) else ()
     consts = [np.asarray(args[k]).flat[0] for k in single]
     inputs = [np.broadcast_to(x, shape) for k, x in enumerate(args) if k not in single]
     if prim.row_sum is not None:
         return _fused_row_sums(prim, inputs, single, consts)
+    fn = _kernel_function(prim, prim.body, single)
+    if fn is None:
+        return None
     outs = [np.empty(shape, v.aval.dtype) for v in prim.region.outputs]
-    fn = fn if not single else compile_scalar_program(_scalars_first(prim.body, tuple(single)))
     done = run_kernel(prim, "map", fn, len(inputs), len(outs), inputs, consts=consts, out=outs)
     return None if done is None else outs
+
+
+def _kernel_function(prim: FusedElementwise, body: Program, single: tuple[int, ...]):
+    """`body` compiled as the kernel's scalar function, its inputs at positions `single` taken first (the
+    kernel's constants); None after declining where it does not compile."""
+    try:
+        return compile_scalar_program(_scalars_first(body, single) if single else body)
+    except Exception as err:  # noqa: BLE001
+        return decline(prim, f"its body does not compile: {type(err).__name__}")
 
 
 def _one_element(x) -> bool:
@@ -389,17 +397,16 @@ def _fused_reduce(prim: FusedElementwise, fn, inputs: list[np.ndarray], depth: i
     return None if rows is None else [rows[0].astype(dtype, copy=False)]
 
 
-def _fused_row_sums(prim: FusedElementwise, inputs: list[np.ndarray], single: list[int], consts: list):
+def _fused_row_sums(prim: FusedElementwise, inputs: list[np.ndarray], single: tuple[int, ...], consts: list):
     """The run's stored values, then the row sums (the region's outputs in order), from one pass; the body's
     inputs at positions `single` are the scalars `consts`."""
     if inputs[0].ndim != 2:
         return None
     dtype = prim.region.outputs[-1].aval.dtype
     body = widened_last_output(prim.body) if widens("add", dtype) else prim.body  # float32 row sums: in float64
-    try:
-        fn = compile_scalar_program(_scalars_first(body, tuple(single)) if single else body)
-    except Exception as err:  # noqa: BLE001
-        return decline(prim, f"its body does not compile: {type(err).__name__}")
+    fn = _kernel_function(prim, body, single)
+    if fn is None:
+        return None
     stored = [np.empty(inputs[0].shape, v.aval.dtype) for v in prim.region.outputs[:-1]]
     found = run_kernel(prim, "map_with_row_sums", fn, len(inputs), len(stored), inputs, consts=consts, out=stored)
     return None if found is None else [*found[0], found[1].astype(dtype, copy=False)]
