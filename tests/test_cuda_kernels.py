@@ -5,6 +5,7 @@ test` sets NUMBA_ENABLE_CUDASIM=1)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 
@@ -224,6 +225,31 @@ def test_map_calls_the_mapper_with_the_constants_first(n):
     assert greater.dtype == np.bool_
 
 
+def test_kernels_allocate_their_arrays_with_the_installed_allocator():
+    """The cuda backend installs CuPy's memory pool (device.use_memory_pool); every kernel's results and
+    scratch arrays come from the installed allocator, and Numba's own is back after use_allocator(None)."""
+    made = []
+
+    def allocate(shape, dtype):
+        made.append((shape, np.dtype(dtype)))
+        return cuda.device_array(shape, dtype)
+
+    x, y = rng.normal(size=40), rng.normal(size=40)
+    kc.host.use_allocator(allocate)
+    try:
+        mapped, _ = kc.map(scaled_pair, [x, y], [np.float64, np.bool_], consts=(2.0,))
+        kc.reduce(affine, 2, (1.0, 0.0), affine_leaves(40))
+        kc.map_over(shifted_exp_and_sign, [cuda.to_device(x), cuda.to_device(y)], (40,), [np.float64, np.bool_])
+    finally:
+        kc.host.use_allocator(None)
+    np.testing.assert_allclose(mapped, 2.0 * x + y)
+    assert ((40,), np.dtype(np.float64)) in made and ((40,), np.dtype(np.bool_)) in made
+    assert len(made) >= 5, made  # map's two results, the reduce's block totals, map_over's two
+    count = len(made)
+    kc.map(scaled_pair, [x, y], [np.float64, np.bool_], consts=(2.0,))
+    assert len(made) == count
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: kc.reduce(affine, 2, (1.0, 0.0), affine_leaves(9), threads=6), "power of two"),
     (lambda: kc.reduce(affine, 2, (1.0, 0.0), affine_leaves(9), items=0), "items must be an integer >= 1"),
@@ -378,10 +404,14 @@ def shifted_exp_and_sign(x, m):
     return math.exp(x - m), x > m
 
 
-@pytest.mark.parametrize("shape", [(7,), (5, 9), (3, 4, 6), (2, 3, 2, 5), (0, 4)])
-def test_map_over_reads_broadcast_operands_in_place(shape):
+@pytest.mark.parametrize("shape", [(7,), (5, 9), (3, 4, 6), (2, 3, 2, 5), (0, 4), (40,), (3, 40), (2, 3, 33),
+                                   (2, 2, 3, 35)])
+@pytest.mark.parametrize("max_grid_y", [65535, 2])
+def test_map_over_reads_broadcast_operands_in_place(shape, max_grid_y, monkeypatch):
     """Every index of an N-d shape, one operand full and one broadcast along all but one axis (stride 0,
-    never expanded): a per-row maximum against a block of scores."""
+    never expanded): a per-row maximum against a block of scores. A last axis of 32 or more is taken by
+    rows (a 2-D grid); a grid of fewer rows than the shape's (max_grid_y = 2) loops over the rest."""
+    monkeypatch.setattr(importlib.import_module("fold.kernels.cuda.map"), "MAX_GRID_Y", max_grid_y)
     x = rng.normal(size=shape)
     m_shape = shape[:1] + (1,) * (len(shape) - 1)
     m = rng.normal(size=m_shape)

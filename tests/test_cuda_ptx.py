@@ -132,8 +132,10 @@ SCRIPT = textwrap.dedent('''
         assert fused is not None, problem
         strided = types.Array(numba.from_dtype(np.dtype(np.float32)), ndim, "A")
         outs = [array(v.aval.dtype, ndim) for v in run.region.outputs]
-        kernels.append((f"fused elementwise run, {ndim} dimensions", _map_over_source(len(run.region.inputs), ndim, len(outs)),
-                        fused, (*[strided] * len(run.region.inputs), types.int64, *[types.int64] * (ndim - 1), *outs)))
+        for by_rows in (False, True):  # its elements unravelled, or by rows on a 2-D grid
+            kernels.append((f"fused elementwise run, {ndim} dimensions{', by rows' * by_rows}",
+                            _map_over_source(len(run.region.inputs), ndim, len(outs), by_rows), fused,
+                            (*[strided] * len(run.region.inputs), types.int64, *[types.int64] * (ndim - 1), *outs)))
 
     # loop nests (runtime/cuda_backend/loop_nests.py): a fold with its one-thread merge, a fold of a (k, d)
     # row state (local arrays), a parallel map; float32, the helpers they call compiled beside them

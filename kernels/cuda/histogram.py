@@ -65,7 +65,7 @@ def _private_histograms(combine: Callable, ident: tuple, indices, leaves: list, 
         workers = min(max(1, PRIVATE_SLOTS // n_bins), max(1, n // (ELEMENTS_PER_BIN * n_bins)))
     workers = host.check_count(workers, "workers")
     chunk = max(1, -(-n // workers))
-    private = [cuda.device_array((workers, n_bins), d) for d in dtypes]
+    private = [host.device_array((workers, n_bins), d) for d in dtypes]
     k = len(dtypes)
     fill = compile_kernel(("private_fold", combine, dtypes), lambda: _private_source(k), {"combine": combine})
     host.start(fill, -(-workers // shape.threads), shape.threads, indices, *leaves, *ident, n, chunk, *private)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from numba import config, cuda
@@ -172,5 +172,27 @@ def cast_identity(identity: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple:
     return tuple(cast)
 
 
+def _numba_array(shape: tuple, dtype: np.dtype) -> Any:
+    return cuda.device_array(shape, dtype)
+
+
+# What the kernels' results and scratch arrays are allocated with: Numba's own allocator, unless a caller
+# installs another. Numba's calls cuMemAlloc for every array and frees them in batches that synchronise the
+# device, so the cuda backend, whose statements launch one kernel after another, installs CuPy's memory pool.
+_allocate: Callable[[tuple, np.dtype], Any] = _numba_array
+
+
+def use_allocator(allocate: Callable[[tuple, np.dtype], Any] | None) -> None:
+    """Allocate the kernels' device arrays with allocate(shape, dtype) (something Numba takes as a device
+    array: one with __cuda_array_interface__); None: Numba's own allocator again."""
+    global _allocate
+    _allocate = allocate or _numba_array
+
+
+def device_array(shape: int | tuple, dtype: np.dtype) -> Any:
+    """An uninitialised device array for a kernel to write, from the installed allocator."""
+    return _allocate(shape if isinstance(shape, tuple) else (int(shape),), np.dtype(dtype))
+
+
 def empty(n: int, dtypes: Sequence[np.dtype]) -> list[Any]:
-    return [cuda.device_array(n, np.dtype(d)) for d in dtypes]
+    return [device_array(n, d) for d in dtypes]

@@ -67,29 +67,55 @@ def map_over(mapper: Callable, inputs: Sequence[Any], shape: Sequence[int], out_
         raise ValueError("out_dtypes: a map needs at least one result")
     launch = host.launch(threads, 1)
     host.check_arity(mapper, len(inputs), "mapper")
-    outs = [cuda.device_array(shape, d) for d in dtypes]
+    outs = [host.device_array(shape, d) for d in dtypes]
     n = math.prod(shape)
     if n:
         m, d, r = len(inputs), len(shape), len(dtypes)
-        kernel = compile_kernel(("map_over", mapper, m, d, dtypes), lambda: _map_over_source(m, d, r),
+        by_rows = d > 1 and shape[-1] >= MIN_ROW
+        kernel = compile_kernel(("map_over", mapper, m, d, dtypes, by_rows), lambda: _map_over_source(m, d, r, by_rows),
                                 {"mapper": mapper})
-        host.start(kernel, launch.blocks(n), launch.threads, *inputs, n, *shape[1:], *outs)
+        if by_rows:
+            last, rows = shape[-1], n // shape[-1]
+            across = min(launch.threads, 1 << (last - 1).bit_length())  # threads along the last axis
+            down = launch.threads // across
+            blocks = (-(-last // across), min(-(-rows // down), MAX_GRID_Y))
+            host.start(kernel, blocks, (across, down), *inputs, rows, *shape[1:], *outs)
+        else:
+            host.start(kernel, launch.blocks(n), launch.threads, *inputs, n, *shape[1:], *outs)
     return tuple(outs)
 
 
-def _map_over_source(m: int, d: int, r: int) -> str:
-    """Thread k takes the k-th index of the shape in C order (consecutive threads, consecutive elements of
-    the last axis: the outputs' writes are coalesced)."""
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension: more rows are taken in a grid-stride loop
+MIN_ROW = 32  # a shorter last axis is indexed as one run of all the elements (its rows would idle most of a warp)
+
+
+def _map_over_source(m: int, d: int, r: int, by_rows: bool) -> str:
+    """By rows: a 2-D grid, threads along x taking consecutive elements of the last axis (the outputs'
+    writes are coalesced) and threads along y the rows of the leading axes, in a grid-stride loop; only a
+    shape of more than two axes unravels a row number, and the last axis needs no division (a 64-bit
+    division is a long sequence of instructions on a GPU). Otherwise thread k takes the k-th element in C
+    order, its index unravelled."""
     index = ", ".join(f"i{a}" for a in range(d))
+    extents = ", ".join(f"e{a}" for a in range(1, d))
+    call = [f"{names('y', r)} = mapper({', '.join(f'x{j}[{index}]' for j in range(m))})",
+            *(f"out{j}[{index}] = y{j}" for j in range(r))]
+    if by_rows:
+        unravel = ["rest = row"]
+        for a in range(d - 2, 0, -1):
+            unravel += [f"i{a} = rest % e{a}", f"rest = rest // e{a}"]
+        params = ", ".join(filter(None, [names("x", m), "rows", extents, names("out", r)]))
+        return f"""def kernel({params}):
+    i{d - 1}, first = cuda.grid(2)
+    if i{d - 1} < e{d - 1}:
+        for row in range(first, rows, cuda.gridsize(2)[1]):
+{chr(10).join(" " * 12 + line for line in unravel + ["i0 = rest"] + call)}
+"""
     unravel = ["rest = k"]
     for a in range(d - 1, 0, -1):
         unravel += [f"i{a} = rest % e{a}", f"rest = rest // e{a}"]
-    unravel.append("i0 = rest")
-    params = ", ".join(filter(None, [names("x", m), "n", ", ".join(f"e{a}" for a in range(1, d)), names("out", r)]))
+    params = ", ".join(filter(None, [names("x", m), "n", extents, names("out", r)]))
     return f"""def kernel({params}):
     k = cuda.grid(1)
     if k < n:
-{chr(10).join(" " * 8 + line for line in unravel)}
-        {names("y", r)} = mapper({", ".join(f"x{j}[{index}]" for j in range(m))})
-{lines("out{j}[" + index + "] = y{j}", r, 8)}
+{chr(10).join(" " * 8 + line for line in unravel + ["i0 = rest"] + call)}
 """

@@ -83,6 +83,7 @@ class CudaBackend:
         problem = toolchain_problem()
         if problem is not None:
             raise FoldRuntimeError(problem)
+        device.use_memory_pool()
 
     def compile(self, program: Program) -> "CudaProgram":
         return CudaProgram(program)

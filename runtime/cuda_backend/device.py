@@ -19,7 +19,8 @@ and `__array_function__`), and the simulator's arrays do the same with NumPy und
 does, a host array among the operands.
 
 Exercised only on a real GPU (the simulator takes the other branch of each): the CuPy branches of
-`to_device`, `to_host`, `for_kernel`, `adopt`, `reshape`, `astype`, `stack_last`, `broadcast_view`, `copy`.
+`to_device`, `to_host`, `for_kernel`, `adopt`, `reshape`, `astype`, `stack_last`, `broadcast_view`, `copy`,
+`use_memory_pool`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 from numba import config, cuda
+
+from fold.kernels.cuda import host
 
 from ..numpy_impl.elementwise import NUMPY_SCALAR_FNS
 
@@ -171,6 +174,15 @@ if SIMULATED:
         if isinstance(values, dict):
             return {k: _unwrapped(v) for k, v in values.items()}
         return values
+
+
+def use_memory_pool() -> None:
+    """Have kernels.cuda allocate its results in CuPy's memory pool (as Numba views of CuPy arrays), where
+    CuPy is installed: Numba's own allocator calls cuMemAlloc for every array and frees them in batches that
+    synchronise the device, between statements that would otherwise queue one kernel after another."""
+    cupy = _cupy()
+    if cupy is not None:
+        host.use_allocator(lambda shape, dtype: cuda.as_cuda_array(cupy.empty(shape, dtype)))
 
 
 def is_device(x: Any) -> bool:
