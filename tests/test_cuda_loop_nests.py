@@ -82,9 +82,14 @@ def test_gradients_and_hessian_vector_products_run_as_cuda_nests(case, nest_runs
     _close(got, want, 1e-9)
 
 
-def test_a_fold_of_a_row_state_merges_its_chunks_component_by_component(nest_runs):
+def test_a_fold_of_a_row_state_merges_its_chunks_component_by_component(nest_runs, monkeypatch):
     """The k-means gradient with respect to the centroids sums one (k, d) row per point: a stored state
-    folded per chunk, the chunks' partial states merged by one thread."""
+    folded per chunk, the chunks' partial states then summed over chunks by the device's reduction, not by
+    the one-thread merge kernel (whose sequential merge bounded the chunks to a thousand on a GPU)."""
+    launches = []
+    original = loop_nests.start
+    monkeypatch.setattr(loop_nests, "start", lambda kernel, blocks, threads, *args: launches.append(threads)
+                        or original(kernel, blocks, threads, *args))
     C, P = rng.normal(size=(4, 3)), rng.normal(size=(90, 3))
     got, want = _both(fold.grad(kmeans_cost, argnums=0), C, P)
     _close(got, want, 1e-12)
@@ -93,7 +98,8 @@ def test_a_fold_of_a_row_state_merges_its_chunks_component_by_component(nest_run
 
     program = CudaProgram(fold.trace(fold.grad(kmeans_cost, argnums=0), C, P)).program
     folds = [kernel_of(s.prim).outer for s in program.stmts if isinstance(s.prim, LoopNest)]
-    assert any(isinstance(o, ParallelFold) and any(s.shape == (4, 3) for s in o.states) for o in folds)
+    assert any(isinstance(o, ParallelFold) and any(s.shape == (4, 3) and s.summed for s in o.states) for o in folds)
+    assert launches and 1 not in launches, f"a one-thread merge ran: {launches}"
 
 
 def test_a_fold_that_also_stores_the_maps_rows_writes_both(nest_runs):
@@ -120,6 +126,13 @@ def test_chunks_are_bounded_by_the_merge_of_their_states():
     assert loop_nests.chunks_for(small) == loop_nests.MAX_CHUNKS
     assert loop_nests.chunks_for(wide) * 256 * 64 <= loop_nests.MERGED_SCALARS
     assert loop_nests.chunks_for(ParallelFold("i", 3, small.states, (), (), ())) == 3
+    # sums: as many chunks as SUMMED_CHUNKS, their partials within SUMMED_BYTES
+    sums = ParallelFold("i", 10**7, (State("s", (256, 64), np.dtype(np.float64), "out0", stored=True, summed=True),),
+                        (), (), ())
+    assert loop_nests.chunks_for(sums) * 256 * 64 * 8 <= loop_nests.SUMMED_BYTES
+    assert loop_nests.chunks_for(sums) > loop_nests.chunks_for(wide)
+    few = ParallelFold("i", 10**7, (State("s", (3,), np.dtype(np.float64), "out0", stored=True, summed=True),), (), (), ())
+    assert loop_nests.chunks_for(few) == loop_nests.SUMMED_CHUNKS
 
 
 def test_lowered_shows_the_nests_the_cuda_backend_runs():

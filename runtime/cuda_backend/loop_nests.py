@@ -8,6 +8,11 @@ device_helpers; a Buffer is a thread's local array. How the outer traversal is s
   a partial array per state; then one thread folds the chunks' partials in chunk order (a second, one-thread
   launch), so a non-commutative operator sees its operands in order and the result does not depend on the
   launch. The merge is sequential, so the chunk count is bounded by the state's size (MERGED_SCALARS).
+  Where every state is a sum over the traversal (a gradient's sum over a map's rows: State.summed), the
+  partials are summed over chunks by the device's own reduction instead (CuPy's sum over the leading axis),
+  and the chunks are as many as keep the GPU's threads busy, bounded by the partials' bytes (SUMMED_BYTES):
+  a (k, d) sum's chunks were otherwise bounded to MERGED_SCALARS / (k d), a thousand threads for k-means'
+  (64, 16) gradient.
 
 A nest that does not compile (a helper with no CUDA version) runs the statements it replaced, each as the
 cuda backend runs it.
@@ -37,6 +42,9 @@ THREADS = 8 if SIMULATED else 128
 # A fold's chunks (threads) at most, and the most scalars the one-thread merge folds (chunks x state size).
 MAX_CHUNKS = 16 if SIMULATED else 16384
 MERGED_SCALARS = 1 << 16 if SIMULATED else 1 << 20
+# A fold of sums: its chunks at most, and the most bytes their partials take (256 MB)
+SUMMED_CHUNKS = 16 if SIMULATED else 1 << 16
+SUMMED_BYTES = 1 << 28
 
 
 def _allocation(node: Buffer, indent: int) -> str:
@@ -128,10 +136,19 @@ def _compiled(prim: LoopNest, kernel: Kernel) -> tuple[Any, Any]:
             compile_kernel(("loop_nest_merge", prim), lambda: merge_source(kernel), env))
 
 
+def summed(fold: ParallelFold) -> bool:
+    """Whether every state of the fold is a sum, whose partials the device's reduction adds up."""
+    return all(s.summed for s in fold.states)
+
+
 def chunks_for(fold: ParallelFold) -> int:
     """How many chunks (threads) fold the traversal: as many as MAX_CHUNKS, while the one-thread merge of
-    their partial states stays within MERGED_SCALARS."""
+    their partial states stays within MERGED_SCALARS; for sums, as many as SUMMED_CHUNKS while their partials
+    stay within SUMMED_BYTES."""
     state_scalars = sum(max(1, math.prod(s.shape)) for s in fold.states)
+    if summed(fold):
+        state_bytes = sum(max(1, math.prod(s.shape)) * s.dtype.itemsize for s in fold.states)
+        return max(1, min(fold.extent, SUMMED_CHUNKS, SUMMED_BYTES // state_bytes))
     return max(1, min(fold.extent, MAX_CHUNKS, MERGED_SCALARS // state_scalars))
 
 
@@ -181,6 +198,10 @@ def _run(prim: LoopNest, kernel: Kernel, args: list) -> list:
     mapped = {p.name: device.empty(p.shape, p.dtype) for p in kernel.mapped}
     start(main, _blocks(chunks), THREADS, *inputs, *[device.for_kernel(o) for o in mapped.values()],
           *[device.for_kernel(p) for p in partials], chunks)
+    if summed(outer):
+        sums = {s.output: p.sum(axis=0) for s, p in zip(outer.states, partials, strict=True)}
+        return [device.adopt(mapped[p.name]) if p.name in mapped
+                else device.reshape(device.astype(sums[p.name], p.dtype), tuple(p.shape)) for p in kernel.outputs]
     flat = {p.name: device.empty((max(1, math.prod(p.shape)),), p.dtype) for p in kernel.folded}
     start(merge, 1, 1, *[device.for_kernel(p) for p in partials], *[device.for_kernel(o) for o in flat.values()], chunks)
     return [device.adopt(mapped[p.name]) if p.name in mapped else device.reshape(device.adopt(flat[p.name]), tuple(p.shape))

@@ -428,7 +428,7 @@ def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: lis
     for reader, output in zip(readers, outputs, strict=True):
         row, aval = by_var[reader.args[0]], reader.outs[0].aval
         carried = (carry_for("add", [aval.dtype]) or (aval.dtype,))[0]  # float32 added up in float64, as _fold
-        state = State(w.fresh("state"), tuple(aval.shape), carried, output, stored=True)
+        state = State(w.fresh("state"), tuple(aval.shape), carried, output, stored=True, summed=True)
         dt = carried.name
         w.each_nonzero(row, lambda idx: w.emit(Store(
             state.name, idx, f"np.{dt}({_at(state.name, idx)} + {w.element(row, idx)})")))

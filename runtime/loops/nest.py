@@ -105,6 +105,9 @@ class State:
     dtype: np.dtype
     output: str  # the output parameter the final state is written to
     stored: bool = False  # a Buffer (of shape, or (1,) where shape is ()) rather than a scalar
+    # folded by adding it up component by component (a sum over the outer axis, starting at zero): the merge
+    # of the chunks' partials is their sum over chunks, which a backend may run as an array reduction
+    summed: bool = False
 
 
 @dataclass(frozen=True)
