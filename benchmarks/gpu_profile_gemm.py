@@ -1,6 +1,6 @@
 """Where the cuda backend's gemm_map_reduce spends its time, on a GPU (not run in CI): attention at 16384,
-float32, with the default blocks and with 4x larger ones (time and working bytes of the forward and of
-forward+backward), then one warm forward with a device synchronisation after each block statement, its time
+float32, with blocks of 128 MiB (the CPU backends' cap), 512 MiB (the cuda backend's) and 2 GiB (time and
+working bytes of the forward and of forward+backward), then one warm forward with a device synchronisation after each block statement, its time
 summed per (primitive, op, depth). `python -m benchmarks.gpu_profile_gemm` writes $OUT/profile_gemm.json.
 
 Each block size traces a new function: fold.jit reuses a traced program for the same function, so changing
@@ -16,6 +16,7 @@ import fold
 import fold.gemm as G
 from fold.runtime import interpreter
 from fold.runtime.cuda_backend import device
+from fold.runtime.cuda_backend.backend import CudaBackend
 from benchmarks.bench_cuda import _sync, gpu_seconds, working_bytes
 from examples.gemm_layers import attention as attention_layer
 
@@ -26,8 +27,9 @@ def main() -> dict:
     M = 16384
     Q, K, V, Gc = (rng.normal(size=(M, 64)).astype(np.float32) for _ in range(4))
     dQ, dK, dV, dG = (device.to_device(a) for a in (Q, K, V, Gc))
-    for cap in (128 * 2**20, 512 * 2**20):
-        G.MAX_BLOCK_BYTES = cap
+    default_cap = CudaBackend.gemm_block_bytes
+    for cap in (128 * 2**20, 512 * 2**20, 2048 * 2**20):
+        CudaBackend.gemm_block_bytes = cap
         os.environ["FOLD_GEMM_BUDGET"] = str(2 * cap + 2**30)
         attention = lambda q, k, v: attention_layer(q, k, v)   # a new function: traced afresh under this cap
         grad = lambda q, k, v, g: fold.vjp(attention, q, k, v)[1](g)
@@ -35,10 +37,12 @@ def main() -> dict:
             run = fold.jit(f, backend="cuda", results="device")
             t = gpu_seconds(lambda: run(*args), 3)
             w = working_bytes(lambda: run(*args))
-            block = [s.prim.block for s in fold.trace(f, Q, K, V, *([Gc] if mode == "fwd_bwd" else [])).stmts if hasattr(s.prim, "block")]
+            with G.blocks_of_at_most(cap):
+                traced = fold.trace(f, Q, K, V, *([Gc] if mode == "fwd_bwd" else []))
+            block = [s.prim.block for s in traced.stmts if hasattr(s.prim, "block")]
             out[f"{mode}_cap{cap >> 20}M"] = {"seconds": t, "working_bytes": w, "blocks": block}
             print(mode, cap >> 20, t, w, block, flush=True)
-    G.MAX_BLOCK_BYTES = 128 * 2**20
+    CudaBackend.gemm_block_bytes = default_cap
     os.environ.pop("FOLD_GEMM_BUDGET")
     times = collections.Counter(); counts = collections.Counter()
     orig = interpreter._run_step

@@ -9,13 +9,14 @@ import numpy as np
 
 from .dtypes import ShapedArray
 from .errors import FoldTypeError
+from .gemm import block_cap
 from .ir import Program
 from .pytree import TreeDef
 from .tracing import Tracer, abstractify, trace_body
 
 Signature = tuple[TreeDef, tuple[ShapedArray, ...]]
 
-_trace_cache: "weakref.WeakKeyDictionary[Callable, dict[Signature, Program]]" = weakref.WeakKeyDictionary()
+_trace_cache: "weakref.WeakKeyDictionary[Callable, dict[tuple[Signature, int], Program]]" = weakref.WeakKeyDictionary()
 
 
 def signature_of(args: tuple, where: str) -> tuple[list, Signature]:
@@ -58,7 +59,8 @@ def trace_signature(f: Callable[..., Any], signature: Signature) -> Program:
         per_function = _trace_cache.setdefault(f, {})
     except TypeError:  # not weak-referenceable: trace every time
         per_function = {}
-    program = per_function.get(signature)
+    key = (signature, block_cap())  # a gemm_map_reduce's blocks depend on the cap it is traced under
+    program = per_function.get(key)
     if program is None:
         treedef, avals = signature
         arg_trees = treedef.unflatten(list(avals))
@@ -66,7 +68,7 @@ def trace_signature(f: Callable[..., Any], signature: Signature) -> Program:
         program = body.program
         program.meta["consts"] = body.consts
         if not body.consts:  # a program that captured tracers of an enclosing trace belongs to that trace alone
-            per_function[signature] = program
+            per_function[key] = program
     return program
 
 

@@ -9,9 +9,11 @@ Memory: O(M * |T| + block), never M x N.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -84,9 +86,30 @@ def default_budget(m: int, n: int, pairs: int, itemsize: int) -> int:
     return MAX_BUDGET if configured is None else configured
 
 
+_block_cap: contextvars.ContextVar[int] = contextvars.ContextVar("fold_gemm_block_cap", default=0)
+
+
+def block_cap() -> int:
+    """The most bytes of intermediates an automatic block aims for: MAX_BLOCK_BYTES, or the cap of the backend
+    a program is being traced for (`blocks_of_at_most`)."""
+    return _block_cap.get() or MAX_BLOCK_BYTES
+
+
+@contextlib.contextmanager
+def blocks_of_at_most(cap: int | None) -> Iterator[None]:
+    """Automatic blocks of up to `cap` bytes for the gemm_map_reduces traced inside (None: MAX_BLOCK_BYTES).
+    A backend whose every block costs more than the CPU's (the cuda backend launches each block's statements
+    from Python) asks for larger ones; fold.jit traces a program once per cap."""
+    token = _block_cap.set(int(cap or 0))
+    try:
+        yield
+    finally:
+        _block_cap.reset(token)
+
+
 def block_bytes(budget: int) -> int:
     """Bytes of intermediates the automatic block size aims for under `budget`."""
-    return int(min(budget * BLOCK_SHARE, MAX_BLOCK_BYTES))
+    return int(min(budget * BLOCK_SHARE, block_cap()))
 
 
 def kept_bytes_allowed(budget: int, block: tuple[int, int], per_pair_bytes: int, keep: int) -> int:

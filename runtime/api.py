@@ -13,6 +13,7 @@ from fold.dtypes import is_static_int
 from fold.cse import cse
 from fold.dce import dce
 from fold.errors import FoldRuntimeError, FoldTypeError
+from fold.gemm import blocks_of_at_most
 from fold.inline import inline_program
 from fold.ir import Program
 from fold.pytree import tree_flatten
@@ -184,7 +185,7 @@ class Jitted:
         first_call = entry is None
         if first_call:
             start = time.perf_counter()
-            program = trace_signature(self.f, signature)
+            program = _traced_for(backend, self.f, signature)
             compiled = backend.compile(dce(cse(program)))  # what the outputs do not need is never run; nothing twice
             if hasattr(compiled, "label"):  # a backend that reports its compiles names the function in them
                 compiled.label = self.__name__
@@ -218,7 +219,7 @@ class Jitted:
         entry = self._compiled.get(key)
         if entry is None:
             start = time.perf_counter()
-            program = trace_signature(self.f, signature)
+            program = _traced_for(backend, self.f, signature)
             entry = (program, backend.compile(dce(cse(program))))
             self._trace_seconds += time.perf_counter() - start
             self._trace_count += 1
@@ -231,6 +232,13 @@ class Jitted:
 
 
 RESULTS = ("numpy", "device")
+
+
+def _traced_for(backend: Any, f: Callable[..., Any], signature: Any) -> Program:
+    """f traced for `backend`: its gemm_map_reduces' automatic blocks within the backend's cap, where it has
+    one (`gemm_block_bytes`)."""
+    with blocks_of_at_most(getattr(backend, "gemm_block_bytes", None)):
+        return trace_signature(f, signature)
 
 
 def _has_device_leaf(args: tuple) -> bool:

@@ -83,6 +83,42 @@ def test_budget_bounds_the_blocks_and_the_kept_products() -> None:
     assert gemm(budget=2**20, block=(1024, 1024)).keep == 0  # the block alone takes more than the budget
 
 
+def test_a_backends_block_cap_gives_larger_blocks_and_its_own_trace() -> None:
+    """The cuda backend asks for blocks of up to 512 MiB (each block's statements launch from Python): a
+    program traced for it (runtime.api._traced_for) has larger automatic blocks than one traced for the CPU
+    backends, the same function traced under each cap is two programs, and a cap of None is MAX_BLOCK_BYTES."""
+    from fold.api import signature_of
+    from fold.runtime.api import _traced_for
+    from fold.runtime.backends import get_backend
+
+    X, P, Q = _zeros(16384, 64), _zeros(64, 16384), _zeros(16384, 64)
+
+    def layer(x, p, q):
+        return mlp(x, p, q)
+
+    def block(program) -> tuple:
+        (stmt,) = [s for s in program.stmts if isinstance(s.prim, GemmMapReduce)]
+        return stmt.prim.block
+
+    _, signature = signature_of((X, P, Q), "test")
+    on_cpu = _traced_for(get_backend("numpy"), layer, signature)
+    for_gpu = type("GpuLike", (), {"gemm_block_bytes": 512 * 2**20})()
+    on_gpu = _traced_for(for_gpu, layer, signature)
+    assert on_gpu is not on_cpu and block(on_gpu)[0] * block(on_gpu)[1] > 3 * block(on_cpu)[0] * block(on_cpu)[1]
+    assert _traced_for(for_gpu, layer, signature) is on_gpu  # traced once per cap
+    with fold_gemm.blocks_of_at_most(None):
+        assert fold_gemm.block_cap() == fold_gemm.MAX_BLOCK_BYTES
+        with fold_gemm.blocks_of_at_most(2**20):
+            assert fold_gemm.block_cap() == 2**20
+        assert fold_gemm.block_cap() == fold_gemm.MAX_BLOCK_BYTES
+    from numba import cuda
+
+    if cuda.is_available():
+        from fold.runtime.cuda_backend.backend import CudaBackend
+
+        assert CudaBackend.gemm_block_bytes > fold_gemm.MAX_BLOCK_BYTES
+
+
 def test_environment_variable_sets_the_default_budget(monkeypatch) -> None:
     monkeypatch.setenv(fold_gemm.BUDGET_VARIABLE, "3M")
     assert fold_gemm.default_budget(10**5, 10**5, 1, 4) == 3 * 2**20

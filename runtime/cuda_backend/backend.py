@@ -72,6 +72,11 @@ def _version(distribution: str) -> str:
 
 class CudaBackend:
     name = "cuda"
+    # gemm_map_reduce's automatic blocks of up to 512 MiB of intermediates (the CPU backends' 128 MiB, fold.gemm):
+    # each block's statements are launched from Python, milliseconds a block. Attention at M = N = 16384 on an
+    # H200 (benchmarks/results/gpu_logs/profile_gemm_h200_session54.json): forward 205 -> 62 ms, forward and
+    # backward 516 -> 106 ms, working memory 43 -> 158 MB and 56 -> 172 MB (torch's SDPA holds 4 GB there)
+    gemm_block_bytes = 512 * 2**20
 
     def __init__(self) -> None:
         from numba import cuda
