@@ -240,11 +240,21 @@ def test_what_is_not_lowered_runs_on_numpy_after_one_warning(cuda_calls, decline
                in d for d in declines), declines
 
 
-def test_an_operator_using_remainder_is_declined_by_name(declines):
+def test_remainder_and_floor_division_run_in_the_kernels_with_numpys_signs(cuda_calls, declines):
+    """% and // compile for CUDA (device_helpers: NumPy's semantics, the remainder taking the divisor's sign,
+    for integers and floats): an operator and a map body that use them run as kernels, not declined."""
     x = rng.integers(0, 7, 300)  # 0 is the identity of (a + b) % 7 on [0, 7) only (check mode knows)
     expected, got = on_both(lambda x: fold.reduce(lambda a, b: (a + b) % 7, x, identity=0), x)
     np.testing.assert_array_equal(got, expected)
-    assert any("uses %" in d for d in declines), declines
+    i, f = rng.integers(-50, 50, 200), rng.normal(scale=10.0, size=200)
+
+    def body(a, b):
+        return a % 7 + a % -3 + a // 4 + a // -3, b % 2.5 + b % -1.5 + b // 0.75 + b // -2.0
+
+    expected, got = on_both(lambda i, f: fold.map(body, i, f), i, f)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-13, atol=1e-13)
+    assert cuda_calls.get("reduce") and cuda_calls.get("map") and not declines, declines
 
 
 def test_the_backend_is_registered_and_says_what_it_needs_without_a_gpu(monkeypatch):

@@ -17,7 +17,8 @@ if not cuda.is_available():
 import fold  # noqa: E402
 from fold.runtime.cuda_backend import loop_nests  # noqa: E402
 from fold.runtime.loops.nest import ParallelFold  # noqa: E402
-from natural_programs import kmeans_cost, min_pairwise_distance, ordered_fold, row_minima, three_deep  # noqa: E402
+from natural_programs import (kmeans_cost, min_pairwise_distance, ordered_fold, periodic_stencil_energy,  # noqa: E402
+                              row_minima, three_deep)
 
 M = fold.monoids
 rng = np.random.default_rng(17)
@@ -30,6 +31,7 @@ CASES = {
     "three_deep": (three_deep, lambda: (rng.normal(size=(20, 4, 3)), rng.normal(size=3))),
     "ordered_fold": (ordered_fold, lambda: (rng.normal(size=(50, 6)),)),
     "row_minima": (row_minima, lambda: (rng.normal(size=(4, 3)), rng.normal(size=(30, 3)))),
+    "periodic_stencil": (periodic_stencil_energy, lambda: (rng.normal(size=(12, 9)),)),  # its gathers at (i + 1) % n
 }
 
 
@@ -65,10 +67,10 @@ def test_natural_nests_run_as_cuda_kernels_with_the_reference_results(case, nest
     args = make()
     got, want = _both(f, *args)
     _close(got, want, 1e-12)
-    assert nest_runs == (["ParallelMap"] if case == "row_minima" else ["ParallelFold"])
+    assert nest_runs == (["ParallelMap"] if case in ("row_minima", "periodic_stencil") else ["ParallelFold"])
 
 
-@pytest.mark.parametrize("case", ["kmeans", "three_deep"])
+@pytest.mark.parametrize("case", ["kmeans", "three_deep", "periodic_stencil"])
 def test_gradients_and_hessian_vector_products_run_as_cuda_nests(case, nest_runs):
     f, make = CASES[case]
     args = make()

@@ -75,9 +75,16 @@ SCRIPT = textwrap.dedent('''
                        [np.float64] * 2),
         "bool or": (body(lambda b: fold.reduce(lambda p, q: p | q, b, identity=False), np.ones(4, bool)), [np.bool_]),
     }
+    def remainders(i, f):
+        return fold.map(lambda a, b: (a % 7 + a // -3, b % -2.5 + b // 0.75), i, f)
+
     mappers = {
         "helpers": (body(lambda x, c: fold.map(lambda v: (fold.sigmoid(v) * c + np.tanh(v), np.sqrt(v) > np.log(v)), x),
                          x, 2.0, kind=Map), [np.float64], 1, [np.float64, np.bool_]),
+        "int64 and float64 % and //": (body(remainders, i64, x, kind=Map), [np.int64, np.float64], 0,
+                                       [np.int64, np.float64]),
+        "int32 and float32 % and //": (body(remainders, np.arange(4, dtype=np.int32), x32, kind=Map),
+                                       [np.int32, np.float32], 0, [np.int32, np.float32]),
     }
 
     def array(dtype, ndim):

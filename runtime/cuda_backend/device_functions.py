@@ -17,7 +17,6 @@ from fold.runtime.numba_backend.codegen import compile_problem, program_source
 
 from . import device_helpers
 
-UNSUPPORTED_HELPERS = {"_mod(": "%", "_floordiv(": "//"}
 _compiled: "weakref.WeakKeyDictionary[Program, tuple[Callable | None, str | None]]" = weakref.WeakKeyDictionary()
 _SERIAL = itertools.count()
 
@@ -36,9 +35,6 @@ def _compile(program: Program) -> tuple[Callable | None, str | None]:
     if problem is not None:
         return None, problem
     source = program_source(program, "scalar_fn")
-    used = [op for call, op in UNSUPPORTED_HELPERS.items() if call in source]
-    if used:
-        return None, f"it uses {', '.join(used)}, which the cuda backend does not compile yet"
     from numba import cuda
 
     text = "import math\nimport numpy as np\n\n" + source + "\n"

@@ -14,7 +14,7 @@ device_helpers; a Buffer is a thread's local array. How the outer traversal is s
   a (k, d) sum's chunks were otherwise bounded to MERGED_SCALARS / (k d), a thousand threads for k-means'
   (64, 16) gradient.
 
-A nest that does not compile (a helper with no CUDA version) runs the statements it replaced, each as the
+A nest whose kernel does not compile or run runs the statements it replaced, each as the
 cuda backend runs it.
 """
 
@@ -34,7 +34,6 @@ from fold.runtime.loops.text import allocations, shape_text, statement_lines
 
 from ..interpreter import eval_program
 from . import device, device_helpers
-from .device_functions import UNSUPPORTED_HELPERS
 from .lowering import _decline, cuda_impls
 
 # Threads per block; under the simulator every thread is a Python thread, so few.
@@ -121,12 +120,6 @@ def _copy(state: State, line, indent: int) -> list[str]:
     return out + [" " * (indent + 4 * len(shape)) + line(tuple(idx))]
 
 
-def _problem(kernel: Kernel) -> str | None:
-    text = map_source(kernel) if isinstance(kernel.outer, ParallelMap) else fold_source(kernel) + merge_source(kernel)
-    used = [op for call, op in UNSUPPORTED_HELPERS.items() if call in text]
-    return f"it uses {', '.join(used)}, which the cuda backend does not compile yet" if used else None
-
-
 def _compiled(prim: LoopNest, kernel: Kernel) -> tuple[Any, Any]:
     env = {name: getattr(device_helpers, name) for name in device_helpers.HELPERS}
     env["math"] = math
@@ -165,8 +158,6 @@ def _loop_nest(prim: LoopNest, args: list, depth: int) -> list:
     replaced, each as the cuda backend runs it (the values stay where they are)."""
     kernel = kernel_of(prim)
     problem = "inside a map, the statements it replaced run batched" if depth else _declined.get(prim)
-    if problem is None:
-        problem = _problem(kernel)
     if problem is None:
         try:
             return _run(prim, kernel, args)
