@@ -161,10 +161,14 @@ SCRIPT = textwrap.dedent('''
     def softmin_rows(C, P):
         return fold.map(lambda p: fold.reduce(M.logaddexp, fold.map(lambda c: -fold.reduce(M.sum, (p - c) * (p - c)), C)), P)
 
+    def horner(c, x):  # a fold.loop over vectors: a map of a loop over scalars (runtime/loops/loop_maps.py)
+        return fold.loop(lambda i, acc: acc * x + c[i], x * 0.0, c.shape[0])
+
     helpers = {"math": math, **{name: getattr(device_helpers, name) for name in device_helpers.HELPERS}}
     C32, P32 = np.ones((4, 3), np.float32), np.ones((9, 3), np.float32)
-    for label, f in (("k-means", kmeans), ("k-means gradient", fold.grad(kmeans, argnums=0)), ("softmin rows", softmin_rows)):
-        for stmt in fuse_loop_nests(fold.trace(f, C32, P32)).stmts:
+    for label, f, args in (("k-means", kmeans, (C32, P32)), ("k-means gradient", fold.grad(kmeans, argnums=0), (C32, P32)),
+                           ("softmin rows", softmin_rows, (C32, P32)), ("horner loop", horner, (x32, np.ones(9, np.float32)))):
+        for stmt in fuse_loop_nests(fold.trace(f, *args)).stmts:
             if not isinstance(stmt.prim, LoopNest):
                 continue
             nest = kernel_of(stmt.prim)

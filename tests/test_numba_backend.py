@@ -1568,8 +1568,9 @@ def test_stop_gradient_in_an_operator_compiles(kernel_calls):
 
 @pytest.mark.parametrize("saving", [False, True])
 def test_a_loops_elementwise_step_runs_as_one_fused_kernel_per_iteration(saving, monkeypatch):
-    # Horner's rule over a large state: the body, prepared as a program on whole arrays, is one elementwise
-    # kernel (and so is the forward loop of its gradient, which saves the states)
+    # Horner's rule over a large matrix state (a vector state becomes a map of a loop over scalars, run in a
+    # nest: test_loop_maps.py): the body, prepared as a program on whole arrays, is one elementwise kernel
+    # (and so is the forward loop of its gradient, which saves the states)
     from fold.runtime.numba_backend import lowering
 
     prepared = []
@@ -1581,7 +1582,7 @@ def test_a_loops_elementwise_step_runs_as_one_fused_kernel_per_iteration(saving,
         return original(prim)
 
     monkeypatch.setattr(lowering.numpy_impls, "get", spying)
-    c, x = rng.normal(size=6), rng.uniform(-1, 1, COMPILE_FROM * 4)
+    c, x = rng.normal(size=6), rng.uniform(-1, 1, (4, COMPILE_FROM))
 
     def value(c, x):
         return fold.sum(fold.loop(lambda i, acc: acc * x + c[i], x * 0.0, c.shape[0]) ** 2)

@@ -32,8 +32,8 @@ from fold.dce import with_producers
 from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
-from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather, Iota, Map,
-                             MatMul, Reduce, Reshape, Scan,
+from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather, Iota,
+                             Loop as StepLoop, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
@@ -818,6 +818,29 @@ def _scan(w: Writer, prim: Scan, args: list[Value], out_avals) -> list[Value]:
 
     w.loop(n, step)  # in order: a scan's prefixes are not reassociated
     return outs
+
+
+@_rules.register(StepLoop)
+def _loop(w: Writer, prim: StepLoop, args: list[Value], out_avals) -> list[Value]:
+    """fold.loop over scalar states (a loop over vectors written as a map of it, loop_maps.py): one sequential
+    loop of the nest carrying the states, its body written once, the counter known to lie in [0, n - 1] (a
+    gather of a captured coefficient at it is a read)."""
+    nc = prim.num_consts
+    consts, init = args[:nc], args[nc:]
+    if any(v.shape != () for v in init):
+        raise NotNestable("a loop over states that are not scalars is not in the loop nest yet")
+    dtypes = [np.dtype(a.dtype) for a in out_avals]
+    states = [w.assign(cast(w.element(v, ()), d, v.dtype), "acc") for v, d in zip(init, dtypes, strict=True)]
+
+    def step(i: str) -> None:
+        counter = Scalar(i, np.dtype(np.int64), bounds=(0, prim.n - 1))
+        made = w.body(prim.body, list(consts) + [counter] + [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)])
+        results = [w.assign(w.element(m, ())) for m in made]
+        for state, result in zip(states, results, strict=True):
+            w.emit(Assign(state, result))
+
+    w.loop(prim.n, step)  # in order: each step reads the last one's states
+    return [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)]
 
 
 def _logsumexp(w: Writer, identity: Value, x: Value, dtype: np.dtype) -> Scalar:

@@ -43,12 +43,13 @@ import fold
 
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Gather, Iota, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
+from fold.primitives import Gather, Iota, Loop, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
 from .broadcast_maps import maps_of_broadcasts
+from .loop_maps import loops_as_maps
 from .build import NotNestable, Pull, Scalar, Stored, Writer, cast, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
@@ -108,7 +109,8 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False) -
                  or (row_folds and _folds(body) and not _folds(body, (MatMul,)))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
-                 or (binned and not (_folds(body, (MatMul,)) and _gathers(body))))
+                 or (binned and not (_folds(body, (MatMul,)) and _gathers(body)))
+                 or any(isinstance(s.prim, Loop) for s in body.stmts))
             and nestable(body) is None)
 
 
@@ -241,14 +243,16 @@ _fused: "dict[tuple[bool, bool, bool], weakref.WeakKeyDictionary[Program, Progra
 
 
 def _fuse_with_broadcast_maps(program: Program, *choices: bool) -> Program:
-    """The program's nests, with NumPy-style broadcasting written as maps (broadcast_maps.py) where every map
-    so written becomes part of a nest; otherwise the program's own statements, where the backend's kernels
-    for broadcasting and elementwise statements run them as before."""
-    lifted, maps = maps_of_broadcasts(program)
-    if maps:
-        fused = _fuse(lifted, *choices)
-        if not any(isinstance(s.prim, Map) and s.outs[0] in maps for s in fused.stmts):
-            return fused
+    """The program's nests, with NumPy-style broadcasting written as maps (broadcast_maps.py) and loops over
+    vectors written as maps of loops over scalars (loop_maps.py) where every map so written becomes part of
+    a nest; otherwise the program's own statements, where the backend's kernels for broadcasting,
+    elementwise statements and loops run them as before."""
+    for rewrite in (maps_of_broadcasts, loops_as_maps):
+        lifted, maps = rewrite(program)
+        if maps:
+            fused = _fuse(lifted, *choices)
+            if not any(isinstance(s.prim, Map) and s.outs[0] in maps for s in fused.stmts):
+                program = lifted
     return _fuse(program, *choices)
 
 

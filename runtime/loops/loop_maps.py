@@ -1,0 +1,114 @@
+"""A fold.loop whose body works element by element on its states, written as a map of a loop over scalars.
+
+`fold.loop(lambda i, acc: acc * x + c[i], zeros, k)` (Horner's rule for every element of x) runs k steps, each a
+pass over arrays of n elements: a kernel per step, and its states written and read back k times. Each element's
+states only ever meet the same element of the other states and of the arrays the body captures, so the loop is
+also a map over the elements of a loop over scalars: `map(lambda x_e, acc_e: loop(lambda i, a: a * x_e + c[i],
+acc_e, k), x, zeros)`, which the loop nest runs as one pass, each element's k steps in registers (loop
+interchange, as Futhark's `map`/`loop` interchange and a compiler's loop nest would do it).
+
+`loops_as_maps(program)` rewrites a top-level loop so where:
+
+- its states are vectors of one length n (a "row" value is a vector of n made from them element by element);
+- each statement of its body that reads a row value is elementwise (an operation, a conversion), reading row
+  values, scalars, and vectors made by broadcasting a scalar (a coefficient c[i] of the step);
+- the statements that read no row value (c[i]: a gather of a captured array at the counter) make no vector of
+  n but by broadcasting a scalar: they are computed the same for every element, inside the map;
+- a captured vector of n is read only by elementwise statements (x above: the map reads its element), and the
+  body returns row values or broadcast scalars.
+
+The fusion pass keeps the rewrite only where the map becomes a loop nest (fusion.py).
+"""
+
+from __future__ import annotations
+
+from fold.dce import dce
+from fold.ir import Let, Program, Var
+from fold.pytree import tree_flatten
+from fold.primitives import BroadcastTo, Convert, Elementwise, Loop, Map, StopGradient
+
+ELEMENTWISE = (Elementwise, Convert, StopGradient)
+
+
+def loops_as_maps(program: Program) -> tuple[Program, set[Var]]:
+    """`program` with each loop that qualifies written as a map of a loop over scalars (the module's
+    docstring), and the results of the maps it wrote."""
+    stmts, maps = [], set()
+    for stmt in program.stmts:
+        made = _as_map(stmt) if isinstance(stmt.prim, Loop) else None
+        stmts.append(made or stmt)
+        if made is not None:
+            maps.update(made.outs)
+    if not maps:
+        return program, maps
+    return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree,
+                   dict(program.meta)), maps
+
+
+def _as_map(stmt: Let) -> Let | None:
+    prim: Loop = stmt.prim
+    nc = prim.num_consts
+    consts, init = stmt.args[:nc], stmt.args[nc:]
+    shapes = {getattr(a, "aval", None) and a.aval.shape for a in init}
+    if not init or not all(isinstance(a, Var) for a in init) or len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    if len(shape) != 1 or shape[0] < 2:
+        return None
+    body = prim.body
+    body_consts, counter, states = body.inputs[:nc], body.inputs[nc], body.inputs[nc + 1:]
+    # a captured vector of n is read element by element (a row); anything else is read whole
+    by_row = {v for v, a in zip(body_consts, consts, strict=True) if isinstance(a, Var) and a.aval.shape == shape}
+    rows = set(by_row) | set(states)
+    splats: dict[Var, object] = {}  # a vector of n made by broadcasting a scalar -> that scalar
+    for s in body.stmts:
+        reads_rows = any(isinstance(a, Var) and a in rows for a in s.args)
+        if not reads_rows:
+            if isinstance(s.prim, BroadcastTo) and s.args[0].aval.shape == () and s.outs[0].aval.shape == shape:
+                splats[s.outs[0]] = s.args[0]
+            elif any(o.aval.shape == shape for o in s.outs):
+                return None  # a vector of n the same for every step but not for every element (an iota)
+            continue
+        if not isinstance(s.prim, ELEMENTWISE) or len(s.outs) != 1 or s.outs[0].aval.shape != shape:
+            return None
+        if not all((isinstance(a, Var) and (a in rows or a in splats)) or a.aval.shape == () for a in s.args):
+            return None
+        rows.add(s.outs[0])
+    if not all(isinstance(o, Var) and (o in rows or o in splats) for o in body.outputs):
+        return None
+    scalar = {v: Var(v.aval.update(shape=())) for v in rows}
+
+    def arg(a):
+        if isinstance(a, Var) and a in scalar:
+            return scalar[a]
+        if isinstance(a, Var) and a in splats:
+            return arg(splats[a])
+        return a
+
+    whole = [v for v in body_consts if v not in by_row]
+    inner_stmts = []
+    for s in body.stmts:
+        if any(isinstance(a, Var) and a in rows for a in s.args):
+            inner_stmts.append(Let((scalar[s.outs[0]],), s.prim, tuple(arg(a) for a in s.args)))
+        else:  # the same for every element (a broadcast scalar read by a row is read as the scalar: dce drops it)
+            inner_stmts.append(s)
+    step_inputs = (*whole, *(scalar[v] for v in body_consts if v in by_row), counter, *(scalar[v] for v in states))
+    step = dce(Program(step_inputs, tuple(inner_stmts), tuple(arg(o) for o in body.outputs), _tree(len(step_inputs)),
+                       body.out_tree))
+    # the map's body: the captured values read whole, then the element of each captured row and initial state
+    outer_whole = [a for v, a in zip(body_consts, consts, strict=True) if v not in by_row]
+    outer_rows = [a for v, a in zip(body_consts, consts, strict=True) if v in by_row]
+    whole_in = [Var(a.aval) if isinstance(a, Var) else a for a in outer_whole]
+    element_in = [Var(a.aval.update(shape=())) for a in (*outer_rows, *init)]
+    results = tuple(Var(v.aval.update(shape=())) for v in states)
+    looped = Let(results, Loop(step, len(whole) + len(outer_rows), prim.n, prim.checkpoint),
+                 (*whole_in, *element_in))
+    inputs = (*[v for v in whole_in if isinstance(v, Var)], *element_in)
+    if len(inputs) != len(whole_in) + len(element_in):
+        return None  # a literal read whole: the map's body takes only values
+    map_body = Program(inputs, (looped,), results, _tree(len(inputs)))
+    return Let(stmt.outs, Map(map_body, len(whole_in)), (*outer_whole, *outer_rows, *init))
+
+
+def _tree(count: int):
+    return tree_flatten(tuple(range(count)))[1]

@@ -1,0 +1,108 @@
+"""A fold.loop whose body works element by element on vector states, written as a map of a loop over scalars
+(runtime/loops/loop_maps.py) and run by the loop nest as one pass, each element's steps in registers: the
+rewritten program gives the original's results exactly, the numba backend's nests the numpy backend's
+values and gradients, and loops whose elements meet each other (or the step's vector differs per element)
+are left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fold
+from fold.cse import cse
+from fold.dce import dce
+from fold.primitives import Loop, Map
+from fold.runtime.interpreter import eval_program
+from fold.runtime.loops import LoopNest, fuse_loop_nests
+from fold.runtime.loops.loop_maps import loops_as_maps
+from fold.runtime import numpy_impl  # noqa: F401  (the numpy rules eval_program runs)
+
+rng = np.random.default_rng(5)
+N = 300
+
+
+def horner(c, x):
+    return fold.sum(fold.loop(lambda i, acc: acc * x + c[i], x * 0.0, c.shape[0]) ** 2)
+
+
+def logistic_map(r, x):
+    return fold.sum(fold.loop(lambda i, a: r * a * (1.0 - a), x, 12))
+
+
+def oscillator(k, x, v):
+    """Two states, a captured per-element stiffness and a scalar step: symplectic Euler."""
+    def step(i, s):
+        p, q = s
+        q = q - 0.05 * k * p
+        return p + 0.05 * q, q
+    p, q = fold.loop(step, (x, v), 20)
+    return fold.sum(p * p + q * q)
+
+
+def counted(x):
+    """The counter read element by element (converted, broadcast), and a transcendental."""
+    return fold.sum(fold.loop(lambda i, a: fold.tanh(a + 0.1 * i.astype(np.float64) * x), x, 7))
+
+
+CASES = {
+    "horner": (horner, lambda: ((0.3 * rng.normal(size=9)).astype(np.float32), rng.uniform(-1, 1, N).astype(np.float32))),
+    "logistic_map": (logistic_map, lambda: (rng.uniform(3.0, 3.9, N), rng.uniform(0.1, 0.9, N))),
+    "oscillator": (oscillator, lambda: (rng.uniform(0.5, 2.0, N), rng.normal(size=N), rng.normal(size=N))),
+    "counted": (counted, lambda: (rng.normal(size=N),)),
+}
+
+
+def _loops(program) -> list:
+    return [s for s in program.stmts if isinstance(s.prim, Loop)]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_loop_over_vectors_becomes_a_map_of_a_loop_over_scalars_with_the_same_results(case):
+    f, make = CASES[case]
+    args = make()
+    program = dce(cse(fold.trace(f, *args)))
+    rewritten, maps = loops_as_maps(program)
+    assert maps and not _loops(rewritten)
+    (made,) = [s for s in rewritten.stmts if s.outs[0] in maps][:1]
+    assert isinstance(made.prim, Map)
+    (inner,) = made.prim.body.stmts
+    assert isinstance(inner.prim, Loop) and all(v.aval.shape == () for v in inner.outs)
+    for want, got in zip(eval_program(program, list(args)), eval_program(rewritten, list(args)), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_loops_run_in_a_nest_on_the_numba_backend_as_on_numpy(case):
+    f, make = CASES[case]
+    args = make()
+    prepared = fuse_loop_nests(dce(cse(fold.trace(f, *args))))
+    assert not _loops(prepared) and any(isinstance(s.prim, LoopNest) for s in prepared.stmts)
+    rtol = 1e-5 if args[0].dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(*args), fold.jit(f, backend="numpy")(*args), rtol=rtol)
+    grad = fold.grad(f, argnums=tuple(range(len(args))))
+    for got, want in zip(fold.jit(grad, backend="numba")(*args), fold.jit(grad, backend="numpy")(*args), strict=True):
+        np.testing.assert_allclose(got, want, rtol=20 * rtol, atol=20 * rtol)
+
+
+LEFT_ALONE = {
+    # the step's vector is the same each step but not for each element
+    "iota": (lambda x: fold.loop(lambda i, a: a + fold.iota(N).astype(np.float64), x, 3), (N,)),
+    # the elements meet: a sum, a shift
+    "sum": (lambda x: fold.loop(lambda i, a: a - fold.sum(a) / N, x, 3), (N,)),
+    "shift": (lambda x: fold.loop(lambda i, a: fold.concatenate([a[1:], a[:1]]), x, 3), (N,)),
+    # a captured vector read at the counter, not element by element
+    "gathered": (lambda x: fold.loop(lambda i, a: a * x[i], x, 3), (N,)),
+    # matrix states are left to the elementwise kernels
+    "matrix": (lambda x: fold.loop(lambda i, a: a * 0.5 + 1.0, x, 3), (20, 15)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEFT_ALONE))
+def test_loops_whose_elements_meet_are_left_alone(name):
+    f, shape = LEFT_ALONE[name]
+    x = rng.normal(size=shape)
+    program = dce(cse(fold.trace(f, x)))
+    rewritten, maps = loops_as_maps(program)
+    assert not maps and rewritten is program
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(x), fold.jit(f, backend="numpy")(x), rtol=1e-12)
