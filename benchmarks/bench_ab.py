@@ -58,6 +58,7 @@ def case_names() -> list[tuple[str, str]]:
     out += [(f"gemm:{layer} {json.dumps(sizes, sort_keys=True)}", m)
             for layer, sizes, big in bench_gemm.FULL_CASES if not big for m in ("primal", "vjp")]
     out += [(f"natural:{c}", m) for c in bench_natural.sizes(False) for m in bench_natural.MODES]
+    out += [(f"families:{c}", m) for c in bench_natural.family_sizes(False) for m in bench_natural.MODES]
     out += [(f"flat:{c}", m) for c in _flat_cases() for m in ("primal", "vjp")]
     return out
 
@@ -68,10 +69,10 @@ def _callable(case: str, mode: str) -> Callable[[], Any]:
 
     source, name = case.split(":", 1)
     rng = np.random.default_rng(0)
-    if source == "natural":
+    if source in ("natural", "families"):
         from benchmarks import bench_natural
 
-        args = bench_natural.inputs(name, bench_natural.sizes(False)[name])
+        args = bench_natural.inputs(name, bench_natural.SETS[source](False)[name])
         return bench_natural.program(name, "fold", mode, args)
     if source == "gemm":
         from benchmarks import bench_gemm

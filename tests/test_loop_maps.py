@@ -30,6 +30,11 @@ def logistic_map(r, x):
     return fold.sum(fold.loop(lambda i, a: r * a * (1.0 - a), x, 12))
 
 
+def long_logistic_map(r, x):
+    """Too many steps to unroll (build.UNROLLED_STEPS): a loop of the nest."""
+    return fold.sum(fold.loop(lambda i, a: r * a * (1.0 - a), x, 100))
+
+
 def oscillator(k, x, v):
     """Two states, a captured per-element stiffness and a scalar step: symplectic Euler."""
     def step(i, s):
@@ -48,6 +53,7 @@ def counted(x):
 CASES = {
     "horner": (horner, lambda: ((0.3 * rng.normal(size=9)).astype(np.float32), rng.uniform(-1, 1, N).astype(np.float32))),
     "logistic_map": (logistic_map, lambda: (rng.uniform(3.0, 3.9, N), rng.uniform(0.1, 0.9, N))),
+    "long_logistic_map": (long_logistic_map, lambda: (rng.uniform(3.0, 3.9, N), rng.uniform(0.1, 0.9, N))),
     "oscillator": (oscillator, lambda: (rng.uniform(0.5, 2.0, N), rng.normal(size=N), rng.normal(size=N))),
     "counted": (counted, lambda: (rng.normal(size=N),)),
 }

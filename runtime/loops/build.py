@@ -839,8 +839,15 @@ def _loop(w: Writer, prim: StepLoop, args: list[Value], out_avals) -> list[Value
         for state, result in zip(states, results, strict=True):
             w.emit(Assign(state, result))
 
-    w.loop(prim.n, step)  # in order: each step reads the last one's states
+    if prim.n * max(len(prim.body.stmts), 1) <= UNROLLED_STEPS:
+        for k in range(prim.n):  # unrolled: the map's loop over elements is then the innermost, which vectorises
+            step(str(k))
+    else:
+        w.loop(prim.n, step)  # in order: each step reads the last one's states
     return [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)]
+
+
+UNROLLED_STEPS = 256  # a loop over scalar states of at most this many statements in all is written unrolled
 
 
 def _logsumexp(w: Writer, identity: Value, x: Value, dtype: np.dtype) -> Scalar:
