@@ -3,8 +3,9 @@ CUDA device functions, compiled from the same Python source, for the operators, 
 that device_functions.py and loop_nests.py write.
 
 `_mod` and `_floordiv` are typed per argument kind (numba.extending.overload); the CPU's typing of the float
-remainder calls np.fmod, which CUDA does not compile, so each gets a CUDA overload of its own here: the same
-semantics with math.fmod (exact for float32 operands too: the remainder is representable in their precision).
+remainder calls np.fmod, which CUDA does not compile, and Numba's CPU target has no math.fmod, so each gets a
+CUDA overload of its own here: the same semantics with math.fmod (exact for float32 operands too: the
+remainder is representable in their precision).
 Under the simulator the helpers run as Python: NumPy's remainder and floor division themselves.
 """
 
