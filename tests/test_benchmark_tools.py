@@ -72,4 +72,4 @@ def test_the_ab_digest_tells_a_changed_program_from_the_same_one(monkeypatch):
     assert [s.prim.name for s in unnested.stmts] == ["map", "reduce"]
     assert digest_of([unnested]) != nested
     kinds = {case.split(":")[0] for case, _ in case_names()}
-    assert kinds == {"numba", "ad", "gemm", "natural", "flat"}
+    assert kinds == {"numba", "ad", "gemm", "natural", "families", "flat"}
