@@ -91,24 +91,49 @@ def test_the_loops_run_in_a_nest_on_the_numba_backend_as_on_numpy(case):
         np.testing.assert_allclose(got, want, rtol=20 * rtol, atol=20 * rtol)
 
 
+@pytest.mark.parametrize("case", ["logistic_map", "oscillator", "counted"])
+def test_a_reverse_loop_reading_the_saved_states_at_each_step_is_a_map_too(case):
+    """The gradient's reverse loop reads the forward loop's saved states one row per step (stack[n - 1 - i]):
+    each element reads its own entry of that row, so the reverse loop is a map over the elements too, its
+    element's index an iota; only the forward loop, which saves them, stays a loop."""
+    f, make = CASES[case]
+    args = make()
+    grad = fold.grad(f, argnums=tuple(range(len(args))))
+    program = dce(cse(fold.trace(grad, *args)))
+    assert _loops(program), "the reverse loop"
+    rewritten, maps = loops_as_maps(program)
+    assert maps and not _loops(rewritten)
+    for want, got in zip(eval_program(program, list(args)), eval_program(rewritten, list(args)), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    prepared = fuse_loop_nests(program)
+    assert [s.prim.name for s in prepared.stmts if s.prim.name in ("loop", "loop_saving")] == ["loop_saving"]
+
+
+def _vector(shape=(N,)):
+    return lambda: (rng.normal(size=shape),)
+
+
 LEFT_ALONE = {
     # the step's vector is the same each step but not for each element
-    "iota": (lambda x: fold.loop(lambda i, a: a + fold.iota(N).astype(np.float64), x, 3), (N,)),
+    "iota": (lambda x: fold.loop(lambda i, a: a + fold.iota(N).astype(np.float64), x, 3), _vector()),
     # the elements meet: a sum, a shift
-    "sum": (lambda x: fold.loop(lambda i, a: a - fold.sum(a) / N, x, 3), (N,)),
-    "shift": (lambda x: fold.loop(lambda i, a: fold.concatenate([a[1:], a[:1]]), x, 3), (N,)),
+    "sum": (lambda x: fold.loop(lambda i, a: a - fold.sum(a) / N, x, 3), _vector()),
+    "shift": (lambda x: fold.loop(lambda i, a: fold.concatenate([a[1:], a[:1]]), x, 3), _vector()),
     # a captured vector read at the counter, not element by element
-    "gathered": (lambda x: fold.loop(lambda i, a: a * x[i], x, 3), (N,)),
+    "gathered": (lambda x: fold.loop(lambda i, a: a * x[i], x, 3), _vector()),
+    # a captured stack of vectors read whole, not one row per step
+    "stack read whole": (lambda x, W: fold.loop(lambda i, a: a * W[i] + fold.sum(W), x, 3),
+                         lambda: (rng.normal(size=N), rng.normal(size=(3, N)))),
     # matrix states are left to the elementwise kernels
-    "matrix": (lambda x: fold.loop(lambda i, a: a * 0.5 + 1.0, x, 3), (20, 15)),
+    "matrix": (lambda x: fold.loop(lambda i, a: a * 0.5 + 1.0, x, 3), _vector((20, 15))),
 }
 
 
 @pytest.mark.parametrize("name", sorted(LEFT_ALONE))
 def test_loops_whose_elements_meet_are_left_alone(name):
-    f, shape = LEFT_ALONE[name]
-    x = rng.normal(size=shape)
-    program = dce(cse(fold.trace(f, x)))
+    f, make = LEFT_ALONE[name]
+    args = make()
+    program = dce(cse(fold.trace(f, *args)))
     rewritten, maps = loops_as_maps(program)
     assert not maps and rewritten is program
-    np.testing.assert_allclose(fold.jit(f, backend="numba")(x), fold.jit(f, backend="numpy")(x), rtol=1e-12)
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(*args), fold.jit(f, backend="numpy")(*args), rtol=1e-12)

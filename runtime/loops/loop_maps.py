@@ -14,8 +14,10 @@ interchange, as Futhark's `map`/`loop` interchange and a compiler's loop nest wo
   values, scalars, and vectors made by broadcasting a scalar (a coefficient c[i] of the step);
 - the statements that read no row value (c[i]: a gather of a captured array at the counter) make no vector of
   n but by broadcasting a scalar: they are computed the same for every element, inside the map;
-- a captured vector of n is read only by elementwise statements (x above: the map reads its element), and the
-  body returns row values or broadcast scalars.
+- a captured vector of n is read only by elementwise statements (x above: the map reads its element), a
+  captured stack of k such vectors (the states a forward loop saved, read by a gradient's reverse loop) only
+  at one row per step (stack[k - 1 - i]: the map reads the element's entry of that row, by its index), and
+  the body returns row values or broadcast scalars.
 
 The fusion pass keeps the rewrite only where the map becomes a loop nest (fusion.py).
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 from fold.dce import dce
 from fold.ir import Let, Program, Var
 from fold.pytree import tree_flatten
-from fold.primitives import BroadcastTo, Convert, Elementwise, Loop, Map, StopGradient
+from fold.primitives import BroadcastTo, Convert, Elementwise, Gather, Iota, Loop, Map, StopGradient
 
 ELEMENTWISE = (Elementwise, Convert, StopGradient)
 
@@ -36,16 +38,18 @@ def loops_as_maps(program: Program) -> tuple[Program, set[Var]]:
     stmts, maps = [], set()
     for stmt in program.stmts:
         made = _as_map(stmt) if isinstance(stmt.prim, Loop) else None
-        stmts.append(made or stmt)
+        stmts += made or [stmt]
         if made is not None:
-            maps.update(made.outs)
+            maps.update(made[-1].outs)
     if not maps:
         return program, maps
     return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree,
                    dict(program.meta)), maps
 
 
-def _as_map(stmt: Let) -> Let | None:
+def _as_map(stmt: Let) -> list[Let] | None:
+    """The statements computing the loop as a map (an iota of the elements' indices first, where the body
+    reads a stack at the step), or None where the loop does not qualify."""
     prim: Loop = stmt.prim
     nc = prim.num_consts
     consts, init = stmt.args[:nc], stmt.args[nc:]
@@ -57,11 +61,22 @@ def _as_map(stmt: Let) -> Let | None:
         return None
     body = prim.body
     body_consts, counter, states = body.inputs[:nc], body.inputs[nc], body.inputs[nc + 1:]
-    # a captured vector of n is read element by element (a row); anything else is read whole
+    # a captured vector of n is read element by element (a row); a captured stack of such vectors (k, n), the
+    # states a forward loop saved, is read at one row per step (a column per element); anything else whole
     by_row = {v for v, a in zip(body_consts, consts, strict=True) if isinstance(a, Var) and a.aval.shape == shape}
+    stacks = {v for v, a in zip(body_consts, consts, strict=True)
+              if isinstance(a, Var) and a.aval.ndim == 2 and a.aval.shape[1:] == shape}
     rows = set(by_row) | set(states)
     splats: dict[Var, object] = {}  # a vector of n made by broadcasting a scalar -> that scalar
+    stack_reads: set[int] = set()  # the gathers of a stack's row at a step's scalar index
     for s in body.stmts:
+        if any(isinstance(a, Var) and a in stacks for a in s.args):
+            if not (isinstance(s.prim, Gather) and s.args[0] in stacks and s.args[1] not in stacks
+                    and s.args[1].aval.shape == () and not (isinstance(s.args[1], Var) and s.args[1] in rows)):
+                return None
+            stack_reads.add(id(s))
+            rows.add(s.outs[0])
+            continue
         reads_rows = any(isinstance(a, Var) and a in rows for a in s.args)
         if not reads_rows:
             if isinstance(s.prim, BroadcastTo) and s.args[0].aval.shape == () and s.outs[0].aval.shape == shape:
@@ -86,28 +101,35 @@ def _as_map(stmt: Let) -> Let | None:
         return a
 
     whole = [v for v in body_consts if v not in by_row]
+    element = Var(counter.aval) if stacks else None  # the element's index, for a stack's column
     inner_stmts = []
     for s in body.stmts:
-        if any(isinstance(a, Var) and a in rows for a in s.args):
+        if id(s) in stack_reads:  # stack[k][e]: the step's row, then the element's entry of it
+            stack_row = Var(s.outs[0].aval)
+            inner_stmts += [Let((stack_row,), s.prim, s.args), Let((scalar[s.outs[0]],), Gather(), (stack_row, element))]
+        elif any(isinstance(a, Var) and a in rows for a in s.args):
             inner_stmts.append(Let((scalar[s.outs[0]],), s.prim, tuple(arg(a) for a in s.args)))
         else:  # the same for every element (a broadcast scalar read by a row is read as the scalar: dce drops it)
             inner_stmts.append(s)
-    step_inputs = (*whole, *(scalar[v] for v in body_consts if v in by_row), counter, *(scalar[v] for v in states))
+    step_inputs = (*whole, *(scalar[v] for v in body_consts if v in by_row), *([element] if stacks else []), counter,
+                   *(scalar[v] for v in states))
     step = dce(Program(step_inputs, tuple(inner_stmts), tuple(arg(o) for o in body.outputs), _tree(len(step_inputs)),
                        body.out_tree))
     # the map's body: the captured values read whole, then the element of each captured row and initial state
     outer_whole = [a for v, a in zip(body_consts, consts, strict=True) if v not in by_row]
     outer_rows = [a for v, a in zip(body_consts, consts, strict=True) if v in by_row]
+    indices = [Var(counter.aval.update(shape=shape))] if stacks else []  # the elements' indices: an iota
     whole_in = [Var(a.aval) if isinstance(a, Var) else a for a in outer_whole]
-    element_in = [Var(a.aval.update(shape=())) for a in (*outer_rows, *init)]
+    element_in = [Var(a.aval.update(shape=())) for a in (*outer_rows, *indices, *init)]
     results = tuple(Var(v.aval.update(shape=())) for v in states)
-    looped = Let(results, Loop(step, len(whole) + len(outer_rows), prim.n, prim.checkpoint),
+    looped = Let(results, Loop(step, len(whole) + len(outer_rows) + len(indices), prim.n, prim.checkpoint),
                  (*whole_in, *element_in))
     inputs = (*[v for v in whole_in if isinstance(v, Var)], *element_in)
     if len(inputs) != len(whole_in) + len(element_in):
         return None  # a literal read whole: the map's body takes only values
     map_body = Program(inputs, (looped,), results, _tree(len(inputs)))
-    return Let(stmt.outs, Map(map_body, len(whole_in)), (*outer_whole, *outer_rows, *init))
+    made = Let(stmt.outs, Map(map_body, len(whole_in)), (*outer_whole, *outer_rows, *indices, *init))
+    return [Let(tuple(indices), Iota(shape[0], counter.aval.dtype), ()), made] if stacks else [made]
 
 
 def _tree(count: int):
