@@ -63,12 +63,17 @@ def _loops(program) -> list:
     return [s for s in program.stmts if isinstance(s.prim, Loop)]
 
 
+def _rewritten(f, args) -> tuple:
+    """(f's program as jit prepares it for a backend, that program after loops_as_maps, the maps written)."""
+    program = dce(cse(fold.trace(f, *args)))
+    return (program, *loops_as_maps(program))
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_loop_over_vectors_becomes_a_map_of_a_loop_over_scalars_with_the_same_results(case):
     f, make = CASES[case]
     args = make()
-    program = dce(cse(fold.trace(f, *args)))
-    rewritten, maps = loops_as_maps(program)
+    program, rewritten, maps = _rewritten(f, args)
     assert maps and not _loops(rewritten)
     (made,) = [s for s in rewritten.stmts if s.outs[0] in maps][:1]
     assert isinstance(made.prim, Map)
@@ -99,9 +104,8 @@ def test_a_reverse_loop_reading_the_saved_states_at_each_step_is_a_map_too(case)
     f, make = CASES[case]
     args = make()
     grad = fold.grad(f, argnums=tuple(range(len(args))))
-    program = dce(cse(fold.trace(grad, *args)))
+    program, rewritten, maps = _rewritten(grad, args)
     assert _loops(program), "the reverse loop"
-    rewritten, maps = loops_as_maps(program)
     assert maps and not _loops(rewritten)
     for want, got in zip(eval_program(program, list(args)), eval_program(rewritten, list(args)), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -133,7 +137,6 @@ LEFT_ALONE = {
 def test_loops_whose_elements_meet_are_left_alone(name):
     f, make = LEFT_ALONE[name]
     args = make()
-    program = dce(cse(fold.trace(f, *args)))
-    rewritten, maps = loops_as_maps(program)
+    program, rewritten, maps = _rewritten(f, args)
     assert not maps and rewritten is program
     np.testing.assert_allclose(fold.jit(f, backend="numba")(*args), fold.jit(f, backend="numpy")(*args), rtol=1e-12)
