@@ -230,7 +230,7 @@ def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_fol
     memo = _fused.setdefault((folds_of_scalar_maps, row_folds, histograms), weakref.WeakKeyDictionary())
     found = memo.get(program)
     if found is None:
-        found = _fuse_with_broadcast_maps(program, folds_of_scalar_maps, row_folds, histograms)
+        found = _fuse_with_lifted_maps(program, folds_of_scalar_maps, row_folds, histograms)
         # an unchanged program is not stored as its own value: the entry would keep its key alive
         memo[program] = _UNCHANGED if found is program else found
     return program if found is _UNCHANGED else found
@@ -242,18 +242,19 @@ _UNCHANGED = object()
 _fused: "dict[tuple[bool, bool, bool], weakref.WeakKeyDictionary[Program, Program]]" = {}
 
 
-def _fuse_with_broadcast_maps(program: Program, *choices: bool) -> Program:
+def _fuse_with_lifted_maps(program: Program, *choices: bool) -> Program:
     """The program's nests, with NumPy-style broadcasting written as maps (broadcast_maps.py) and loops over
     vectors written as maps of loops over scalars (loop_maps.py) where every map so written becomes part of
     a nest; otherwise the program's own statements, where the backend's kernels for broadcasting,
     elementwise statements and loops run them as before."""
+    fused = None  # the nests of `program`, where a kept rewrite already made them
     for rewrite in (maps_of_broadcasts, loops_as_maps):
         lifted, maps = rewrite(program)
         if maps:
-            fused = _fuse(lifted, *choices)
-            if not any(isinstance(s.prim, Map) and s.outs[0] in maps for s in fused.stmts):
-                program = lifted
-    return _fuse(program, *choices)
+            tried = _fuse(lifted, *choices)
+            if not any(isinstance(s.prim, Map) and s.outs[0] in maps for s in tried.stmts):
+                program, fused = lifted, tried
+    return fused if fused is not None else _fuse(program, *choices)
 
 
 def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histograms: bool) -> Program:
