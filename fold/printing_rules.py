@@ -64,7 +64,8 @@ def _print_gemm(stmt: Let, args: list[str]) -> str:
     k = prim.num_leaves
     ident, rest = rest[:k], rest[k:]
     row, col = rest[: prim.num_row_args], rest[prim.num_row_args:]
-    return (f"gemm_map_reduce[{prim.monoid.name}, block={prim.block}] ({', '.join(ident)}) "
+    operator = prim.monoid.name if prim.monoid is not None else "operator"  # a jvp's pair operator has no monoid
+    return (f"gemm_map_reduce[{operator}, block={prim.block}] ({', '.join(ident)}) "
             f"rows: {' '.join(row)} | cols: {' '.join(col)}{captures}")
 
 

@@ -908,3 +908,15 @@ def test_min_max_gradients_split_a_rows_cotangent_among_its_tied_pairs(name, rul
     np.testing.assert_allclose(dK[0], dK[3], rtol=1e-13)
     np.testing.assert_allclose(dK[0] + dK[3], nK[0] + nK[3], rtol=1e-13)
     np.testing.assert_array_equal(dK[1:3], 0.0)
+
+
+def test_a_jvp_of_gemm_map_reduce_prints_and_lowers() -> None:
+    # the jvp's gemm folds (value, tangent) pairs with an operator that is no monoid of fold.monoids: printing
+    # it (what fold.lowered shows) raised AttributeError on its missing monoid
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(5, 3)), rng.normal(size=(7, 3))
+    f = lambda q, k: fold.gemm_map_reduce(fold.monoids.logaddexp, lambda s: s, q, k, block=(2, 3))  # noqa: E731
+    text = str(fold.trace(lambda q, k, dq, dk: fold.jvp(f, (q, k), (dq, dk))[1], q, k, q, k))
+    assert "gemm_map_reduce[operator, block=(2, 3)]" in text, text
+    lowered = str(fold.lowered(lambda q, k: fold.jvp(f, (q, k), (q, k))[1], q, k, backend="numba"))
+    assert "gemm_map_reduce[operator" in lowered, lowered
