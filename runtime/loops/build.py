@@ -518,16 +518,28 @@ def _sum_axes(w: Writer, prim: SumAxes, args: list[Value], out_avals) -> list[Va
 
 @_rules.register(MatMul)
 def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value]:
+    """(a @ b)[i, j] as a loop over the shared axis; where an operand is one-hot along it (a gradient's
+    cotangent of a min/max times a row), the one term at its index. A one-hot row of `a` (column of `b`) makes
+    the product's row (column) one-hot at the same index: a sum of products over the map then adds one row."""
     (a, b), out = args, out_avals[0]
     dtype = out.dtype
+    a_hot, b_hot = getattr(a, "onehot", None), getattr(b, "onehot", None)
+    shared = a_hot[1] if a_hot is not None and a_hot[0] == 1 else (b_hot[1] if b_hot is not None and b_hot[0] == 0 else None)
+
+    def term(w: Writer, idx: tuple, k: str) -> str:
+        return f"{w.element(a, (idx[0], k))} * {w.element(b, (k, idx[1]))}"
 
     def element(w: Writer, idx: tuple) -> str:
         acc = w.assign(literal(0, dtype), "s")
-        w.loop(a.shape[1], lambda k: w.emit(Assign(
-            acc, f"np.{dtype.name}({acc} + {w.element(a, (idx[0], k))} * {w.element(b, (k, idx[1]))})")))
+        if shared is None:
+            w.loop(a.shape[1], lambda k: w.emit(Assign(acc, f"np.{dtype.name}({acc} + {term(w, idx, k)})")))
+        else:
+            k = w.assign(f"np.int64({shared})", "h")
+            w.guarded(f"0 <= {k} < {a.shape[1]}", lambda: w.emit(Assign(acc, f"np.{dtype.name}({term(w, idx, k)})")))
         return acc
 
-    return [Pull(tuple(out.shape), dtype, element, True)]
+    onehot = (0, a_hot[1]) if a_hot is not None and a_hot[0] == 0 else ((1, b_hot[1]) if b_hot is not None and b_hot[0] == 1 else None)
+    return [Pull(tuple(out.shape), dtype, element, True, onehot=onehot)]
 
 
 def _row(w: Writer, x: Value, i: str) -> Value:

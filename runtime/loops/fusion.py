@@ -50,6 +50,7 @@ from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
 from .broadcast_maps import maps_of_broadcasts
 from .loop_maps import loops_as_maps
+from .outer_sums import outer_products_as_sums
 from .build import NotNestable, Pull, Scalar, Stored, Writer, cast, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
@@ -88,28 +89,30 @@ def _statement_count(program: Program) -> int:
     return sum(1 + sum(_statement_count(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
-def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False) -> bool:
+def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
+               products: Callable[[Program], bool] = lambda body: False) -> bool:
     """A map the nest takes: one whose body nests a map and folds somewhere (a map of a map of a reduce), one
     whose body maps rows that are arrays and folds nothing (`_maps_rows_of_arrays`), one whose body is long,
     (`folded`: a reduce folds its results) one of scalars, or (`row_folds`) one whose body
-    folds or scans its rows and multiplies no matrices: the nest writes a matrix product as scalar loops,
-    where the numba backend's product kernel folds a captured matrix times the row in registers and its
-    gradient scatters one-hot rows (k-means' matrix form: 64 against 243 ms forward, 124 against 1777 ms
-    for the gradient, which stored (points, centroids) one-hot arrays in the nest). A map of scalar maps and
+    folds or scans its rows and multiplies no matrices unless `products(body)` says the nest takes them: the
+    nest writes a matrix product as scalar loops, where the numba backend's float64 product kernel folds a
+    captured matrix times the row in registers, 4 rows at once (k-means' matrix form, float64, 10^6 points:
+    60 against 139 ms forward; float32, which that kernel does not run, 92 in the nest against 123 ms). A map of scalar maps and
     nothing else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
     several elements per vector instruction and fuse with their neighbours; read by a reduce, the nest's
     outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing. A map whose
     results a histogram bins (`binned`) streams into the bins whatever its body, but for a matrix product
-    beside a gather: the one-hot rewrite's form of k-means' matrix gradient (a row of the centroids gathered
-    at the nearest one), which the product kernel runs in registers."""
+    beside a gather that `products` leaves to the backend: the one-hot rewrite's form of k-means' matrix
+    gradient (a row of the centroids gathered at the nearest one), which the product kernel runs in
+    registers."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
                  or (_maps_rows_of_arrays(body) and not _folds(body))
-                 or (row_folds and _folds(body) and not _folds(body, (MatMul,)))
+                 or (row_folds and _folds(body) and (not _folds(body, (MatMul,)) or products(body)))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
-                 or (binned and not (_folds(body, (MatMul,)) and _gathers(body)))
+                 or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
                  or any(isinstance(s.prim, Loop) for s in body.stmts))
             and nestable(body) is None)
 
@@ -221,16 +224,17 @@ _SUM_REDUCES: dict[np.dtype, Let] = {}
 
 
 def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_folds: bool = True,
-                    histograms: bool = True) -> Program:
+                    histograms: bool = True, products: Callable[[Program], bool] = lambda body: False) -> Program:
     """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised.
     `folds_of_scalar_maps`: whether a reduce of a map of scalars becomes a nest too; `row_folds`: whether a map
     whose body folds or scans its rows, with no map inside, does; `histograms`: whether a map binned by a
     reduce_by_index does (a backend's choices: one whose nest folds are slower than its own reduce, per-row
-    or histogram kernels keeps the statements apart)."""
-    memo = _fused.setdefault((folds_of_scalar_maps, row_folds, histograms), weakref.WeakKeyDictionary())
+    or histogram kernels keeps the statements apart); `products(body)`: whether a map whose body folds and
+    multiplies a matrix becomes a nest (not where the backend's own product kernel runs that body faster)."""
+    memo = _fused.setdefault((folds_of_scalar_maps, row_folds, histograms, products), weakref.WeakKeyDictionary())
     found = memo.get(program)
     if found is None:
-        found = _fuse_with_lifted_maps(program, folds_of_scalar_maps, row_folds, histograms)
+        found = _fuse_with_lifted_maps(program, folds_of_scalar_maps, row_folds, histograms, products)
         # an unchanged program is not stored as its own value: the entry would keep its key alive
         memo[program] = _UNCHANGED if found is program else found
     return program if found is _UNCHANGED else found
@@ -239,16 +243,16 @@ def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_fol
 _UNCHANGED = object()
 
 
-_fused: "dict[tuple[bool, bool, bool], weakref.WeakKeyDictionary[Program, Program]]" = {}
+_fused: "dict[tuple, weakref.WeakKeyDictionary[Program, Program]]" = {}
 
 
-def _fuse_with_lifted_maps(program: Program, *choices: bool) -> Program:
-    """The program's nests, with NumPy-style broadcasting written as maps (broadcast_maps.py) and loops over
-    vectors written as maps of loops over scalars (loop_maps.py) where every map so written becomes part of
-    a nest; otherwise the program's own statements, where the backend's kernels for broadcasting,
+def _fuse_with_lifted_maps(program: Program, *choices) -> Program:
+    """The program's nests, with NumPy-style broadcasting written as maps (broadcast_maps.py), loops over
+    vectors written as maps of loops over scalars (loop_maps.py) and products over a map's axis as sums of
+    its rows' outer products (outer_sums.py) where every map so written becomes part of a nest; otherwise the program's own statements, where the backend's kernels for broadcasting,
     elementwise statements and loops run them as before."""
     fused = None  # the nests of `program`, where a kept rewrite already made them
-    for rewrite in (maps_of_broadcasts, loops_as_maps):
+    for rewrite in (maps_of_broadcasts, loops_as_maps, outer_products_as_sums):
         lifted, maps = rewrite(program)
         if maps:
             tried = _fuse(lifted, *choices)
@@ -257,7 +261,8 @@ def _fuse_with_lifted_maps(program: Program, *choices: bool) -> Program:
     return fused if fused is not None else _fuse(program, *choices)
 
 
-def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histograms: bool) -> Program:
+def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histograms: bool,
+          products: Callable[[Program], bool]) -> Program:
     uses = use_counts(program)
     readers = {a: s for s in program.stmts for a in s.args if isinstance(a, Var)}
     produced_by = {v: s for s in program.stmts for v in s.outs}
@@ -277,7 +282,7 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
         folding = None if consumers is None else _as_reduces(consumers)
         folded = folds_of_scalar_maps and folding is not None and isinstance(folding[0].prim, Reduce)
         binned = consumers is not None and isinstance(consumers[-1].prim, ReduceByIndex)
-        if not _candidate(stmt, folded, row_folds, binned):
+        if not _candidate(stmt, folded, row_folds, binned, products):
             stmts.append(stmt)
             continue
         consumers = consumers or []

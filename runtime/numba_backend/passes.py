@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
+
 from fold.ir import Program
+from fold.primitives import MatMul
 from fold.runtime.loops import fuse_loop_nests
 
 from .elementwise_fusion import fuse_elementwise
@@ -40,12 +43,12 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
     if found is None:
         given = program
         nests = whole_arrays and loop_nests_on()
-        program = fuse_loop_nests(program) if nests else program
+        program = fuse_loop_nests(program, products=nest_takes_products) if nests else program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         sparse = sparse_one_hots(program)
         # one-hot rows read as (index, value) make histograms of a map's results, which a nest bins as the
         # map computes them (until ad emits min/max cotangents as such pairs itself, issue 39)
-        program = fuse_loop_nests(sparse) if nests and sparse is not program else sparse
+        program = fuse_loop_nests(sparse, products=nest_takes_products) if nests and sparse is not program else sparse
         staged = hoist_scales(unnest_maps(fuse_map_scans(fuse_scan_pairs(program))))
         found = _whole_array_fusions(staged) if whole_arrays else _body_fusions(staged)
         # a program no pass changed is not stored as its own value: the entry would keep its key alive
@@ -54,6 +57,19 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
 
 
 _UNCHANGED = object()
+
+
+def nest_takes_products(body: Program) -> bool:
+    """Whether a loop nest runs a map body that multiplies matrices: all but those of float64 products, which
+    the product kernel (product_fold_fusion.py) runs in F64x4 registers, 4 rows at once."""
+    return any(isinstance(s.prim, MatMul) and s.outs[0].aval.dtype != np.float64 for s in _statements(body))
+
+
+def _statements(program: Program):
+    for s in program.stmts:
+        yield s
+        for b in s.prim.bodies():
+            yield from _statements(b)
 
 
 def loop_nests_on() -> bool:

@@ -1,0 +1,122 @@
+"""A matrix product over a map's axis as the sum of the rows' outer products (runtime/loops/outer_sums.py), and
+products with a one-hot operand in the loop nest (build.py): the gradient of a map that multiplies a captured
+matrix by its row folds the matrix's cotangent as it goes, with the numpy backend's results."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import fold
+from fold.cse import cse
+from fold.dce import dce
+from fold.primitives import MatMul
+from fold.runtime.loops import LoopNest, describe, kernel_of
+from fold.runtime.loops.outer_sums import MAX_OUTER_SUM, outer_products_as_sums
+from fold.runtime.numba_backend.passes import prepare
+
+pytest.importorskip("numba")
+
+M = fold.monoids
+rng = np.random.default_rng(5)
+
+
+def kmeans_matrix_form(C, P):
+    cc = fold.map(lambda c: fold.sum(c * c), C)
+    return fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.sum(p * p) - 2.0 * (C @ p) + cc), P))
+
+
+def layer_per_example(W, X):
+    return fold.reduce(M.sum, fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X))
+
+
+def _gradient_program(f, *args):
+    return dce(cse(fold.trace(fold.grad(f, argnums=tuple(range(len(args)))), *args)))
+
+
+def _top_level_shapes(program):
+    return [v.aval.shape for s in program.stmts for v in s.outs]
+
+
+def _close(got, want, rtol):
+    for g, w in zip(fold.tree_flatten(got)[0], fold.tree_flatten(want)[0], strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=rtol * max(1.0, np.abs(w).max()))
+
+
+@pytest.mark.parametrize("f, shapes", [(kmeans_matrix_form, ((8, 5), (400, 5))), (layer_per_example, ((6, 4), (300, 4)))],
+                         ids=["kmeans", "layer"])
+def test_the_cotangent_of_a_captured_matrix_is_folded_as_outer_products(f, shapes):
+    C, P = (rng.normal(size=s).astype(np.float32) for s in shapes)
+    program = _gradient_program(f, C, P)
+    assert any(isinstance(s.prim, MatMul) and s.args[0].aval.shape[1] == P.shape[0] for s in program.stmts), program
+    lifted, maps = outer_products_as_sums(program)
+    assert maps and not any(isinstance(s.prim, MatMul) for s in lifted.stmts), lifted
+    prepared = prepare(program, whole_arrays=True)
+    # one nest folds the matrix's cotangent: no (points, rows) array is stored to multiply at the end
+    assert not any(isinstance(s.prim, MatMul) for s in prepared.stmts), prepared
+    assert not [shape for shape in _top_level_shapes(prepared) if len(shape) >= 2 and shape[0] == P.shape[0]
+                and shape != P.shape], prepared
+    g = fold.grad(f, argnums=(0, 1))
+    _close(fold.jit(g, backend="numba")(C, P), fold.jit(g, backend="numpy")(C, P), 2e-4)
+
+
+def test_a_one_hot_row_adds_one_row_of_the_sum():
+    # k-means' cotangent of the nearest centroid is one-hot over the centroids: its outer product with the point
+    # is one row, which the nest adds alone (guarded by the index), not K rows of zeros
+    C, P = rng.normal(size=(8, 5)).astype(np.float32), rng.normal(size=(400, 5)).astype(np.float32)
+    prepared = prepare(_gradient_program(kmeans_matrix_form, C, P), whole_arrays=True)
+    texts = [describe(kernel_of(s.prim)) for s in prepared.stmts if isinstance(s.prim, LoopNest)]
+    (text,) = [t for t in texts if "float64[8, 5]" in t]  # the nest whose fold state is the centroids' cotangent
+    assert re.search(r"state\d+\[h\d+, i\d+\] = ", text), text  # the nearest centroid's row alone
+    assert not re.search(r"state\d+\[i\d+, i\d+\] = np.float64\(state", text), text
+
+
+def test_products_over_the_map_axis_with_a_one_hot_operand_match_numpy():
+    # a one-hot operand along the summed axis of a product inside the body: the one term at its index
+    A = rng.normal(size=(6, 4)).astype(np.float32)
+    X = rng.normal(size=(50, 6)).astype(np.float32)
+
+    def f(A, X):
+        def row(x):
+            first = fold.reduce(M.min, fold.where(x == fold.reduce(M.max, x), fold.iota(6), 6))
+            hot = fold.where(fold.iota(6) == first, x, 0.0).astype(np.float32)
+            return fold.sum(fold.matmul(fold.reshape(hot, (1, 6)), A) * fold.matmul(fold.reshape(x, (1, 6)), A))
+        return fold.reduce(M.sum, fold.map(row, X))
+
+    g = fold.grad(f, argnums=(0, 1))
+    _close(fold.jit(f, backend="numba")(A, X), fold.jit(f, backend="numpy")(A, X), 2e-5)
+    _close(fold.jit(g, backend="numba")(A, X), fold.jit(g, backend="numpy")(A, X), 2e-4)
+
+
+def test_products_that_do_not_contract_over_rows_are_left_alone():
+    C = rng.normal(size=(8, 5))
+    # a product too large for a fold's state, and one over an axis that is not the map's, stay products
+    fits, too_big = rng.normal(size=(MAX_OUTER_SUM // 5, 5)), rng.normal(size=(MAX_OUTER_SUM // 5 + 1, 5))
+    assert outer_products_as_sums(_gradient_program(layer_per_example, fits, rng.normal(size=(30, 5))))[1]
+    assert outer_products_as_sums(_gradient_program(layer_per_example, too_big, rng.normal(size=(30, 5))))[1] == set()
+
+    def reordered(C, P):
+        # each row's elements in another order (a transpose of its own axes): not the row's outer product
+        Y = fold.map(lambda p: fold.reshape(C @ p, (2, 4)), P)
+        n = P.shape[0]
+        return fold.sum(fold.matmul(fold.reshape(fold.transpose(Y, (2, 1, 0)), (8, n)), P) * C)
+
+    P = rng.normal(size=(40, 5))
+    assert outer_products_as_sums(dce(cse(fold.trace(reordered, C, P))))[1] == set()
+    _close(fold.jit(reordered, backend="numba")(C, P), fold.jit(reordered, backend="numpy")(C, P), 1e-10)
+
+
+def test_float64_products_stay_with_the_product_kernel():
+    C, P = rng.normal(size=(8, 5)), rng.normal(size=(400, 5))
+    prepared = prepare(_gradient_program(kmeans_matrix_form, C, P), whole_arrays=True)
+    assert not [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
+                and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))], prepared
+
+
+def _all_statements(program):
+    for s in program.stmts:
+        yield s
+        for b in s.prim.bodies():
+            yield from _all_statements(b)
