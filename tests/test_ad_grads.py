@@ -446,3 +446,19 @@ def test_powers_with_exponent_zero_have_finite_derivatives_at_zero() -> None:
     lin = lambda x: fold.reduce(fold.monoids.sum, x ** 1)  # noqa: E731
     np.testing.assert_array_equal(fold.jvp(fold.grad(lin), (x,), (np.ones(3),))[1], np.zeros(3))
     check_grads(poly, (x + 0.25,), order=2)
+
+
+@pytest.mark.parametrize("exponent", [0, 1, 2, 3, 0.5, -1.5])
+def test_a_constant_exponent_differentiates_without_selections(exponent) -> None:
+    """x ** c with c known when traced: its partial c x^(c-1) is written for that c (none for 0, one for 1,
+    2 x for 2), not as selections on `c == 0`, which were traced and run for every power of every gradient."""
+    from fold.primitives import Elementwise
+
+    x = np.array([0.5, 1.25, 2.0])
+    f = lambda x: fold.reduce(fold.monoids.sum, x ** exponent)  # noqa: E731
+    program = fold.trace(fold.grad(f), x)
+    assert not [s for s in program.stmts if isinstance(s.prim, Elementwise) and s.prim.op == "where"], program
+    powers = [s for s in program.stmts if isinstance(s.prim, Elementwise) and s.prim.op == "pow"]
+    assert len(powers) == (2 if exponent not in (0, 1, 2) else 1), program  # the primal's, and c x^(c-1)'s
+    np.testing.assert_allclose(fold.grad(f)(x), exponent * x ** (exponent - 1.0) if exponent else 0.0 * x, rtol=1e-14)
+    check_grads(f, (x,), order=2)
