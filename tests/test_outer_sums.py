@@ -28,8 +28,13 @@ def kmeans_matrix_form(C, P):
     return fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.sum(p * p) - 2.0 * (C @ p) + cc), P))
 
 
-def layer_per_example(W, X):
-    return fold.reduce(M.sum, fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X))
+def nearest_and_layer(C, W, D, P):
+    """A body the nest takes for its inner map (each point's nearest centroid, written as a map), which also
+    multiplies captured matrices by the point: a layer's output, and the largest entry of another product."""
+    def per_point(p):
+        nearest = fold.reduce(M.min, fold.map(lambda c: fold.sum((p - c) * (p - c)), C))
+        return nearest + fold.sum(fold.tanh(W @ p)) + fold.reduce(M.max, D @ p)
+    return fold.reduce(M.sum, fold.map(per_point, P))
 
 
 def _gradient_program(f, *args):
@@ -45,32 +50,40 @@ def _close(got, want, rtol):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=rtol * max(1.0, np.abs(w).max()))
 
 
-@pytest.mark.parametrize("f, shapes", [(kmeans_matrix_form, ((8, 5), (400, 5))), (layer_per_example, ((6, 4), (300, 4)))],
-                         ids=["kmeans", "layer"])
-def test_the_cotangent_of_a_captured_matrix_is_folded_as_outer_products(f, shapes):
-    C, P = (rng.normal(size=s).astype(np.float32) for s in shapes)
-    program = _gradient_program(f, C, P)
+def _inputs(dtype):
+    return tuple(rng.normal(size=s).astype(dtype) for s in ((8, 5), (6, 5), (7, 5), (400, 5)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_cotangent_of_a_captured_matrix_is_folded_as_outer_products(dtype):
+    C, W, D, P = _inputs(dtype)
+    program = _gradient_program(nearest_and_layer, C, W, D, P)
     assert any(isinstance(s.prim, MatMul) and s.args[0].aval.shape[1] == P.shape[0] for s in program.stmts), program
     lifted, maps = outer_products_as_sums(program)
     assert maps and not any(isinstance(s.prim, MatMul) for s in lifted.stmts), lifted
     prepared = prepare(program, whole_arrays=True)
-    # one nest folds the matrix's cotangent: no (points, rows) array is stored to multiply at the end
+    # one nest folds the matrices' cotangents: no (points, rows) array is stored to multiply at the end
     assert not any(isinstance(s.prim, MatMul) for s in prepared.stmts), prepared
     assert not [shape for shape in _top_level_shapes(prepared) if len(shape) >= 2 and shape[0] == P.shape[0]
                 and shape != P.shape], prepared
-    g = fold.grad(f, argnums=(0, 1))
-    _close(fold.jit(g, backend="numba")(C, P), fold.jit(g, backend="numpy")(C, P), 2e-4)
+    g = fold.grad(nearest_and_layer, argnums=(0, 1, 2, 3))
+    _close(fold.jit(g, backend="numba")(C, W, D, P), fold.jit(g, backend="numpy")(C, W, D, P),
+           2e-4 if dtype == np.float32 else 1e-10)
 
 
 def test_a_one_hot_row_adds_one_row_of_the_sum():
-    # k-means' cotangent of the nearest centroid is one-hot over the centroids: its outer product with the point
-    # is one row, which the nest adds alone (guarded by the index), not K rows of zeros
-    C, P = rng.normal(size=(8, 5)).astype(np.float32), rng.normal(size=(400, 5)).astype(np.float32)
-    prepared = prepare(_gradient_program(kmeans_matrix_form, C, P), whole_arrays=True)
-    texts = [describe(kernel_of(s.prim)) for s in prepared.stmts if isinstance(s.prim, LoopNest)]
-    (text,) = [t for t in texts if "float64[8, 5]" in t]  # the nest whose fold state is the centroids' cotangent
-    assert re.search(r"state\d+\[h\d+, i\d+\] = ", text), text  # the nearest centroid's row alone
-    assert not re.search(r"state\d+\[i\d+, i\d+\] = np.float64\(state", text), text
+    # the cotangent of the largest entry of D @ p is one-hot over D's rows: its outer product with the point is
+    # one row, which the nest adds alone (guarded by the index), not 7 rows of zeros
+    C, W, D, P = _inputs(np.float64)
+    prepared = prepare(_gradient_program(nearest_and_layer, C, W, D, P), whole_arrays=True)
+    (text,) = [describe(kernel_of(s.prim)) for s in prepared.stmts if isinstance(s.prim, LoopNest)]
+    def update_of(shape):  # the line adding to the fold's state of that shape
+        (name,) = re.findall(rf"(state\d+) = buffer float64\[{shape}\]", text)
+        (line,) = [x for x in text.splitlines() if re.search(rf"{name}\[\w+, \w+\] = np.float64\({name}", x)]
+        return line
+
+    assert re.search(r"\[h\d+, i\d+\] = ", update_of("7, 5")), text  # D's: a row at the index alone
+    assert re.search(r"\[i\d+, i\d+\] = ", update_of("6, 5")), text  # W's (the layer's): every row
 
 
 def test_products_over_the_map_axis_with_a_one_hot_operand_match_numpy():
@@ -94,8 +107,9 @@ def test_products_that_do_not_contract_over_rows_are_left_alone():
     C = rng.normal(size=(8, 5))
     # a product too large for a fold's state, and one over an axis that is not the map's, stay products
     fits, too_big = rng.normal(size=(MAX_OUTER_SUM // 5, 5)), rng.normal(size=(MAX_OUTER_SUM // 5 + 1, 5))
-    assert outer_products_as_sums(_gradient_program(layer_per_example, fits, rng.normal(size=(30, 5))))[1]
-    assert outer_products_as_sums(_gradient_program(layer_per_example, too_big, rng.normal(size=(30, 5))))[1] == set()
+    P = rng.normal(size=(30, 5))
+    assert outer_products_as_sums(_gradient_program(lambda W, P: nearest_and_layer(C, W, W[:2], P), fits, P))[1]
+    assert outer_products_as_sums(_gradient_program(lambda W, P: nearest_and_layer(C, W, too_big, P), too_big, P))[1] == set()
 
     def reordered(C, P):
         # each row's elements in another order (a transpose of its own axes): not the row's outer product
@@ -108,11 +122,23 @@ def test_products_that_do_not_contract_over_rows_are_left_alone():
     _close(fold.jit(reordered, backend="numba")(C, P), fold.jit(reordered, backend="numpy")(C, P), 1e-10)
 
 
-def test_float64_products_stay_with_the_product_kernel():
-    C, P = rng.normal(size=(8, 5)), rng.normal(size=(400, 5))
-    prepared = prepare(_gradient_program(kmeans_matrix_form, C, P), whole_arrays=True)
-    assert not [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
-                and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))], prepared
+@pytest.mark.parametrize("dtype, nest", [(np.float32, True), (np.float64, False)])
+def test_a_reduce_of_a_small_product_is_a_nest_but_for_float64(dtype, nest):
+    # k-means' matrix form: a nest in float32 (nothing of points x centroids stored), the product kernel's
+    # in float64, gradient included
+    C, P = rng.normal(size=(8, 5)).astype(dtype), rng.normal(size=(400, 5)).astype(dtype)
+    prepared = prepare(dce(cse(fold.trace(kmeans_matrix_form, C, P))), whole_arrays=True)
+    nests = [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
+             and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))]
+    assert bool(nests) == nest, prepared
+    _close(fold.jit(kmeans_matrix_form, backend="numba")(C, P), fold.jit(kmeans_matrix_form, backend="numpy")(C, P),
+           1e-5 if dtype == np.float32 else 1e-12)
+    if not nest:
+        prepared = prepare(_gradient_program(kmeans_matrix_form, C, P), whole_arrays=True)
+        assert not [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
+                    and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))], prepared
+    g = fold.grad(kmeans_matrix_form, argnums=(0, 1))
+    _close(fold.jit(g, backend="numba")(C, P), fold.jit(g, backend="numpy")(C, P), 2e-4 if nest else 1e-10)
 
 
 def _all_statements(program):
@@ -120,3 +146,18 @@ def _all_statements(program):
         yield s
         for b in s.prim.bodies():
             yield from _all_statements(b)
+
+
+def test_the_numba_backend_leaves_large_products_to_blas():
+    # a nest writes a product as scalar loops; a body multiplying a matrix of more than MAX_NEST_PRODUCT values
+    # by each row runs its products batched over blocks of rows (BLAS) as before
+    from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT, nest_takes_products
+
+    def body_of(W):
+        program = fold.trace(lambda W, X: fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X), W, W)
+        return program.stmts[0].prim.body
+
+    small = int(MAX_NEST_PRODUCT ** 0.5)
+    assert nest_takes_products(body_of(np.ones((small, small), np.float32)))
+    assert not nest_takes_products(body_of(np.ones((small + 1, small + 1), np.float32)))
+    assert not nest_takes_products(body_of(np.ones((small, small))))  # float64: the product kernel's

@@ -94,10 +94,12 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     """A map the nest takes: one whose body nests a map and folds somewhere (a map of a map of a reduce), one
     whose body maps rows that are arrays and folds nothing (`_maps_rows_of_arrays`), one whose body is long,
     (`folded`: a reduce folds its results) one of scalars, or (`row_folds`) one whose body
-    folds or scans its rows and multiplies no matrices unless `products(body)` says the nest takes them: the
-    nest writes a matrix product as scalar loops, where the numba backend's float64 product kernel folds a
-    captured matrix times the row in registers, 4 rows at once (k-means' matrix form, float64, 10^6 points:
-    60 against 139 ms forward; float32, which that kernel does not run, 92 in the nest against 123 ms). A map of scalar maps and
+    folds or scans its rows and multiplies no matrices unless a reduce folds its results (`folded`: nothing of
+    the map's size is then stored) and `products(body)` says the nest takes them: the
+    nest writes a matrix product as scalar loops, where the numba backend batches a body's products into
+    BLAS calls over blocks of rows, and its float64 product kernel folds a captured matrix times the row in
+    registers, 4 rows at once (k-means' matrix form, float64, 10^6 points: 60 against 139 ms forward); the
+    numba backend's `products` takes small float32 matrices (passes.nest_takes_products). A map of scalar maps and
     nothing else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
     several elements per vector instruction and fuse with their neighbours; read by a reduce, the nest's
     outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing. A map whose
@@ -109,7 +111,7 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
                  or (_maps_rows_of_arrays(body) and not _folds(body))
-                 or (row_folds and _folds(body) and (not _folds(body, (MatMul,)) or products(body)))
+                 or (row_folds and _folds(body) and (not _folds(body, (MatMul,)) or (folded and products(body))))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
                  or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
