@@ -89,8 +89,14 @@ def _statement_count(program: Program) -> int:
     return sum(1 + sum(_statement_count(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
+def no_products(body: Program) -> bool:
+    """The default choice of `fuse_loop_nests(products=)`: no map whose body multiplies a matrix becomes a
+    nest for its folds alone."""
+    return False
+
+
 def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
-               products: Callable[[Program], bool] = lambda body: False) -> bool:
+               products: Callable[[Program], bool] = no_products) -> bool:
     """A map the nest takes: one whose body nests a map and folds somewhere (a map of a map of a reduce), one
     whose body maps rows that are arrays and folds nothing (`_maps_rows_of_arrays`), one whose body is long,
     (`folded`: a reduce folds its results) one of scalars, or (`row_folds`) one whose body
@@ -226,7 +232,7 @@ _SUM_REDUCES: dict[np.dtype, Let] = {}
 
 
 def fuse_loop_nests(program: Program, folds_of_scalar_maps: bool = True, row_folds: bool = True,
-                    histograms: bool = True, products: Callable[[Program], bool] = lambda body: False) -> Program:
+                    histograms: bool = True, products: Callable[[Program], bool] = no_products) -> Program:
     """`program` with its nested maps (and their folding consumers) as LoopNest statements; memoised.
     `folds_of_scalar_maps`: whether a reduce of a map of scalars becomes a nest too; `row_folds`: whether a map
     whose body folds or scans its rows, with no map inside, does; `histograms`: whether a map binned by a
@@ -251,8 +257,9 @@ _fused: "dict[tuple, weakref.WeakKeyDictionary[Program, Program]]" = {}
 def _fuse_with_lifted_maps(program: Program, *choices) -> Program:
     """The program's nests, with NumPy-style broadcasting written as maps (broadcast_maps.py), loops over
     vectors written as maps of loops over scalars (loop_maps.py) and products over a map's axis as sums of
-    its rows' outer products (outer_sums.py) where every map so written becomes part of a nest; otherwise the program's own statements, where the backend's kernels for broadcasting,
-    elementwise statements and loops run them as before."""
+    its rows' outer products (outer_sums.py) where every map so written becomes part of a nest; otherwise
+    the program's own statements, where the backend's kernels for broadcasting, elementwise statements,
+    loops and products run them as before."""
     fused = None  # the nests of `program`, where a kept rewrite already made them
     for rewrite in (maps_of_broadcasts, loops_as_maps, outer_products_as_sums):
         lifted, maps = rewrite(program)
