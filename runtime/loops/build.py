@@ -523,8 +523,9 @@ def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value
     the product's row (column) one-hot at the same index: a sum of products over the map then adds one row."""
     (a, b), out = args, out_avals[0]
     dtype = out.dtype
-    a_hot, b_hot = getattr(a, "onehot", None), getattr(b, "onehot", None)
-    shared = a_hot[1] if a_hot is not None and a_hot[0] == 1 else (b_hot[1] if b_hot is not None and b_hot[0] == 0 else None)
+    a_row, a_shared = _hot_index(a, 0), _hot_index(a, 1)
+    b_shared, b_column = _hot_index(b, 0), _hot_index(b, 1)
+    shared = a_shared if a_shared is not None else b_shared
 
     def term(w: Writer, idx: tuple, k: str) -> str:
         return f"{w.element(a, (idx[0], k))} * {w.element(b, (k, idx[1]))}"
@@ -535,11 +536,18 @@ def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value
             w.loop(a.shape[1], lambda k: w.emit(Assign(acc, f"np.{dtype.name}({acc} + {term(w, idx, k)})")))
         else:
             k = w.assign(f"np.int64({shared})", "h")
-            w.guarded(f"0 <= {k} < {a.shape[1]}", lambda: w.emit(Assign(acc, f"np.{dtype.name}({term(w, idx, k)})")))
+            only = Assign(acc, f"np.{dtype.name}({term(w, idx, k)})")
+            w.guarded(f"0 <= {k} < {a.shape[1]}", lambda: w.emit(only))
         return acc
 
-    onehot = (0, a_hot[1]) if a_hot is not None and a_hot[0] == 0 else ((1, b_hot[1]) if b_hot is not None and b_hot[0] == 1 else None)
+    onehot = (0, a_row) if a_row is not None else ((1, b_column) if b_column is not None else None)
     return [Pull(tuple(out.shape), dtype, element, True, onehot=onehot)]
+
+
+def _hot_index(x: Value, axis: int) -> str | None:
+    """The one index along `axis` where x may be nonzero, if x is one-hot along it."""
+    onehot = getattr(x, "onehot", None)
+    return onehot[1] if onehot is not None and onehot[0] == axis else None
 
 
 def _row(w: Writer, x: Value, i: str) -> Value:

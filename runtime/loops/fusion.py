@@ -105,9 +105,10 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     nest writes a matrix product as scalar loops, where the numba backend batches a body's products into
     BLAS calls over blocks of rows, and its float64 product kernel folds a captured matrix times the row in
     registers, 4 rows at once (k-means' matrix form, float64, 10^6 points: 60 against 139 ms forward); the
-    numba backend's `products` takes small float32 matrices (passes.nest_takes_products). A map of scalar maps and
-    nothing else is elementwise over the whole array, where the backend's elementwise kernels run the transcendental functions
-    several elements per vector instruction and fuse with their neighbours; read by a reduce, the nest's
+    numba backend's `products` takes small float32 matrices (passes.nest_takes_products).
+    A map of scalar maps and nothing else is elementwise over the whole array, where the backend's elementwise
+    kernels run the transcendental functions several elements per vector instruction and fuse with their
+    neighbours; read by a reduce, the nest's
     outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing. A map whose
     results a histogram bins (`binned`) streams into the bins whatever its body, but for a matrix product
     beside a gather that `products` leaves to the backend: the one-hot rewrite's form of k-means' matrix
@@ -117,7 +118,8 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
                  or (_maps_rows_of_arrays(body) and not _folds(body))
-                 or (row_folds and _folds(body) and (not _folds(body, (MatMul,)) or (folded and products(body))))
+                 or (row_folds and _folds(body)
+                     and (not _folds(body, (MatMul,)) or (folded and products(body))))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
                  or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
