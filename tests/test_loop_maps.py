@@ -140,3 +140,95 @@ def test_loops_whose_elements_meet_are_left_alone(name):
     program, rewritten, maps = _rewritten(f, args)
     assert not maps and rewritten is program
     np.testing.assert_allclose(fold.jit(f, backend="numba")(*args), fold.jit(f, backend="numpy")(*args), rtol=1e-12)
+
+
+def scaled_sums(c, x):
+    """A loop whose scalar state gains, each step, the sum over the elements of the vector state times a
+    captured vector: the sum's value is computed again per element from the saved states."""
+    def step(i, s):
+        a, total = s
+        return a * 0.9 + c[i] * x, total + fold.sum(a * x) * c[i]
+    a, total = fold.loop(step, (x * 0.0, 0.0), c.shape[0])
+    return total + fold.sum(a)
+
+
+def horner_gradient(c, x):
+    return fold.grad(horner, argnums=(0,))(c, x)
+
+
+def horner_hvp(c, x):
+    return fold.jvp(horner_gradient, (c, x), (c, x * 0.0))[1]
+
+
+SPLIT = {
+    "scaled_sums": (scaled_sums, lambda: (rng.normal(size=6), rng.normal(size=N))),
+    "horner_gradient": (horner_gradient, CASES["horner"][1]),
+    "horner_hvp": (horner_hvp, CASES["horner"][1]),
+}
+
+
+def _looped_states(program) -> list[tuple]:
+    return [tuple(v.aval.shape for v in s.outs) for s in _loops(program)]
+
+
+@pytest.mark.parametrize("case", sorted(SPLIT))
+def test_a_loop_whose_other_states_read_the_elements_only_through_sums_splits_in_two(case):
+    """A loop's states of n elements that never read its other states, where those read the elements only
+    through sums over them (a coefficient's cotangent in a loop's gradient), split: a map over the elements
+    of a loop over scalars that also returns each summed value at every step, the sums of those over the
+    elements, and a loop over the other states alone reading step i's sums."""
+    f, make = SPLIT[case]
+    args = make()
+    program, rewritten, maps = _rewritten(f, args)
+    assert any(N in shape for shapes in _looped_states(program) for shape in shapes)
+    assert maps and _loops(rewritten)
+    assert not any(N in shape for shapes in _looped_states(rewritten) for shape in shapes), _looped_states(rewritten)
+    tol = 1e-5 if args[0].dtype == np.float32 else 1e-12
+    for want, got in zip(eval_program(program, list(args)), eval_program(rewritten, list(args)), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+    prepared = fuse_loop_nests(program)
+    nests = [s for s in prepared.stmts if isinstance(s.prim, LoopNest)]
+    assert any("loop_saving" in str(s.prim.program) for s in nests)
+    assert not any(N in shape for shapes in _looped_states(prepared) for shape in shapes)
+    for got, want in zip(np.atleast_1d(fold.jit(f, backend="numba")(*args)),
+                         np.atleast_1d(fold.jit(f, backend="numpy")(*args)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=20 * tol, atol=20 * tol)
+
+
+def test_the_split_loops_gradient_matches_finite_differences():
+    """The split primal loop differentiated (its gradient splits again) on the numba backend, against central
+    differences of the numpy backend's primal."""
+    c, x = rng.normal(size=5), rng.normal(size=N)
+    grad = fold.jit(fold.grad(scaled_sums, argnums=(0, 1)), backend="numba")(c, x)
+    primal = fold.jit(scaled_sums, backend="numpy")
+    for k, (arg, g) in enumerate(zip((c, x), grad, strict=True)):
+        for j in range(0, arg.size, max(1, arg.size // 7)):
+            step = np.zeros_like(arg)
+            step[j] = 1e-6
+            moved = [c, x]
+            moved[k] = arg + step
+            up = primal(*moved)
+            moved[k] = arg - step
+            down = primal(*moved)
+            np.testing.assert_allclose(g[j], (up - down) / 2e-6, rtol=1e-6, atol=1e-7)
+
+
+NOT_SPLIT = {
+    # the vector state reads the scalar state
+    "scalar read by the elements": lambda c, x: fold.loop(
+        lambda i, s: (s[0] * s[1] + x, s[1] + fold.sum(s[0]) * 1e-3), (x, 1.0), 4)[1],
+    # the sum is read by the vector state too (its elements meet)
+    "sum read by the elements": lambda c, x: fold.loop(
+        lambda i, s: (s[0] - fold.sum(s[0]) / N, s[1] + fold.sum(s[0])), (x, 0.0), 4)[1],
+    # the scalar state reads an element, not a sum
+    "an element read": lambda c, x: fold.loop(lambda i, s: (s[0] * 0.5, s[1] + s[0][3]), (x, 0.0), 4)[1],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_SPLIT))
+def test_loops_whose_states_meet_otherwise_do_not_split(name):
+    f = NOT_SPLIT[name]
+    args = (rng.normal(size=4), rng.normal(size=N))
+    program, rewritten, maps = _rewritten(f, args)
+    assert not maps and rewritten is program
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(*args), fold.jit(f, backend="numpy")(*args), rtol=1e-12)

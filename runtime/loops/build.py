@@ -33,7 +33,7 @@ from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
 from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather, Iota,
-                             Loop as StepLoop, Map, MatMul, Reduce, Reshape, Scan,
+                             Loop as StepLoop, LoopSaving, Map, MatMul, Reduce, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
@@ -840,19 +840,29 @@ def _scan(w: Writer, prim: Scan, args: list[Value], out_avals) -> list[Value]:
     return outs
 
 
-@_rules.register(StepLoop)
-def _loop(w: Writer, prim: StepLoop, args: list[Value], out_avals) -> list[Value]:
+@_rules.register(StepLoop, LoopSaving)
+def _loop(w: Writer, prim: StepLoop | LoopSaving, args: list[Value], out_avals) -> list[Value]:
     """fold.loop over scalar states (a loop over vectors written as a map of it, loop_maps.py): one sequential
     loop of the nest carrying the states, its body written once, the counter known to lie in [0, n - 1] (a
-    gather of a captured coefficient at it is a read)."""
+    gather of a captured coefficient at it is a read). A loop saving its states (the states a loop's sums
+    over elements are taken of, loop_maps.py) also stores each saved state in a buffer of the row's steps."""
     nc = prim.num_consts
     consts, init = args[:nc], args[nc:]
     if any(v.shape != () for v in init):
         raise NotNestable("a loop over states that are not scalars is not in the loop nest yet")
-    dtypes = [np.dtype(a.dtype) for a in out_avals]
+    state_avals = out_avals[: len(init)]
+    dtypes = [np.dtype(a.dtype) for a in state_avals]
     states = [w.assign(cast(w.element(v, ()), d, v.dtype), "acc") for v, d in zip(init, dtypes, strict=True)]
+    saving = isinstance(prim, LoopSaving)
+    if saving and prim.stride != 1:
+        raise NotNestable("a loop saving every few states is not in the loop nest")
+    stacks = [w.fresh("saved") for _ in states] if saving else []
+    for name, d in zip(stacks, dtypes):
+        w.emit(Buffer(name, (prim.num_saved,), d))
 
     def step(i: str) -> None:
+        for name, state in zip(stacks, states):
+            w.emit(Store(name, (i,), state))
         counter = Scalar(i, np.dtype(np.int64), bounds=(0, prim.n - 1))
         made = w.body(prim.body, list(consts) + [counter] + [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)])
         results = [w.assign(w.element(m, ())) for m in made]
@@ -864,7 +874,8 @@ def _loop(w: Writer, prim: StepLoop, args: list[Value], out_avals) -> list[Value
             step(str(k))
     else:
         w.loop(prim.n, step)  # in order: each step reads the last one's states
-    return [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)]
+    finals = [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)]
+    return finals + [Stored(name, (prim.num_saved,), d) for name, d in zip(stacks, dtypes)]
 
 
 UNROLLED_STEPS = 256  # a loop over scalar states of at most this many statements in all is written unrolled

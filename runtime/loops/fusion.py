@@ -43,7 +43,7 @@ import fold
 
 from fold.ir import Let, Primitive, Program, Var, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Gather, Iota, Loop, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
+from fold.primitives import Gather, Iota, Loop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
@@ -123,7 +123,7 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
                  or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
-                 or any(isinstance(s.prim, Loop) for s in body.stmts))
+                 or any(isinstance(s.prim, (Loop, LoopSaving)) for s in body.stmts))
             and nestable(body) is None)
 
 
@@ -330,12 +330,13 @@ def _iotas_read(stmt: Let, produced_by: dict) -> list[Let]:
 def _placed_around(program: Program, stmt: Let, consumers: list[Let], kept: list[Var], absorbed: set[int]):
     """(the statements between the map `stmt` and its last consumer that go before the nest, those that go
     after it): what the consumers read beside the map's rows (an identity, captured values) is computed
-    before the nest; what reads a result the nest keeps, after it. None where a consumer reads such a later
+    before the nest; what reads a result the nest keeps or folds, after it. None where a consumer reads such a later
     value: the nest cannot be placed."""
     last = max(program.stmts.index(r) for r in consumers)
     ids = {id(r) for r in consumers}
     between = [s for s in program.stmts[program.stmts.index(stmt) + 1: last] if id(s) not in absorbed | ids]
-    later = set(kept)
+    made = {v for r in consumers for v in r.outs}
+    later = set(kept) | made  # what the nest makes
     before, after = [], []
     for s in between:
         if any(isinstance(a, Var) and a in later for a in s.args):
@@ -343,7 +344,7 @@ def _placed_around(program: Program, stmt: Let, consumers: list[Let], kept: list
             after.append(s)
         else:
             before.append(s)
-    if any(isinstance(a, Var) and a in later and a not in kept for r in consumers for a in r.args):
+    if any(isinstance(a, Var) and a in later and a not in kept and a not in made for r in consumers for a in r.args):
         return None
     return before, after
 

@@ -19,15 +19,24 @@ interchange, as Futhark's `map`/`loop` interchange and a compiler's loop nest wo
   at one row per step (stack[k - 1 - i]: the map reads the element's entry of that row, by its index), and
   the body returns row values or broadcast scalars.
 
+A loop whose vector states meet only in sums read by its other states splits in two (`_split_at_sums`, loop
+distribution): the reverse loop of Horner's gradient carries the elements' cotangents z (z <- z * x) and the
+coefficients' cotangent w, which gains the sum of z at each step (w[k - 1 - i] += sum(z)). The elements' part
+is a map over them of a loop over scalars that saves each step's state and returns every step's summed value
+(a row of k per element); the loop nest sums those rows over the elements as it maps them (a (k,) state),
+and a loop over w alone reads step i's sum. Nothing of the elements' size is written per step.
+
 The fusion pass keeps the rewrite only where the map becomes a loop nest (fusion.py).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from fold.dce import dce
 from fold.ir import Let, Program, Var
 from fold.pytree import tree_flatten
-from fold.primitives import BroadcastTo, Convert, Elementwise, Gather, Iota, Loop, Map, StopGradient
+from fold.primitives import BroadcastTo, Convert, Elementwise, Gather, Iota, Loop, LoopSaving, Map, StopGradient, SumAxes
 
 ELEMENTWISE = (Elementwise, Convert, StopGradient)
 
@@ -37,19 +46,21 @@ def loops_as_maps(program: Program) -> tuple[Program, set[Var]]:
     docstring), and the results of the maps it wrote."""
     stmts, maps = [], set()
     for stmt in program.stmts:
-        made = _as_map(stmt) if isinstance(stmt.prim, Loop) else None
+        made = (_as_map(stmt) or _split_at_sums(stmt)) if isinstance(stmt.prim, Loop) else None
         stmts += made or [stmt]
         if made is not None:
-            maps.update(made[-1].outs)
+            maps.update(v for s in made if isinstance(s.prim, Map) for v in s.outs)
     if not maps:
         return program, maps
     return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree,
                    dict(program.meta)), maps
 
 
-def _as_map(stmt: Let) -> list[Let] | None:
+def _as_map(stmt: Let, summed: Sequence[Var] = ()) -> list[Let] | None:
     """The statements computing the loop as a map (an iota of the elements' indices first, where the body
-    reads a stack at the step), or None where the loop does not qualify."""
+    reads a stack at the step), or None where the loop does not qualify. `summed`: row values of the body
+    whose every step's value the map also returns, as one (n, steps) result each after the loop's states
+    (the loop then saves its states, and a map over the steps computes each value again from them)."""
     prim: Loop = stmt.prim
     nc = prim.num_consts
     consts, init = stmt.args[:nc], stmt.args[nc:]
@@ -122,14 +133,109 @@ def _as_map(stmt: Let) -> list[Let] | None:
     whole_in = [Var(a.aval) if isinstance(a, Var) else a for a in outer_whole]
     element_in = [Var(a.aval.update(shape=())) for a in (*outer_rows, *indices, *init)]
     results = tuple(Var(v.aval.update(shape=())) for v in states)
-    looped = Let(results, Loop(step, len(whole) + len(outer_rows) + len(indices), prim.n, prim.checkpoint),
-                 (*whole_in, *element_in))
+    step_consts = len(whole) + len(outer_rows) + len(indices)
+    if summed and not all(isinstance(v, Var) and v in rows for v in summed):
+        return None
+    if summed:  # the states before each step, and each summed value computed again from them at every step
+        saved = tuple(Var(v.aval.update(shape=(prim.n,))) for v in states)
+        looped = Let(results + saved, LoopSaving(step, step_consts, prim.n, 1), (*whole_in, *element_in))
+        again = dce(Program(step_inputs, tuple(inner_stmts), tuple(scalar[v] for v in summed),
+                            _tree(len(step_inputs))))
+        steps = Var(counter.aval.update(shape=(prim.n,)))
+        per_step = tuple(Var(v.aval.update(shape=(prim.n,))) for v in summed)
+        body_stmts = (looped, Let((steps,), Iota(prim.n, counter.aval.dtype), ()),
+                      Let(per_step, Map(again, step_consts), (*whole_in, *element_in[:step_consts - len(whole_in)],
+                                                               steps, *saved)))
+    else:
+        per_step, body_stmts = (), (Let(results, Loop(step, step_consts, prim.n, prim.checkpoint),
+                                        (*whole_in, *element_in)),)
     inputs = (*[v for v in whole_in if isinstance(v, Var)], *element_in)
     if len(inputs) != len(whole_in) + len(element_in):
         return None  # a literal read whole: the map's body takes only values
-    map_body = Program(inputs, (looped,), results, _tree(len(inputs)))
-    made = Let(stmt.outs, Map(map_body, len(whole_in)), (*outer_whole, *outer_rows, *indices, *init))
+    map_body = Program(inputs, body_stmts, results + per_step, _tree(len(inputs)))
+    outs = stmt.outs + tuple(Var(v.aval.update(shape=shape + (prim.n,))) for v in summed)
+    made = Let(outs, Map(map_body, len(whole_in)), (*outer_whole, *outer_rows, *indices, *init))
     return [Let(tuple(indices), Iota(shape[0], counter.aval.dtype), ()), made] if stacks else [made]
+
+
+def _split_at_sums(stmt: Let) -> list[Let] | None:
+    """The loop as two, where its states of n elements never read its other states, and those read the
+    elements only through sums over them (a loop's gradient: the cotangent of a coefficient c[i] gains the
+    sum of the elements' cotangents at each step): a map over the elements of a loop over scalars that also
+    returns each summed value at every step, their sums over the elements (the loop nest folds them as the
+    map runs), and a loop over the other states reading step i's sums. None where the loop does not split so
+    or its part over the elements is not a map (`_as_map`)."""
+    prim: Loop = stmt.prim
+    nc, body = prim.num_consts, stmt.prim.body
+    counter, states = body.inputs[nc], body.inputs[nc + 1:]
+    sums = [s for s in body.stmts if isinstance(s.prim, SumAxes) and tuple(s.prim.axes) == (0,)
+            and s.args[0].aval.ndim == 1 and isinstance(s.args[0], Var)]
+    lengths = {s.args[0].aval.shape for s in sums}
+    if len(lengths) != 1:
+        return None
+    (shape,) = lengths
+    rows = [k for k, v in enumerate(states) if v.aval.shape == shape]
+    others = [k for k in range(len(states)) if k not in rows]
+    if not rows or not others:
+        return None
+    row_out = [body.outputs[k] for k in rows]
+    other_out = [body.outputs[k] for k in others]
+    summed_args = [s.args[0] for s in sums]
+    row_part = _needed(body, row_out + summed_args)
+    other_part = _needed(body, other_out, stop={s.outs[0] for s in sums})
+    other_states = {states[k] for k in others}
+    row_states = {states[k] for k in rows} | {v for v in body.inputs[:nc] if v.aval.shape[-1:] == shape}
+    if (_reads(row_part, other_states) or _reads(other_part, _made_from(body, row_states, {id(s) for s in sums}))
+            or any(isinstance(o, Var) and o in other_states for o in row_out)
+            or any(isinstance(o, Var) and o in row_states for o in other_out)):
+        return None
+    consts, init = stmt.args[:nc], stmt.args[nc:]
+    row_body = Program((*body.inputs[:nc], counter, *(states[k] for k in rows)), tuple(row_part), tuple(row_out),
+                       _tree(nc + 1 + len(rows)))
+    row_loop = Let(tuple(stmt.outs[k] for k in rows), Loop(row_body, nc, prim.n, prim.checkpoint),
+                   (*consts, *(init[k] for k in rows)))
+    made = _as_map(row_loop, summed_args)
+    if made is None:
+        return None
+    per_step = made[-1].outs[len(rows):]
+    totals = [Var(v.aval.update(shape=(prim.n,))) for v in per_step]
+    total_inputs = [Var(v.aval) for v in totals]
+    at_step = [Let(s.outs, Gather(), (total, counter)) for s, total in zip(sums, total_inputs, strict=True)]
+    other_body = Program((*body.inputs[:nc], *total_inputs, counter, *(states[k] for k in others)),
+                         (*at_step, *other_part), tuple(other_out),
+                         _tree(nc + len(totals) + 1 + len(others)))
+    other_loop = Let(tuple(stmt.outs[k] for k in others), Loop(other_body, nc + len(totals), prim.n, prim.checkpoint),
+                     (*consts, *totals, *(init[k] for k in others)))
+    summing = [Let((t,), SumAxes((0,)), (v,)) for t, v in zip(totals, per_step, strict=True)]
+    return [*made, *summing, other_loop]
+
+
+def _needed(body: Program, wanted: Sequence, stop: set = frozenset()) -> list[Let]:
+    """The statements of `body` that compute `wanted`, in order; values in `stop` are taken as given."""
+    produced = {v: s for s in body.stmts for v in s.outs}
+    needed: set[int] = set()
+    todo = [a for a in wanted if isinstance(a, Var)]
+    while todo:
+        v = todo.pop()
+        s = produced.get(v)
+        if s is None or id(s) in needed or v in stop:
+            continue
+        needed.add(id(s))
+        todo += [a for a in s.args if isinstance(a, Var)]
+    return [s for s in body.stmts if id(s) in needed]
+
+
+def _made_from(body: Program, sources: set, barriers: set[int]) -> set:
+    """The values of `body` computed from `sources`, through any statement but those in `barriers`."""
+    made = set(sources)
+    for s in body.stmts:
+        if id(s) not in barriers and any(isinstance(a, Var) and a in made for a in s.args):
+            made.update(s.outs)
+    return made
+
+
+def _reads(stmts: Sequence[Let], values: set) -> bool:
+    return any(isinstance(a, Var) and a in values for s in stmts for a in s.args)
 
 
 def _tree(count: int):
