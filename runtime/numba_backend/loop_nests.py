@@ -22,7 +22,7 @@ from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
 from fold.runtime.loops import text
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
-from . import nest_interchange, nest_lanes, nest_parts, nest_reuse, scalar_helpers
+from . import nest_interchange, nest_lanes, nest_parts, nest_reuse, nest_tiles, scalar_helpers
 from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
@@ -75,7 +75,7 @@ def kernel_module(kernel: Kernel, parallel: bool = True) -> tuple[str, dict[str,
     lines = [f"def kernel({', '.join(params)}):"]
     transposes = nest_interchange.transposed(kernel)
     lines += [f"    {a}{nest_interchange.TRANSPOSED} = np.ascontiguousarray({a}.T)" for a in transposes]
-    laned, whole_chunk = _with_lanes(kernel.outer)
+    laned, whole_chunk = _with_lanes(kernel.outer, {q.name: q.dtype for q in kernel.params})
     outer, parts = _in_parts(laned, params + [a + nest_interchange.TRANSPOSED for a in transposes])
     # every buffer is allocated once per chunk: those of the outlined parts too, passed to them
     if isinstance(outer, ParallelMap):
@@ -117,9 +117,10 @@ def _in_parts(outer, params: list[str]):
             else replace(outer, step=body)), parts
 
 
-def _with_lanes(outer) -> tuple[Any, bool]:
+def _with_lanes(outer, arrays: dict[str, np.dtype]) -> tuple[Any, bool]:
     """The traversal with its indices (nest_lanes.outer_in_lanes) or its innermost loops run in lanes where
-    that pays (nest_lanes), and whether its body is now a whole chunk (its chunk's loop run in lanes)."""
+    that pays (nest_lanes), or a fold's rows in tiles (nest_tiles), and whether its body is now a whole chunk
+    (its chunk's loop run in lanes). `arrays`: the kernel's arrays' dtypes."""
     if isinstance(outer, ParallelMap):
         chunk = nest_lanes.outer_in_lanes(outer, Counter())
         if chunk is not None:
@@ -127,7 +128,8 @@ def _with_lanes(outer) -> tuple[Any, bool]:
         return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body)), False
     # the states are read after the traversal: they count as read outside any loop of the step
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge)
-    chunk = nest_lanes.outer_in_lanes(outer, outside) or nest_lanes.chunk_in_lanes(outer, outside)
+    chunk = (nest_lanes.outer_in_lanes(outer, outside) or nest_lanes.chunk_in_lanes(outer, outside)
+             or nest_tiles.rows_in_tiles(outer, arrays))
     if chunk is not None:
         return replace(outer, step=chunk), True
     return replace(outer, step=nest_lanes.in_lanes(outer.step, outside + reads(outer.step))), False
