@@ -121,3 +121,17 @@ def test_a_step_whose_loop_carries_a_sum_keeps_its_one_row_step():
     (text,) = _kernel_texts(f, (X, w))
     assert nest_tiles.GROUP not in text
     np.testing.assert_allclose(fold.jit(f, backend="numba")(X, w), fold.jit(f, backend="numpy")(X, w), rtol=1e-12)
+
+
+def test_a_saved_state_that_no_step_reads_is_not_stored():
+    """Horner's HVP saves two states per step (the cotangent and its tangent) where the sums read only the
+    tangent's: the buffer nothing reads, and its stores, are pruned from the nest."""
+    gradient = CASES["horner gradient"][0]
+    args = CASES["horner gradient"][1]()
+    program = prepare(dce(cse(fold.trace(lambda c, x: fold.jvp(gradient, (c, x), (c, 0.0 * x))[1], *args))),
+                      whole_arrays=True)
+    (saving,) = [s for s in program.stmts if isinstance(s.prim, LoopNest) and "loop_saving" in str(s.prim.program)]
+    from fold.runtime.loops.nest import buffers
+
+    kernel = kernel_of(saving.prim)
+    assert [b.shape for b in buffers(kernel.outer.step)] == [(16,)], kernel

@@ -4,7 +4,8 @@ A map body's element is written whole where any of its results is read, so a loo
 jvp's map (the value, for a maximum) also holds the statements of the others (the tangent). Numba's LLVM
 drops dead scalar arithmetic, but not a vector call that the lanes rewrite makes of a dead transcendental,
 and every statement costs compile time and counts against the lanes' budget: they go here, before any
-backend sees the nest.
+backend sees the nest. So do buffers nothing reads, with the stores into them (a loop saving every state
+where a later map over its steps reads one of them, loop_maps.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import re
 from typing import Iterable
 
-from .nest import Assign, If, Kernel, Loop, ParallelFold
+from .nest import Assign, Buffer, If, Kernel, Loop, ParallelFold, Store, buffers
 from .text import events, names
 
 # the temporaries build.py names (t: a statement's value, e: an element), each assigned once
@@ -29,7 +30,9 @@ def prune(kernel: Kernel) -> Kernel:
         read = set()
         for f in fields:
             read |= _reads(getattr(outer, f))
-        pruned = {f: _without_dead(getattr(outer, f), read) for f in fields}
+        states = {s.name for s in outer.states} if isinstance(outer, ParallelFold) else set()
+        unread = {b.name for f in fields for b in buffers(getattr(outer, f))} - read - states
+        pruned = {f: _without_dead(getattr(outer, f), read, unread) for f in fields}
         if all(pruned[f] == getattr(outer, f) for f in fields):
             return dataclasses.replace(kernel, outer=outer)
         outer = dataclasses.replace(outer, **pruned)
@@ -54,13 +57,15 @@ def _loops(node) -> Iterable[Loop]:
             yield from _loops(inner)
 
 
-def _without_dead(nodes: tuple, read: set[str]) -> tuple:
+def _without_dead(nodes: tuple, read: set[str], unread: set[str]) -> tuple:
     kept = []
     for node in nodes:
         if isinstance(node, Assign) and _TEMPORARY.fullmatch(node.target) and node.target not in read:
             continue
+        if isinstance(node, (Buffer, Store)) and (node.name if isinstance(node, Buffer) else node.target) in unread:
+            continue
         if isinstance(node, (Loop, If)):
-            body = _without_dead(node.body, read)
+            body = _without_dead(node.body, read, unread)
             if not body and not (isinstance(node, Loop) and node.folds):
                 continue
             node = dataclasses.replace(node, body=body)
