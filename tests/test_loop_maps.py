@@ -50,12 +50,22 @@ def counted(x):
     return fold.sum(fold.loop(lambda i, a: fold.tanh(a + 0.1 * i.astype(np.float64) * x), x, 7))
 
 
+CLOSED_OVER = 0.3 * rng.normal(size=7)
+
+
+def horner_closed_over(x):
+    """Horner's rule's derivative along the coefficients, at coefficients and a direction the function closes
+    over: the loops capture arrays that are literals of the program."""
+    return fold.jvp(lambda c: horner(c, x), (CLOSED_OVER,), (CLOSED_OVER,))[1]
+
+
 CASES = {
     "horner": (horner, lambda: ((0.3 * rng.normal(size=9)).astype(np.float32), rng.uniform(-1, 1, N).astype(np.float32))),
     "logistic_map": (logistic_map, lambda: (rng.uniform(3.0, 3.9, N), rng.uniform(0.1, 0.9, N))),
     "long_logistic_map": (long_logistic_map, lambda: (rng.uniform(3.0, 3.9, N), rng.uniform(0.1, 0.9, N))),
     "oscillator": (oscillator, lambda: (rng.uniform(0.5, 2.0, N), rng.normal(size=N), rng.normal(size=N))),
     "counted": (counted, lambda: (rng.normal(size=N),)),
+    "horner_closed_over": (horner_closed_over, lambda: (rng.uniform(-1, 1, N),)),
 }
 
 

@@ -149,12 +149,12 @@ def _as_map(stmt: Let, summed: Sequence[Var] = ()) -> list[Let] | None:
     else:
         per_step, body_stmts = (), (Let(results, Loop(step, step_consts, prim.n, prim.checkpoint),
                                         (*whole_in, *element_in)),)
+    # a literal read whole (an array the function closes over) stays in the body, read by its loop
+    captured = [a for a in outer_whole if isinstance(a, Var)]
     inputs = (*[v for v in whole_in if isinstance(v, Var)], *element_in)
-    if len(inputs) != len(whole_in) + len(element_in):
-        return None  # a literal read whole: the map's body takes only values
     map_body = Program(inputs, body_stmts, results + per_step, _tree(len(inputs)))
     outs = stmt.outs + tuple(Var(v.aval.update(shape=shape + (prim.n,))) for v in summed)
-    made = Let(outs, Map(map_body, len(whole_in)), (*outer_whole, *outer_rows, *indices, *init))
+    made = Let(outs, Map(map_body, len(captured)), (*captured, *outer_rows, *indices, *init))
     return [Let(tuple(indices), Iota(shape[0], counter.aval.dtype), ()), made] if stacks else [made]
 
 
