@@ -49,8 +49,9 @@ def _flat_cases() -> dict[str, Callable]:
     }
 
 
-def case_names() -> list[tuple[str, str]]:
-    """(case, mode) pairs; a case name starts with the module it comes from."""
+def case_names(extra_sets: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(case, mode) pairs; a case name starts with the module (or bench_natural's set) it comes from.
+    `extra_sets`: bench_natural's other sets (untuned, fresh, numpy) to add."""
     from benchmarks import bench_ad, bench_gemm, bench_natural, bench_numba
 
     out = [(f"numba:{c.name}", m) for c in bench_numba.cases(False) if c.gemm is None for m in ("primal", "vjp")]
@@ -60,6 +61,7 @@ def case_names() -> list[tuple[str, str]]:
     out += [(f"natural:{c}", m) for c in bench_natural.sizes(False) for m in bench_natural.MODES]
     out += [(f"families:{c}", m) for c in bench_natural.family_sizes(False) for m in bench_natural.MODES]
     out += [(f"flat:{c}", m) for c in _flat_cases() for m in ("primal", "vjp")]
+    out += [(f"{s}:{c}", m) for s in extra_sets for c in bench_natural.SETS[s](False) for m in bench_natural.MODES]
     return out
 
 
@@ -69,7 +71,7 @@ def _callable(case: str, mode: str) -> Callable[[], Any]:
 
     source, name = case.split(":", 1)
     rng = np.random.default_rng(0)
-    if source in ("natural", "families"):
+    if source in ("natural", "families", "untuned", "fresh", "numpy"):
         from benchmarks import bench_natural
 
         args = bench_natural.inputs(name, bench_natural.SETS[source](False)[name])
@@ -216,8 +218,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--only", action="append", default=[], help="keep cases whose name contains this (repeatable)")
     parser.add_argument("--mode", action="append", default=[], help="keep only this mode (repeatable)")
     parser.add_argument("--out", default="ab")
+    parser.add_argument("--sets", default="", help="bench_natural's other sets to add, comma-separated "
+                                                   "(untuned, fresh, numpy)")
     args = parser.parse_args(argv)
-    pairs = [(c, m) for c, m in case_names() if (not args.only or any(s in c for s in args.only))
+    pairs = [(c, m) for c, m in case_names(tuple(filter(None, args.sets.split(",")))) if (not args.only or any(s in c for s in args.only))
              and (not args.mode or m in args.mode)]
     if not pairs:
         parser.error(f"no case matches --only {args.only} and --mode {args.mode}")
