@@ -76,10 +76,10 @@ def rows_in_tiles(fold: ParallelFold, arrays: dict[str, np.dtype]) -> tuple | No
     if not all(n in dtypes for n in crossing):
         return None
 
-    def moved(node, tail: bool = True):
+    def moved(node, in_tail: bool = True):
         """The node on its lane's row: the buffers and states tiled, and in the tail the head's scalars too."""
         def rename(text: str) -> str:
-            kept = substitute(text, lambda n: f"{n}{TILED}[{LANE}]" if n in crossing else n) if tail else text
+            kept = substitute(text, lambda n: f"{n}{TILED}[{LANE}]" if n in crossing else n) if in_tail else text
             return _subscripts_with_lane(kept, laned)
 
         if isinstance(node, Assign):
@@ -109,7 +109,7 @@ def rows_in_tiles(fold: ParallelFold, arrays: dict[str, np.dtype]) -> tuple | No
     zero = [_each(s.shape, lambda idx, s=s: Store(s.name + TILED, idx + (LANE,), f"np.{s.dtype.name}(0)"), LANE)
             for s in fold.states]
     first = (Assign(fold.index, f"lo + {GROUP} * {TILE} + {LANE}"),
-             *(moved(n, tail=False) for n in head if not isinstance(n, Buffer)),
+             *(moved(n, in_tail=False) for n in head if not isinstance(n, Buffer)),
              *(Store(n + TILED, (LANE,), n) for n in crossing))
     groups = Loop(GROUP, f"(hi - lo) // {TILE}", (Loop(LANE, TILE, first), *in_lanes(tail)))
     rest = Loop(REST, f"(hi - lo) % {TILE}", (Assign(fold.index, f"hi - (hi - lo) % {TILE} + {REST}"), *step))
@@ -167,22 +167,13 @@ def _head_dtypes(head: tuple, arrays: dict[str, np.dtype]) -> dict[str, np.dtype
         expr = node.expr.strip()
         cast = _CAST.match(expr)
         element = _SUBSCRIPT.match(expr)
-        if cast and _closing_paren(expr, cast.end()) == len(expr) - 1 and hasattr(np, cast.group(1)):
+        if cast and _closing(expr, cast.end(), "()") == len(expr) - 1 and hasattr(np, cast.group(1)):
             found[node.target] = np.dtype(cast.group(1))
         elif element and element.group(1) in arrays and _closing(expr, element.end()) == len(expr) - 1:
             found[node.target] = np.dtype(arrays[element.group(1)])
         elif expr in found:
             found[node.target] = found[expr]
     return found
-
-
-def _closing_paren(text: str, start: int) -> int:
-    depth = 1
-    for k in range(start, len(text)):
-        depth += {"(": 1, ")": -1}.get(text[k], 0)
-        if depth == 0:
-            return k
-    return -1
 
 
 def _each(shape: tuple, make, lane: str):
@@ -205,6 +196,8 @@ def _subscripts_with_lane(text: str, laned: dict[str, tuple]) -> str:
         if m.start() < pos:
             continue
         end = _closing(text, m.end())
+        if end < 0:
+            raise ValueError(f"unbalanced subscript in {text!r}")
         inner = _subscripts_with_lane(text[m.end(): end], laned)
         name = m.group(1)
         out.append(text[pos: m.start()])
@@ -218,10 +211,11 @@ def _subscripts_with_lane(text: str, laned: dict[str, tuple]) -> str:
     return "".join(out)
 
 
-def _closing(text: str, start: int) -> int:
+def _closing(text: str, start: int, brackets: str = "[]") -> int:
+    """Where the bracket opened just before `start` closes (-1: it does not)."""
     depth = 1
     for k in range(start, len(text)):
-        depth += {"[": 1, "]": -1}.get(text[k], 0)
+        depth += {brackets[0]: 1, brackets[1]: -1}.get(text[k], 0)
         if depth == 0:
             return k
-    raise ValueError(f"unbalanced subscript in {text!r}")
+    return -1
