@@ -155,3 +155,15 @@ def test_numpy_style_broadcasting_runs_as_cuda_nests(mode, nest_runs):
     got, want = _both(f, A, B)
     _close(got, want, 1e-10)
     assert nest_runs, "the broadcast ran no nest on the GPU"
+
+
+def test_a_loops_gradient_split_at_its_sums_runs_as_a_cuda_nest(nest_runs):
+    """Horner's gradient with respect to its coefficients: the reverse loop split at its sums over the
+    elements (loop_maps._split_at_sums), its elements' part a fold whose rows save each step's state."""
+    def horner(c, x):
+        return fold.sum(fold.loop(lambda i, acc: acc * x + c[i], x * 0.0, c.shape[0]) ** 2)
+
+    c, x = 0.3 * rng.normal(size=6), rng.uniform(-1, 1, 200)
+    got, want = _both(fold.grad(horner, argnums=0), c, x)
+    _close(got, want, 1e-12)
+    assert nest_runs.count("ParallelFold") == 1, nest_runs
