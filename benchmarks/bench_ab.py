@@ -2,14 +2,15 @@
 goes through needs before it lands (issue 39: no case more than 10% slower, re-measured where it looks like
 noise).
 
-    python -m benchmarks.bench_ab BASE [--rounds R] [--only SUBSTRING] [--out NAME]
+    python -m benchmarks.bench_ab BASE [--rounds R] [--only SUBSTRING] [--sets untuned,fresh,numpy] [--out NAME]
 
 BASE is checked out into a temporary git worktree; the working tree this script runs from is "new". Each
 (case, mode) runs in a fresh process per tree and round, the trees in alternating order from round to round
 (base first in odd rounds), each with its own kernel caches: a first call (trace, AD, fusion, compilation),
 then the warm median of `--repeats` calls. Cases are the timed programs of bench_numba, bench_ad, bench_gemm
-(fold.jit on the numba backend) and bench_natural, plus folds of a map of scalars at the top level; each
-tree's own benchmark modules build them, so a case must exist under the same name in both.
+(fold.jit on the numba backend) and bench_natural (its natural and family sets, and with --sets the others),
+plus folds of a map of scalars at the top level; each tree's own benchmark modules build them, so a case must
+exist under the same name in both.
 
 The result (results/NAME.json, .png) holds every round's warm and first-call times per tree, the ratio
 new / base of the medians over rounds, and whether both trees ran the same programs and kernels
@@ -71,9 +72,9 @@ def _callable(case: str, mode: str) -> Callable[[], Any]:
 
     source, name = case.split(":", 1)
     rng = np.random.default_rng(0)
-    if source in ("natural", "families", "untuned", "fresh", "numpy"):
-        from benchmarks import bench_natural
+    from benchmarks import bench_natural
 
+    if source in bench_natural.SETS:
         args = bench_natural.inputs(name, bench_natural.SETS[source](False)[name])
         return bench_natural.program(name, "fold", mode, args)
     if source == "gemm":
@@ -221,7 +222,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sets", default="", help="bench_natural's other sets to add, comma-separated "
                                                    "(untuned, fresh, numpy)")
     args = parser.parse_args(argv)
-    pairs = [(c, m) for c, m in case_names(tuple(filter(None, args.sets.split(",")))) if (not args.only or any(s in c for s in args.only))
+    extra_sets = tuple(filter(None, args.sets.split(",")))
+    from benchmarks import bench_natural
+
+    unknown = [s for s in extra_sets if s not in bench_natural.SETS]
+    if unknown:
+        parser.error(f"--sets names {unknown}, not among bench_natural's sets {sorted(bench_natural.SETS)}")
+    pairs = [(c, m) for c, m in case_names(extra_sets) if (not args.only or any(s in c for s in args.only))
              and (not args.mode or m in args.mode)]
     if not pairs:
         parser.error(f"no case matches --only {args.only} and --mode {args.mode}")

@@ -73,3 +73,14 @@ def test_the_ab_digest_tells_a_changed_program_from_the_same_one(monkeypatch):
     assert digest_of([unnested]) != nested
     kinds = {case.split(":")[0] for case, _ in case_names()}
     assert kinds == {"numba", "ad", "gemm", "natural", "families", "flat"}
+
+
+def test_ab_sets_add_bench_naturals_other_sets_and_name_an_unknown_one():
+    from benchmarks import bench_ab, bench_natural
+
+    extra = [(c, m) for c, m in bench_ab.case_names(("untuned", "numpy")) if c.split(":")[0] in ("untuned", "numpy")]
+    assert {c.split(":", 1)[1] for c, _ in extra} == set(bench_natural.SETS["untuned"](False)) | set(
+        bench_natural.SETS["numpy"](False))
+    assert {m for _, m in extra} == set(bench_natural.MODES)
+    with pytest.raises(SystemExit):
+        bench_ab.main(["HEAD", "--sets", "untuned,bogus"])

@@ -34,11 +34,14 @@ def weighted_sums(c, x):
     return total + fold.sum(a)
 
 
+def _coefficients_and_points():
+    return (0.3 * rng.normal(size=16)).astype(np.float32), rng.uniform(-1, 1, N).astype(np.float32)
+
+
 CASES = {
-    "horner gradient": (lambda c, x: fold.grad(horner, argnums=(0,))(c, x),
-                        lambda: ((0.3 * rng.normal(size=16)).astype(np.float32), rng.uniform(-1, 1, N).astype(np.float32))),
+    "horner gradient": (lambda c, x: fold.grad(horner, argnums=(0,))(c, x), _coefficients_and_points),
     "horner hvp": (lambda c, x: fold.jvp(lambda c: fold.grad(horner, argnums=(0,))(c, x), (c,), (c,))[1],
-                   lambda: ((0.3 * rng.normal(size=16)).astype(np.float32), rng.uniform(-1, 1, N).astype(np.float32))),
+                   _coefficients_and_points),
     "weighted sums": (weighted_sums, lambda: (rng.normal(size=6), rng.normal(size=N))),
 }
 

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from fold.dce import dce
-from fold.ir import Let, Program, Var
+from fold.dce import dce, with_producers
+from fold.ir import Let, Program, Var, depends_on
 from fold.pytree import tree_flatten
-from fold.primitives import BroadcastTo, Convert, Elementwise, Gather, Iota, Loop, LoopSaving, Map, StopGradient, SumAxes
+from fold.primitives import (BroadcastTo, Convert, Elementwise, Gather, Iota, Loop, LoopSaving, Map, StopGradient,
+                             SumAxes)
 
 ELEMENTWISE = (Elementwise, Convert, StopGradient)
 
@@ -181,11 +182,13 @@ def _split_at_sums(stmt: Let) -> list[Let] | None:
     row_out = [body.outputs[k] for k in rows]
     other_out = [body.outputs[k] for k in others]
     summed_args = [s.args[0] for s in sums]
-    row_part = _needed(body, row_out + summed_args)
-    other_part = _needed(body, other_out, stop={s.outs[0] for s in sums})
+    summing_ids = {id(s) for s in sums}
+    apart = [s for s in body.stmts if id(s) not in summing_ids]  # the sums' results taken as given
+    row_part = _computing(body.stmts, row_out + summed_args)
+    other_part = _computing(apart, other_out)
     other_states = {states[k] for k in others}
     row_states = {states[k] for k in rows} | {v for v in body.inputs[:nc] if v.aval.shape[-1:] == shape}
-    if (_reads(row_part, other_states) or _reads(other_part, _made_from(body, row_states, {id(s) for s in sums}))
+    if (_reads(row_part, other_states) or _reads(other_part, depends_on(apart, row_states))
             or any(isinstance(o, Var) and o in other_states for o in row_out)
             or any(isinstance(o, Var) and o in row_states for o in other_out)):
         return None
@@ -210,28 +213,11 @@ def _split_at_sums(stmt: Let) -> list[Let] | None:
     return [*made, *summing, other_loop]
 
 
-def _needed(body: Program, wanted: Sequence, stop: set = frozenset()) -> list[Let]:
-    """The statements of `body` that compute `wanted`, in order; values in `stop` are taken as given."""
-    produced = {v: s for s in body.stmts for v in s.outs}
-    needed: set[int] = set()
-    todo = [a for a in wanted if isinstance(a, Var)]
-    while todo:
-        v = todo.pop()
-        s = produced.get(v)
-        if s is None or id(s) in needed or v in stop:
-            continue
-        needed.add(id(s))
-        todo += [a for a in s.args if isinstance(a, Var)]
-    return [s for s in body.stmts if id(s) in needed]
-
-
-def _made_from(body: Program, sources: set, barriers: set[int]) -> set:
-    """The values of `body` computed from `sources`, through any statement but those in `barriers`."""
-    made = set(sources)
-    for s in body.stmts:
-        if id(s) not in barriers and any(isinstance(a, Var) and a in made for a in s.args):
-            made.update(s.outs)
-    return made
+def _computing(stmts: Sequence[Let], wanted: Sequence) -> list[Let]:
+    """The statements among `stmts` that compute `wanted`, in order."""
+    produced = {v: s for s in stmts for v in s.outs}
+    found = with_producers(stmts, [produced[v] for v in wanted if isinstance(v, Var) and v in produced])
+    return [s for s in stmts if id(s) in found]
 
 
 def _reads(stmts: Sequence[Let], values: set) -> bool:

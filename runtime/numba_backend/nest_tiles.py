@@ -20,10 +20,11 @@ a buffer of TILE. The rest (the tail: loops over the states' components) runs ea
 lanes, each lane adding into its own copy of the states, which are added into the states after the chunk:
 the sum's terms are added in another order (rounding aside, as any parallel sum).
 
-It applies where every state is summed, no statement calls a transcendental function that nest_lanes runs
-several elements per vector call (a layer's tanh: lanes of a tile would call it one row at a time), the states hold at most MAX_STATE values, the step is a head of
-straight-line statements and buffers, then loops (and statements) whose innermost bodies are straight-line
-and assign only names they alone read, after assigning them.
+It applies where every state is summed, the states hold at most MAX_STATE values, no statement calls a
+transcendental function that nest_lanes runs several elements per vector call (a layer's tanh: the lanes of a
+tile would call it one row at a time), and the step is a head of straight-line statements and buffers, then
+loops (and statements) whose innermost bodies are straight-line and assign only names they alone read, after
+assigning them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 
 from fold.kernels.cpu import vector_math
 from fold.runtime.loops.nest import Assign, Buffer, If, Loop, ParallelFold, Store, buffers
-from fold.runtime.loops.text import assigned, names, reads, substitute
+from fold.runtime.loops.text import assigned, events, names, reads, substitute
 
 from . import nest_lanes
 
@@ -106,7 +107,7 @@ def rows_in_tiles(fold: ParallelFold, arrays: dict[str, np.dtype]) -> tuple | No
     tiles = [Buffer(s.name + TILED, s.shape + (TILE,), s.dtype) for s in fold.states]
     tiles += [Buffer(b.name + TILED, b.shape + (TILE,), b.dtype) for b in buffers(head)]
     tiles += [Buffer(n + TILED, (TILE,), dtypes[n]) for n in crossing]
-    zero = [_each(s.shape, lambda idx, s=s: Store(s.name + TILED, idx + (LANE,), f"np.{s.dtype.name}(0)"), LANE)
+    zero = [_each(s.shape, lambda idx, s=s: Store(s.name + TILED, idx + (LANE,), f"np.{s.dtype.name}(0)"))
             for s in fold.states]
     first = (Assign(fold.index, f"lo + {GROUP} * {TILE} + {LANE}"),
              *(moved(n, in_tail=False) for n in head if not isinstance(n, Buffer)),
@@ -114,7 +115,7 @@ def rows_in_tiles(fold: ParallelFold, arrays: dict[str, np.dtype]) -> tuple | No
     groups = Loop(GROUP, f"(hi - lo) // {TILE}", (Loop(LANE, TILE, first), *in_lanes(tail)))
     rest = Loop(REST, f"(hi - lo) % {TILE}", (Assign(fold.index, f"hi - (hi - lo) % {TILE} + {REST}"), *step))
     merged = [_each(s.shape, lambda idx, s=s: Store(s.name, idx, f"np.{s.dtype.name}({_element(s.name, idx)} + "
-                                                                  f"{s.name}{TILED}[{', '.join(idx + (LANE,))}])"), LANE)
+                                                                  f"{s.name}{TILED}[{', '.join(idx + (LANE,))}])"))
               for s in fold.states]
     return (*tiles, *zero, groups, rest, *merged)
 
@@ -127,9 +128,8 @@ def _nodes(nodes: tuple):
 
 
 def _touches(node, states: dict) -> bool:
-    text = " ".join([node.expr] + ([node.target, *node.index] if isinstance(node, Store) else [node.target])
-                    ) if not isinstance(node, Buffer) else node.name
-    return any(n in states for n in names(text))
+    """Whether the head's candidate `node` reads, writes or stores into a state."""
+    return node.name in states if isinstance(node, Buffer) else any(n in states for _, n in events(node))
 
 
 def _lane_safe(node, head_names: set[str], step_names: set[str], outer: frozenset = frozenset()) -> bool:
@@ -144,6 +144,8 @@ def _lane_safe(node, head_names: set[str], step_names: set[str], outer: frozense
 
 
 def _straight_line_safe(body: tuple, head_names: set[str], step_names: set[str], indices: frozenset) -> bool:
+    """Whether each name `body` reads that the step assigns is assigned earlier in `body`, by the head, or is
+    an index of the loops around it."""
     local: set[str] = set()
     for node in body:
         read = names(node.expr) + ([n for i in node.index for n in names(i)] if isinstance(node, Store) else [])
@@ -176,10 +178,10 @@ def _head_dtypes(head: tuple, arrays: dict[str, np.dtype]) -> dict[str, np.dtype
     return found
 
 
-def _each(shape: tuple, make, lane: str):
+def _each(shape: tuple, make):
     """A Store made by make(index) for every index of `shape` and every lane, as loops."""
     indices = tuple(f"j{k}__" for k in range(len(shape)))
-    node = Loop(lane, TILE, (make(indices),))
+    node = Loop(LANE, TILE, (make(indices),))
     for k in reversed(range(len(shape))):
         node = Loop(indices[k], shape[k], (node,))
     return node
