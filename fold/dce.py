@@ -1,7 +1,8 @@
 """Dead-code elimination: drop statements whose results nothing uses (bodies are cleaned recursively), the
 results of a map that nothing reads (a jvp's primal beside the tangent wanted): its body stops computing
-them, the values a map or loop captures that its body no longer reads, and the saved states of a gradient's
-forward loop that no reverse step reads (it becomes a plain loop)."""
+them, the values a map or loop captures that its body no longer reads, the saved states of a gradient's
+forward loop that no reverse step reads (it becomes a plain loop), and the leaves of a reduce or scan that
+neither the program nor the leaves it keeps read (a jvp's tangent of a min whose argmin alone is wanted)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 from typing import Iterable, Sequence
 
 from .ir import Let, Program, Var
-from .primitives import Loop, LoopSaving, Map
+from .primitives import Loop, LoopSaving, Map, Reduce, Scan
 from .pytree import tree_flatten
 
 
@@ -21,6 +22,7 @@ def dce(program: Program) -> Program:
         if not any(v in needed for v in stmt.outs):
             continue
         stmt = _needed_loop_states(_unsaved_states(_needed_map_results(stmt, needed), needed), needed)
+        stmt = _needed_fold_leaves(stmt, needed)
         prim = stmt.prim
         if prim.body_fields:
             prim = dataclasses.replace(prim, **{f: dce(getattr(prim, f)) for f in prim.body_fields})
@@ -83,6 +85,34 @@ def _needed_loop_states(stmt: Let, needed: set) -> Let:
     body = Program(inputs, body.stmts, tuple(body.outputs[k] for k in order), in_tree, out_tree, dict(body.meta))
     args = tuple(stmt.args[: nc]) + tuple(stmt.args[nc + k] for k in order)
     return Let(tuple(stmt.outs[k] for k in order), dataclasses.replace(prim, body=body), args)
+
+
+def _needed_fold_leaves(stmt: Let, needed: set) -> Let:
+    """A reduce or scan folding only the leaves its needed results depend on, through the operator. The
+    operator restricted to leaves that read no other leaf is still associative, with the identity's
+    restriction as its identity; the monoid it came from no longer describes it, so it is dropped."""
+    prim = stmt.prim
+    if not isinstance(prim, (Reduce, Scan)):
+        return stmt
+    body, nc, k = prim.body, prim.num_consts, prim.num_leaves
+    lefts, rights = body.inputs[nc: nc + k], body.inputs[nc + k:]
+    keep = {j for j, v in enumerate(stmt.outs) if v in needed}
+    while True:
+        read = _read(dce(Program(body.inputs, body.stmts, tuple(body.outputs[j] for j in sorted(keep)))))
+        more = {j for j in range(k) if lefts[j] in read or rights[j] in read} - keep
+        if not more:
+            break
+        keep |= more
+    if len(keep) == k:
+        return stmt
+    order = sorted(keep)
+    inputs = tuple(body.inputs[:nc]) + tuple(lefts[j] for j in order) + tuple(rights[j] for j in order)
+    element = tuple(range(len(order)))
+    _, in_tree = tree_flatten((element, element))
+    _, out_tree = tree_flatten(element)
+    body = Program(inputs, body.stmts, tuple(body.outputs[j] for j in order), in_tree, out_tree, dict(body.meta))
+    args = tuple(stmt.args[:nc]) + tuple(stmt.args[nc + j] for j in order) + tuple(stmt.args[nc + k + j] for j in order)
+    return Let(tuple(stmt.outs[j] for j in order), dataclasses.replace(prim, body=body, monoid=None), args)
 
 
 # combinators whose captured values (the first num_consts arguments) only their body reads

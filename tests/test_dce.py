@@ -1,5 +1,6 @@
 """Dead-code elimination of what loops carry and capture: a gradient's reverse loop carries a cotangent for
-every input and a forward loop saves every state, whether or not anything reads them."""
+every input and a forward loop saves every state, whether or not anything reads them; and of what a reduce
+or scan folds: a jvp folds a tangent beside each primal leaf, whether or not anything reads it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import fold
 from fold.cse import cse
 from fold.dce import dce
 from fold.ir import Program
-from fold.primitives import Loop, LoopSaving
+from fold.primitives import Loop, LoopSaving, Reduce, Scan
 import fold.runtime.numpy_impl  # noqa: F401  (registers the rules eval_program runs)
 from fold.runtime.interpreter import eval_program
 
@@ -108,3 +109,52 @@ def test_the_reverse_sweep_of_a_loop_is_not_a_loop_of_one_step_per_iteration(che
         dc = np.zeros(6)
         dc[k] = eps
         np.testing.assert_allclose(got[k], (f_np(c + dc, x) - f_np(c - dc, x)) / (2 * eps), rtol=1e-5)
+
+
+def folds(program: Program) -> list:
+    """Every Reduce and Scan statement, nested bodies included."""
+    found = []
+    for stmt in program.stmts:
+        if isinstance(stmt.prim, (Reduce, Scan)):
+            found.append(stmt)
+        for body in stmt.prim.bodies():
+            found += folds(body)
+    return found
+
+
+@pytest.mark.parametrize("combinator", ["reduce", "scan"])
+def test_a_fold_keeps_only_the_leaves_its_results_need(combinator):
+    # three leaves: the sum is not returned and reads no other leaf; the product is returned; the max's
+    # weight is returned and reads the max, which therefore stays though nothing returns it
+    def op(a, b):
+        take_b = b[2] > a[2]
+        return a[0] + b[0], a[1] * b[1], fold.where(take_b, b[2], a[2]), fold.where(take_b, b[3], a[3])
+
+    def f(x, y, v, w):
+        out = getattr(fold, combinator)(op, (x, y, v, w), identity=(0.0, 1.0, -np.inf, 0.0))
+        return out[1], out[3]
+
+    x, y, v, w = rng.normal(size=9), rng.uniform(0.5, 1.5, 9), rng.normal(size=9), rng.normal(size=9)
+    program = fold.trace(f, x, y, v, w)
+    cleaned = dce(program)
+    (stmt,) = folds(cleaned)
+    assert len(stmt.outs) == 3 and stmt.prim.num_leaves == 3
+    assert program.inputs[0] not in stmt.args and stmt.prim.monoid is None
+    for got, want in zip(eval_program(cleaned, [x, y, v, w]), eval_program(program, [x, y, v, w]), strict=True):
+        np.testing.assert_array_equal(got, want)
+    got = fold.jit(f, backend="numba")(x, y, v, w)
+    np.testing.assert_allclose(got[0], eval_program(program, [x, y, v, w])[0], rtol=1e-12)
+
+
+def test_a_jvp_of_a_minimum_whose_tangent_nothing_reads_folds_the_minimum_alone():
+    # the Hessian-vector product of k-means with respect to the points reads the nearest centroid's position,
+    # not the tangent of the distance to it: the reduce that carried both carries the minimum alone
+    def cost(P, C):
+        cc = fold.map(lambda c: fold.sum(c * c), C)
+        return fold.sum(fold.map(lambda p: fold.reduce(fold.monoids.min, fold.sum(p * p) - 2.0 * (C @ p) + cc), P))
+
+    P, C, T = rng.normal(size=(30, 4)), rng.normal(size=(5, 4)), rng.normal(size=(30, 4))
+    hvp = lambda P, C: fold.jvp(fold.grad(cost), (P, C), (T, np.zeros_like(C)))[1]
+    program = dce(cse(fold.trace(hvp, P, C)))
+    assert all(s.prim.num_leaves == 1 for s in folds(program)), program
+    np.testing.assert_allclose(eval_program(program, [P, C])[0], 2.0 * T, rtol=1e-12)
