@@ -161,3 +161,29 @@ def test_the_numba_backend_leaves_large_products_to_blas():
     assert nest_takes_products(body_of(np.ones((small, small), np.float32)))
     assert not nest_takes_products(body_of(np.ones((small + 1, small + 1), np.float32)))
     assert not nest_takes_products(body_of(np.ones((small, small))))  # float64: the product kernel's
+
+
+def _product_nests(prepared):
+    return [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
+            and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))]
+
+
+def test_a_map_whose_products_are_folded_in_its_body_is_a_nest_though_its_rows_are_kept():
+    # k-means' HVP with respect to the points keeps a row per point, but each row's distances (a product)
+    # reach it only through their minimum and its first position: nothing of points x centroids is stored
+    C, P, T = (rng.normal(size=s).astype(np.float32) for s in ((8, 5), (400, 5), (400, 5)))
+    grad = fold.grad(lambda P, C: kmeans_matrix_form(C, P))
+    hvp = lambda P, C: fold.jvp(grad, (P, C), (T, np.zeros_like(C)))[1]
+    assert _product_nests(prepare(dce(cse(fold.trace(hvp, P, C))), whole_arrays=True))
+    _close(fold.jit(hvp, backend="numba")(P, C), fold.jit(hvp, backend="numpy")(P, C), 1e-5)
+
+
+def test_a_map_that_keeps_a_product_per_row_leaves_it_to_blas():
+    # a layer's gradient with respect to its input keeps W^T g per row: batched products over blocks of rows
+    def layer(X, W):
+        return fold.sum(fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X))
+
+    X, W = rng.normal(size=(300, 6)).astype(np.float32), rng.normal(size=(6, 6)).astype(np.float32)
+    grad = fold.grad(layer)
+    assert not _product_nests(prepare(dce(cse(fold.trace(grad, X, W))), whole_arrays=True))
+    _close(fold.jit(grad, backend="numba")(X, W), fold.jit(grad, backend="numpy")(X, W), 1e-5)

@@ -119,12 +119,27 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
                  or (_maps_rows_of_arrays(body) and not _folds(body))
                  or (row_folds and _folds(body)
-                     and (not _folds(body, (MatMul,)) or (folded and products(body))))
+                     and (not _folds(body, (MatMul,)) or ((folded or _products_folded(body)) and products(body))))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
                  or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
                  or any(isinstance(s.prim, (Loop, LoopSaving)) for s in body.stmts))
             and nestable(body) is None)
+
+
+# statements whose result is smaller than what they read: a product's values past one stop being stored
+_FOLDING = (Reduce, SumAxes, ReduceByIndex)
+
+
+def _products_folded(body: Program) -> bool:
+    """Whether every matrix product in a map's `body` reaches its results only through a fold (k-means' HVP
+    with respect to the points: the distances' minimum and its first position, then a row of the gradient):
+    the nest then stores nothing of a product's size per row, where batched products would write them all."""
+    unfolded = {s.outs[0] for s in body.stmts if isinstance(s.prim, MatMul)}
+    for s in body.stmts:
+        if not isinstance(s.prim, _FOLDING) and any(a in unfolded for a in s.args):
+            unfolded.update(s.outs)
+    return not unfolded.intersection(body.outputs)
 
 
 def _gathers(program: Program) -> bool:
