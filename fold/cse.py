@@ -40,6 +40,11 @@ def cse(program: Program) -> Program:
     return scatter_sums(hoist_invariants(program))
 
 
+def cse_body(body: Program) -> Program:
+    """One combinator body with its repeated statements computed once (two maps' bodies joined into one)."""
+    return _body_cse(body, {})
+
+
 def _with_clean_bodies(stmt: Let, done: dict) -> Let:
     return with_bodies(stmt, lambda body: _body_cse(body, done))
 

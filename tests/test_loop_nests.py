@@ -1354,7 +1354,9 @@ def test_a_concatenation_in_a_body_is_written_into_one_buffer_of_the_row():
 
     program, kernels = _nests(f, X, w)
     assert [s.prim.name for s in program.stmts] == ["loop_nest"], program
-    np.testing.assert_allclose(fold.jit(f, backend="numba")(X, w), np.c_[np.tanh(X), 2.0 * X] @ w, rtol=1e-12)
+    # a row's sum can cancel to ~1e-4 (which row depends on the rng's state, shared by the file's tests)
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(X, w), np.c_[np.tanh(X), 2.0 * X] @ w, rtol=1e-12,
+                               atol=1e-13)
 
 
 def test_a_stencils_gradient_bins_every_neighbours_entry_as_its_rows_are_made():

@@ -54,6 +54,7 @@ from .outer_sums import outer_products_as_sums
 from .build import NotNestable, Pull, Scalar, Stored, Writer, cast, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
 from .prune import prune
+from .sibling_maps import Group, join_siblings
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,7 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
                 all_readers.setdefault(id(produced_by[a]), []).append(s)
     absorbed: set[int] = set()
     stmts: list[Let] = []
+    groups: list[Group] = []
     for stmt in program.stmts:
         if id(stmt) in absorbed:
             continue
@@ -319,14 +321,17 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
             stmts.append(stmt)
             continue
         group = [stmt] + (folding or consumers)
-        nest = _loop_nest(group, kept, _iotas_read(stmt, produced_by))
+        iotas = _iotas_read(stmt, produced_by)
+        nest = _loop_nest(group, kept, iotas)
         if nest is None:
             stmts.append(stmt)
             continue
         before, after = placed or ([], [])
         absorbed.update(id(r) for r in consumers)
         absorbed.update(id(s) for s in before + after)
+        groups.append(Group(group, list(kept), iotas, len(stmts) + len(before), nest))
         stmts += before + [nest] + after
+    stmts = join_siblings(stmts, groups, _loop_nest)
     if len(stmts) == len(program.stmts) and all(a is b for a, b in zip(stmts, program.stmts)):
         return program
     read = {a for s in stmts for a in s.args} | set(program.outputs)
