@@ -40,9 +40,9 @@ def lowered(f: Callable[..., Any], *args: Any, backend: str = "numba") -> Lowere
     as_run = _as_built  # a backend's last rewrite of a nest's kernel
     if backend == "numba":
         from .numba_backend.loop_nests import as_run
-        from .numba_backend.passes import prepare
+        from .numba_backend.passes import prepare_jitted
 
-        program = prepare(program, whole_arrays=True)
+        program = prepare_jitted(program)
     elif backend == "cuda":
         from .cuda_backend.fused import prepared
 

@@ -16,7 +16,7 @@ from . import loop_nests  # noqa: F401  (registers the loop nests' kernels)
 from .allocator import keep_freed_memory
 from .blas_threads import quiet_blas_threads
 from .compile_clock import clock as _clock
-from .passes import prepare
+from .passes import prepare_jitted
 from .lowering import numba_impls
 
 
@@ -27,7 +27,7 @@ class CompiledNumbaProgram:
     the messages; runtime/compile_feedback.py)."""
 
     def __init__(self, program: Program, label: str = "a program"):
-        self.program = prepare(program, whole_arrays=True)
+        self.program = prepare_jitted(program)
         self.compile_seconds = 0.0
         self.label = label
 

@@ -17,6 +17,7 @@ from .gather_fusion import absorb_gathers
 from .gemm_backward_fusion import fuse_gemm_backward
 from .lowering import COMPILE_FROM
 from .one_hots import sparse_one_hots
+from .outer_products import outer_products_elementwise
 from .product_fold_fusion import fuse_product_folds
 from .run_merging import merge_runs
 from .scale_hoisting import hoist_scales
@@ -57,6 +58,13 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
 
 
 _UNCHANGED = object()
+
+
+def prepare_jitted(program: Program) -> Program:
+    """A jitted program as the backend runs it: `prepare`d, its outer products first written as elementwise
+    products of broadcasts (outer_products.py). Not a gemm block's: the gemm backward fusion shares a block's
+    products between the forward and backward walks, and finds them as products."""
+    return prepare(outer_products_elementwise(program), whole_arrays=True)
 
 
 # the most values of a matrix that a loop nest multiplies by each row of a map that a reduce folds. The nest
