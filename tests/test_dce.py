@@ -18,15 +18,19 @@ from fold.runtime.interpreter import eval_program
 rng = np.random.default_rng(7)
 
 
-def loops(program: Program) -> list:
-    """Every Loop and LoopSaving statement, nested bodies included."""
+def statements_of(program: Program, kinds: tuple) -> list:
+    """Every statement of these primitive kinds, nested bodies included."""
     found = []
     for stmt in program.stmts:
-        if isinstance(stmt.prim, (Loop, LoopSaving)):
+        if isinstance(stmt.prim, kinds):
             found.append(stmt)
         for body in stmt.prim.bodies():
-            found += loops(body)
+            found += statements_of(body, kinds)
     return found
+
+
+def loops(program: Program) -> list:
+    return statements_of(program, (Loop, LoopSaving))
 
 
 def horner(c, x):
@@ -112,14 +116,7 @@ def test_the_reverse_sweep_of_a_loop_is_not_a_loop_of_one_step_per_iteration(che
 
 
 def folds(program: Program) -> list:
-    """Every Reduce and Scan statement, nested bodies included."""
-    found = []
-    for stmt in program.stmts:
-        if isinstance(stmt.prim, (Reduce, Scan)):
-            found.append(stmt)
-        for body in stmt.prim.bodies():
-            found += folds(body)
-    return found
+    return statements_of(program, (Reduce, Scan))
 
 
 @pytest.mark.parametrize("combinator", ["reduce", "scan"])
