@@ -67,7 +67,7 @@ def join_siblings(stmts: list[Let], groups: list[Group], build: Callable[..., Le
                 break
         else:
             alive.append(later)
-    return [s for s in result if s is not None] if None in result else stmts
+    return [s for s in result if s is not None] if any(s is None for s in result) else stmts
 
 
 def _joined(a: Group, b: Group, build: Callable[..., Let | None]) -> Group | None:
