@@ -69,13 +69,7 @@ def _needed_loop_states(stmt: Let, needed: set) -> Let:
         return stmt
     body, nc = prim.body, prim.num_consts
     states = body.inputs[nc + 1:]
-    keep = {k for k, v in enumerate(stmt.outs) if v in needed}
-    while True:
-        read = _read(dce(Program(body.inputs, body.stmts, tuple(body.outputs[k] for k in sorted(keep)))))
-        more = {k for k, v in enumerate(states) if v in read} - keep
-        if not more:
-            break
-        keep |= more
+    keep = _leaves_read(body, {k for k, v in enumerate(stmt.outs) if v in needed}, [(v,) for v in states])
     if len(keep) == len(states):
         return stmt
     order = sorted(keep)
@@ -87,6 +81,17 @@ def _needed_loop_states(stmt: Let, needed: set) -> Let:
     return Let(tuple(stmt.outs[k] for k in order), dataclasses.replace(prim, body=body), args)
 
 
+def _leaves_read(body: Program, keep: set[int], inputs_of: list[tuple[Var, ...]]) -> set[int]:
+    """The leaves (positions of the body's outputs) that the `keep` outputs need: those, and each leaf whose
+    inputs (`inputs_of[j]`: a loop state's, or a fold operator's two operands) they read, until none is added."""
+    while True:
+        read = _read(dce(Program(body.inputs, body.stmts, tuple(body.outputs[j] for j in sorted(keep)))))
+        more = {j for j, inputs in enumerate(inputs_of) if any(v in read for v in inputs)} - keep
+        if not more:
+            return keep
+        keep = keep | more
+
+
 def _needed_fold_leaves(stmt: Let, needed: set) -> Let:
     """A reduce or scan folding only the leaves its needed results depend on, through the operator. The
     operator restricted to leaves that read no other leaf is still associative, with the identity's
@@ -96,13 +101,7 @@ def _needed_fold_leaves(stmt: Let, needed: set) -> Let:
         return stmt
     body, nc, k = prim.body, prim.num_consts, prim.num_leaves
     lefts, rights = body.inputs[nc: nc + k], body.inputs[nc + k:]
-    keep = {j for j, v in enumerate(stmt.outs) if v in needed}
-    while True:
-        read = _read(dce(Program(body.inputs, body.stmts, tuple(body.outputs[j] for j in sorted(keep)))))
-        more = {j for j in range(k) if lefts[j] in read or rights[j] in read} - keep
-        if not more:
-            break
-        keep |= more
+    keep = _leaves_read(body, {j for j, v in enumerate(stmt.outs) if v in needed}, list(zip(lefts, rights)))
     if len(keep) == k:
         return stmt
     order = sorted(keep)

@@ -5,10 +5,12 @@ and a Hessian-vector product adds two of them. As matrix products each is a pass
 (m, p) values, and their sum a third (logistic regression's HVP in every argument, 10^6 x 32 float32:
 two products 205 ms, their sum 82); as elementwise products of broadcasts they join one elementwise kernel
 with their sum (85 ms for all three). The values are the same: each entry is the one term a * b.
-The backend rewrites the top level and map bodies (a batched matrix-vector product's gradient with respect
-to each matrix) after differentiation: the vjp of a map reads a product statement in its body to sum a
-captured matrix's per-row outer products as one product over the rows (ad/map_rules.py), so the rewrite is
-not made where programs are traced.
+Only a jitted program's top level is rewritten (`passes.prepare_jitted`), after differentiation: the vjp of
+a map reads a product statement in its body to sum a captured matrix's per-row outer products as one product
+over the rows (ad/map_rules.py), so the rewrite is not made where programs are traced; the gemm backward
+fusion finds a block's products as products; and in a map body (a batched matrix-vector product's gradient
+with respect to each matrix) the elementwise form ran slower, its broadcasts over three axes interpreted per
+block of rows (485 -> 685 ms).
 """
 
 from __future__ import annotations
