@@ -104,8 +104,24 @@ def family_sizes(quick: bool) -> dict[str, dict[str, int]]:
 
 LOGISTIC_STEPS = 16  # iterations of the logistic map (families set)
 
+
+def unseen_sizes(quick: bool) -> dict[str, dict[str, int]]:
+    """`--set unseen`: programs written in session 58 and measured before any change for them: a recurrent
+    network over each sequence (a fold.loop of a matrix-vector product in a map), softmax regression whose
+    loss reads each row's score at its label (a gather at a traced index), a scan of affine maps per row (a
+    user operator's scan inside a map), a pairwise ranking hinge (a map of a map of scalars), and a
+    per-class logsumexp (a histogram with the logaddexp monoid)."""
+    if quick:
+        return {"rnn": dict(n=200, t=6, d=4), "softmax_regression": dict(n=2000, d=8, k=5),
+                "row_recurrence": dict(n=100, m=40), "ranking_hinge": dict(n=300),
+                "class_logsumexp": dict(n=2000, d=8)}
+    return {"rnn": dict(n=10**4, t=32, d=16), "softmax_regression": dict(n=10**5, d=32, k=10),
+            "row_recurrence": dict(n=10**4, m=256), "ranking_hinge": dict(n=4096),
+            "class_logsumexp": dict(n=10**6, d=32)}
+
+
 SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes, "families": family_sizes,
-        "numpy": numpy_style.sizes}
+        "numpy": numpy_style.sizes, "unseen": unseen_sizes}
 
 
 def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
@@ -115,6 +131,19 @@ def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:
     f32 = np.float32
     if case == "recurrence":
         return rng.uniform(0.5, 0.99, s["n"]).astype(f32), rng.normal(size=s["n"]).astype(f32)
+    if case == "rnn":
+        return (rng.normal(size=(s["d"], s["d"])) / np.sqrt(s["d"])).astype(f32), \
+            rng.normal(size=(s["n"], s["t"], s["d"])).astype(f32)
+    if case == "softmax_regression":
+        return (0.2 * rng.normal(size=(s["k"], s["d"]))).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
+            rng.integers(0, s["k"], s["n"])
+    if case == "row_recurrence":
+        return rng.uniform(0.5, 0.99, (s["n"], s["m"])).astype(f32), rng.normal(size=(s["n"], s["m"])).astype(f32)
+    if case == "ranking_hinge":
+        return rng.normal(size=s["n"]).astype(f32), rng.normal(size=s["n"]).astype(f32)
+    if case == "class_logsumexp":
+        return (0.1 * rng.normal(size=s["d"])).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), \
+            rng.integers(0, CLASSES, s["n"])
     if case == "mahalanobis":
         S = rng.normal(size=(s["d"], s["d"])) / s["d"]
         return (S @ S.T).astype(f32), rng.normal(size=(s["n"], s["d"])).astype(f32), rng.normal(size=s["d"]).astype(f32)
@@ -181,6 +210,33 @@ def fold_natural(case: str) -> Callable:
             return a1 * a2, a2 * b1 + b2
 
         return lambda a, b: fold.sum(fold.scan(compose, (a, b), identity=(1.0, 0.0))[1] ** 2)
+    if case == "rnn":
+        def last_state(W, xs):
+            return fold.loop(lambda t, h: fold.tanh(W @ h + xs[t]), xs[0] * 0.0, xs.shape[0])
+
+        return lambda W, X: fold.sum(fold.map(lambda xs: fold.sum(last_state(W, xs) ** 2), X))
+    if case == "softmax_regression":
+        def loss(x, label, W):
+            scores = fold.map(lambda w: fold.sum(w * x), W)
+            return fold.reduce(M.logaddexp, scores) - scores[label]
+
+        return lambda W, X, labels: fold.sum(fold.map(lambda x, t: loss(x, t, W), X, labels))
+    if case == "row_recurrence":
+        def compose(first, second):
+            (a1, b1), (a2, b2) = first, second
+            return a1 * a2, a2 * b1 + b2
+
+        return lambda A, B: fold.sum(fold.map(
+            lambda a, b: fold.sum(fold.scan(compose, (a, b), identity=(1.0, 0.0))[1] ** 2), A, B))
+    if case == "ranking_hinge":
+        return lambda s, y: fold.sum(fold.map(lambda si, yi: fold.sum(fold.map(
+            lambda sj, yj: fold.maximum(0.0, 1.0 - (si - sj)) * fold.maximum(yi - yj, 0.0), s, y)), s, y))
+    if case == "class_logsumexp":
+        def loss(w, X, labels):
+            scores = fold.map(lambda x: fold.sum(x * w), X)
+            return fold.sum(fold.reduce_by_index(M.logaddexp, CLASSES, labels, scores))
+
+        return loss
     if case == "mahalanobis":
         def distance(x, S, mu):
             d = x - mu
@@ -323,6 +379,34 @@ def jax_natural(case: str) -> Callable:
             return a1 * a2, a2 * b1 + b2
 
         return lambda a, b: jnp.sum(jax.lax.associative_scan(compose, (a, b))[1] ** 2)
+    if case == "rnn":
+        def last_state(W, xs):
+            return jax.lax.fori_loop(0, xs.shape[0], lambda t, h: jnp.tanh(W @ h + xs[t]), xs[0] * 0.0)
+
+        return lambda W, X: jnp.sum(vmap(lambda xs: jnp.sum(last_state(W, xs) ** 2))(X))
+    if case == "softmax_regression":
+        def loss(x, label, W):
+            scores = vmap(lambda w: jnp.sum(w * x))(W)
+            return logsumexp(scores) - scores[label]
+
+        return lambda W, X, labels: jnp.sum(vmap(lambda x, t: loss(x, t, W))(X, labels))
+    if case == "row_recurrence":
+        def compose(first, second):
+            (a1, b1), (a2, b2) = first, second
+            return a1 * a2, a2 * b1 + b2
+
+        return lambda A, B: jnp.sum(vmap(lambda a, b: jnp.sum(jax.lax.associative_scan(compose, (a, b))[1] ** 2))(A, B))
+    if case == "ranking_hinge":
+        return lambda s, y: jnp.sum(vmap(lambda si, yi: jnp.sum(vmap(
+            lambda sj, yj: jnp.maximum(0.0, 1.0 - (si - sj)) * jnp.maximum(yi - yj, 0.0))(s, y)))(s, y))
+    if case == "class_logsumexp":
+        def loss(w, X, labels):
+            scores = vmap(lambda x: jnp.sum(x * w))(X)
+            sums = jax.ops.segment_max(scores, labels, CLASSES)
+            sums = sums + jnp.log(jax.ops.segment_sum(jnp.exp(scores - sums[labels]), labels, CLASSES))
+            return jnp.sum(sums)
+
+        return loss
     if case == "mahalanobis":
         def distance(x, S, mu):
             d = x - mu
