@@ -808,31 +808,34 @@ def cast(expr: str, to: np.dtype, was: np.dtype) -> str:
 
 @_rules.register(Scan)
 def _scan(w: Writer, prim: Scan, args: list[Value], out_avals) -> list[Value]:
-    """A scan of a row's scalars: one sequential loop (forward or backward) storing each prefix, float32
-    carried in float64 and rounded as it is stored (as the numpy backend's scans)."""
+    """A scan of a row: one sequential loop (forward or backward) storing each prefix, float32 carried in
+    float64 and rounded as it is stored (as the numpy backend's scans). Elements that are small arrays (the
+    2 x 2 Jacobians a user operator's generic gradient scans) are carried in buffers (CarriedState)."""
     k, nc = prim.num_leaves, prim.num_consts
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
-    if any(x.shape[1:] != () for x in xs):
-        raise NotNestable("a scan of elements that are not scalars is not in the loop nest yet")
     dtypes = [np.dtype(a.dtype) for a in out_avals]
     operator, carried = carried_operator(prim.body, nc, dtypes)
-    carried = list(carried or dtypes)
-    accs = [w.assign(cast(w.element(e, ()), c, d), "acc") for e, c, d in zip(identity, carried, dtypes, strict=True)]
+    states = carried_states(w, identity, list(carried or dtypes))
     n = xs[0].shape[0]
-    outs = [Stored(w.fresh("b"), (n,), d) for d in dtypes]
+    outs = [Stored(w.fresh("b"), tuple(a.shape), d) for a, d in zip(out_avals, dtypes, strict=True)]
     for out in outs:
         w.emit(Buffer(out.name, out.shape, out.dtype))
 
     def store(at: str) -> None:
-        for out, acc in zip(outs, accs, strict=True):
-            w.emit(Store(out.name, (at,), f"np.{out.dtype.name}({acc})"))
+        for out, state in zip(outs, states, strict=True):
+            w.each_index(out.shape[1:], lambda idx, out=out, state=state: w.emit(
+                Store(out.name, (at,) + idx, f"np.{out.dtype.name}({w.element(state.value, idx)})")))
 
     def step(i: str) -> None:
         at = w.assign(f"{n - 1} - {i}", "j") if prim.reverse else i
-        elements = [Scalar(w.assign(w.element(x, (at,))), x.dtype) for x in xs]
+        elements = [_row(w, x, at) for x in xs]
         if prim.exclusive:
             store(at)
-        fold_into(w, operator, consts, accs, carried, elements)
+        held = [s.value for s in states]
+        # a reverse scan puts each element on the left of what it has folded so far (as the numpy backend's
+        # scan_leaves): the order a user operator that does not commute (a product of Jacobians) sees
+        operands = elements + held if prim.reverse else held + elements
+        advance(w, states, w.body(operator, list(consts) + operands))
         if not prim.exclusive:
             store(at)
 
@@ -842,40 +845,81 @@ def _scan(w: Writer, prim: Scan, args: list[Value], out_avals) -> list[Value]:
 
 @_rules.register(StepLoop, LoopSaving)
 def _loop(w: Writer, prim: StepLoop | LoopSaving, args: list[Value], out_avals) -> list[Value]:
-    """fold.loop over scalar states (a loop over vectors written as a map of it, loop_maps.py): one sequential
-    loop of the nest carrying the states, its body written once, the counter known to lie in [0, n - 1] (a
-    gather of a captured coefficient at it is a read). A loop saving its states (the states a loop's sums
-    over elements are taken of, loop_maps.py) also stores each saved state in a buffer of the row's steps."""
+    """fold.loop: one sequential loop of the nest carrying the states, its body written once, the counter
+    known to lie in [0, n - 1] (a gather of a captured coefficient at it is a read). A scalar state is a
+    name reassigned each step (a loop over vectors written as a map of a loop over scalars, loop_maps.py);
+    an array state (a recurrent network's hidden vector, which each step multiplies by a matrix) is a buffer,
+    its next value stored apart and copied in once the step has read the old one (`carried_states`). A loop
+    saving its states (the states a loop's sums over elements are taken of, loop_maps.py) also stores each
+    saved state in a buffer of the row's steps."""
     nc = prim.num_consts
     consts, init = args[:nc], args[nc:]
-    if any(v.shape != () for v in init):
-        raise NotNestable("a loop over states that are not scalars is not in the loop nest yet")
-    state_avals = out_avals[: len(init)]
-    dtypes = [np.dtype(a.dtype) for a in state_avals]
-    states = [w.assign(cast(w.element(v, ()), d, v.dtype), "acc") for v, d in zip(init, dtypes, strict=True)]
     saving = isinstance(prim, LoopSaving)
     if saving and prim.stride != 1:
         raise NotNestable("a loop saving every few states is not in the loop nest")
-    stacks = [w.fresh("saved") for _ in states] if saving else []
-    for name, d in zip(stacks, dtypes):
-        w.emit(Buffer(name, (prim.num_saved,), d))
+    states = carried_states(w, init, [a.dtype for a in out_avals[: len(init)]])
+    stacks = [Stored(w.fresh("saved"), (prim.num_saved,) + tuple(v.shape), state.dtype)
+              for v, state in zip(init, states)] if saving else []
+    for stack in stacks:
+        w.emit(Buffer(stack.name, stack.shape, stack.dtype))
 
     def step(i: str) -> None:
-        for name, state in zip(stacks, states):
-            w.emit(Store(name, (i,), state))
+        for stack, state in zip(stacks, states):
+            w.each_index(stack.shape[1:], lambda idx, stack=stack, state=state: w.emit(
+                Store(stack.name, (i,) + idx, w.element(state.value, idx))))
         counter = Scalar(i, np.dtype(np.int64), bounds=(0, prim.n - 1))
-        made = w.body(prim.body, list(consts) + [counter] + [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)])
-        results = [w.assign(w.element(m, ())) for m in made]
-        for state, result in zip(states, results, strict=True):
-            w.emit(Assign(state, result))
+        made = w.body(prim.body, list(consts) + [counter] + [state.value for state in states])
+        advance(w, states, made)
 
-    if prim.n * max(len(prim.body.stmts), 1) <= UNROLLED_STEPS:
+    if prim.n * max(len(prim.body.stmts), 1) <= UNROLLED_STEPS and all(v.shape == () for v in init):
         for k in range(prim.n):  # unrolled: the map's loop over elements is then the innermost, which vectorises
             step(str(k))
     else:
         w.loop(prim.n, step)  # in order: each step reads the last one's states
-    finals = [Scalar(s, d) for s, d in zip(states, dtypes, strict=True)]
-    return finals + [Stored(name, (prim.num_saved,), d) for name, d in zip(stacks, dtypes)]
+    return [state.value for state in states] + stacks
+
+
+@dataclass(frozen=True)
+class CarriedState:
+    """A state a sequential loop of the nest carries: a scalar in a reassigned name, an array in `value`'s
+    buffer with `next` beside it, where a step's new value is stored while the step still reads the old."""
+
+    value: Value
+    next: str | None = None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.value.dtype
+
+
+def carried_states(w: Writer, init: Sequence[Value], dtypes: Sequence) -> list[CarriedState]:
+    """The states of a loop started at `init` (as `dtypes`), written here (CarriedState)."""
+    states = []
+    for v, dtype in zip(init, dtypes, strict=True):
+        dtype = np.dtype(dtype)
+        if v.shape == ():
+            states.append(CarriedState(Scalar(w.assign(cast(w.element(v, ()), dtype, v.dtype), "acc"), dtype)))
+            continue
+        now, after = w.fresh("b"), w.fresh("b")
+        for name in (now, after):
+            w.emit(Buffer(name, tuple(v.shape), dtype))
+        w.each_index(tuple(v.shape), lambda idx, v=v, now=now: w.emit(Store(now, idx, cast(w.element(v, idx), dtype, v.dtype))))
+        states.append(CarriedState(Stored(now, tuple(v.shape), dtype), after))
+    return states
+
+
+def advance(w: Writer, states: Sequence[CarriedState], made: Sequence[Value]) -> None:
+    """Each state set to its value in `made`: every new value computed from the old states before any state
+    is overwritten."""
+    scalars = {k: w.assign(w.element(m, ())) for k, (s, m) in enumerate(zip(states, made, strict=True))
+               if s.next is None}
+    arrays = [(s, m) for s, m in zip(states, made) if s.next is not None]
+    for s, m in arrays:
+        w.each_index(s.value.shape, lambda idx, s=s, m=m: w.emit(Store(s.next, idx, cast(w.element(m, idx), s.dtype, m.dtype))))
+    for k, result in scalars.items():
+        w.emit(Assign(states[k].value.expr, result))
+    for s, _ in arrays:
+        w.each_index(s.value.shape, lambda idx, s=s: w.emit(Store(s.value.name, idx, f"{s.next}[{', '.join(idx)}]")))
 
 
 UNROLLED_STEPS = 256  # a loop over scalar states of at most this many statements in all is written unrolled
@@ -947,7 +991,7 @@ def nestable(program: Program) -> str | None:
     for stmt in program.stmts:
         if _rules.get(stmt.prim) is None or (isinstance(stmt.prim, Elementwise) and stmt.prim.op not in TEMPLATES):
             return f"{stmt.prim.name} has no loop-nest rule"
-        if isinstance(stmt.prim, (Reduce, Scan)) and any(a.aval.ndim != 1 for a in stmt.args[stmt.prim.num_consts + stmt.prim.num_leaves:]):
+        if isinstance(stmt.prim, Reduce) and any(a.aval.ndim != 1 for a in stmt.args[stmt.prim.num_consts + stmt.prim.num_leaves:]):
             return f"a {stmt.prim.name} of elements that are not scalars"
         for body in stmt.prim.bodies():
             problem = nestable(body)

@@ -12,7 +12,7 @@ an array element by element would do k times the work it needs. These facts let 
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
   what products and sums of such rows make;
 - `bounds`: an integer value's elements lie in [low, high] (an end None where it is not known): an iota's, a
-  literal's, a map's index over an iota, and sums, differences, minima, maxima (a clamp), selections,
+  literal's, a map's index over an iota, and sums, differences, products, minima, maxima (a clamp), selections,
   quotients by a positive literal and remainders by a positive divisor of those (interval arithmetic). A
   gather at indices bounded at both ends within its array reads without a check.
 
@@ -75,6 +75,14 @@ def _known(f, *ends):
     return f(ends) if ends else None
 
 
+def _multiplied(a, b):
+    """a * b: the least and greatest of the ends' products, where all four ends are known."""
+    if None in (*a, *b):
+        return None, None
+    products = [x * y for x in a for y in b]
+    return min(products), max(products)
+
+
 def _divided(a, b):
     """a // d, for a divisor that is one positive literal d."""
     d = b[0] if b[0] is not None and b[0] == b[1] and b[0] > 0 else None
@@ -84,6 +92,7 @@ def _divided(a, b):
 _INTERVALS = {
     "add": lambda a, b: (_both(int.__add__, a[0], b[0]), _both(int.__add__, a[1], b[1])),
     "sub": lambda a, b: (_both(int.__sub__, a[0], b[1]), _both(int.__sub__, a[1], b[0])),
+    "mul": _multiplied,
     # max(a, b) is at least each known low; min(a, b) at most each known high (a clamp bounds both ends)
     "maximum": lambda a, b: (_known(max, a[0], b[0]), _both(max, a[1], b[1])),
     "minimum": lambda a, b: (_both(min, a[0], b[0]), _known(min, a[1], b[1])),

@@ -1,0 +1,141 @@
+"""Sequential loops of the loop nest that carry arrays: a fold.loop whose state is a vector mixed by a matrix
+each step (a recurrent network over each sequence), and a scan whose elements are small matrices (the
+Jacobians a user operator's gradient scans backward). Each state is a buffer of the row, its next value
+stored apart and copied in after the step (runtime/loops/build.py, CarriedState). The nest is taken, and
+its values and gradients are those of the numpy backend, of a hand-written NumPy loop, and of central
+differences; a reverse scan with an operator that does not commute folds each element on the left."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fold
+from fold.cse import cse
+from fold.dce import dce
+from fold.primitives import Loop, Map, Scan
+from fold.runtime.loops import LoopNest, fuse_loop_nests
+from fold.runtime.loops.facts import elementwise_facts
+from fold.runtime.loops.build import Scalar
+
+rng = np.random.default_rng(58)
+
+
+def rnn(W, X):
+    """Each sequence's last hidden state, h <- tanh(W h + x_t), summed as squares."""
+    def last(xs):
+        return fold.loop(lambda t, h: fold.tanh(W @ h + xs[t]), xs[0] * 0.0, xs.shape[0])
+
+    return fold.sum(fold.map(lambda xs: fold.sum(last(xs) ** 2), X))
+
+
+def rnn_numpy(W, X):
+    total = 0.0
+    for xs in X:
+        h = np.zeros(X.shape[2])
+        for x in xs:
+            h = np.tanh(W @ h + x)
+        total += np.sum(h ** 2)
+    return total
+
+
+def compose(first, second):
+    """(a1, b1) then (a2, b2) of the affine maps v -> a v + b: associative, not commutative."""
+    (a1, b1), (a2, b2) = first, second
+    return a1 * a2, a2 * b1 + b2
+
+
+def row_recurrence(A, B):
+    return fold.sum(fold.map(lambda a, b: fold.sum(fold.scan(compose, (a, b), identity=(1.0, 0.0))[1] ** 2), A, B))
+
+
+def _nested(f, args) -> bool:
+    """Whether the program's maps all ran inside loop nests (no map, loop or scan left at the top level)."""
+    prepared = fuse_loop_nests(dce(cse(fold.trace(f, *args))))
+    top = [s.prim for s in prepared.stmts]
+    return any(isinstance(p, LoopNest) for p in top) and not any(isinstance(p, (Map, Loop, Scan)) for p in top)
+
+
+def _rnn_args(n=40, t=7, d=5):
+    return (rng.normal(size=(d, d)) / np.sqrt(d), rng.normal(size=(n, t, d)))
+
+
+def test_a_loop_over_a_vector_state_is_a_sequential_loop_of_the_nest():
+    W, X = _rnn_args()
+    assert _nested(rnn, (W, X))
+    want = rnn_numpy(W, X)
+    np.testing.assert_allclose(fold.jit(rnn, backend="numba")(W, X), want, rtol=1e-12)
+    np.testing.assert_allclose(fold.jit(rnn, backend="numpy")(W, X), want, rtol=1e-12)
+
+
+def test_the_gradient_of_a_loop_over_vectors_saves_its_states_in_the_nest_and_agrees():
+    W, X = _rnn_args()
+    grad = fold.grad(rnn)
+    assert _nested(grad, (W, X)), "the forward loop saving its vector states and the reverse loop, in one nest"
+    got = fold.jit(grad, backend="numba")(W, X)
+    np.testing.assert_allclose(got, fold.jit(grad, backend="numpy")(W, X), rtol=1e-10, atol=1e-12)
+    step, direction = 1e-6, rng.normal(size=W.shape)
+    central = (rnn_numpy(W + step * direction, X) - rnn_numpy(W - step * direction, X)) / (2 * step)
+    np.testing.assert_allclose(np.sum(got * direction), central, rtol=1e-6)
+    # with respect to the sequences too: each step's cotangent scattered into a row of them (not in the nest)
+    both = fold.grad(rnn, argnums=(0, 1))
+    for g, want in zip(fold.jit(both, backend="numba")(W, X), fold.jit(both, backend="numpy")(W, X), strict=True):
+        np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_float32_recurrent_network_and_its_hessian_vector_product_agree_with_numpy():
+    W, X = (a.astype(np.float32) for a in _rnn_args(n=30, t=5, d=4))
+    grad = fold.grad(rnn)
+    hvp = lambda W, X: fold.jvp(grad, (W, X), (W, np.zeros_like(X)))[1]  # noqa: E731
+    assert _nested(hvp, (W, X))
+    np.testing.assert_allclose(fold.jit(hvp, backend="numba")(W, X), fold.jit(hvp, backend="numpy")(W, X),
+                               rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_a_reverse_scan_in_a_row_folds_each_element_on_the_left(exclusive):
+    """out[i] = x_i . x_{i+1} . ... (after x_i where exclusive): an operator that does not commute tells the
+    sides apart. The nest once folded the element on the right, giving another recurrence's values."""
+    A, B = rng.uniform(0.5, 0.99, (30, 20)), rng.normal(size=(30, 20))
+
+    def suffixes(A, B):
+        return fold.map(lambda a, b: fold.scan(compose, (a, b), identity=(1.0, 0.0), reverse=True,
+                                               exclusive=exclusive)[1], A, B)
+
+    want = np.empty_like(B)
+    for r, (a, b) in enumerate(zip(A, B)):
+        acc = (1.0, 0.0)
+        for i in reversed(range(len(a))):
+            if exclusive:
+                want[r, i] = acc[1]
+            acc = (a[i] * acc[0], acc[0] * b[i] + acc[1])  # compose((a_i, b_i), acc)
+            if not exclusive:
+                want[r, i] = acc[1]
+    assert _nested(suffixes, (A, B))
+    np.testing.assert_allclose(fold.jit(suffixes, backend="numba")(A, B), want, rtol=1e-12)
+    np.testing.assert_allclose(fold.jit(suffixes, backend="numpy")(A, B), want, rtol=1e-12)
+
+
+def test_a_scan_of_jacobians_in_a_rows_gradient_is_in_the_nest():
+    """The generic gradient of a user operator's scan scans 2 x 2 Jacobians backward along the row."""
+    A, B = rng.uniform(0.5, 0.99, (25, 30)), rng.normal(size=(25, 30))
+    grad = fold.grad(row_recurrence, argnums=(0, 1))
+    assert _nested(grad, (A, B))
+    for got, want in zip(fold.jit(grad, backend="numba")(A, B), fold.jit(grad, backend="numpy")(A, B), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    step, direction = 1e-6, rng.normal(size=B.shape)
+    central = (fold.jit(row_recurrence, backend="numpy")(A, B + step * direction)
+               - fold.jit(row_recurrence, backend="numpy")(A, B - step * direction)) / (2 * step)
+    np.testing.assert_allclose(np.sum(fold.jit(grad, backend="numba")(A, B)[1] * direction), central, rtol=1e-6)
+
+
+def test_a_product_of_bounded_integers_is_bounded():
+    """A reverse loop's step index is (n - 1 - i) * 1 + 0: a gather at it reads without a check only if the
+    product keeps the bounds."""
+    i64 = np.dtype(np.int64)
+    facts = elementwise_facts("mul", [Scalar("a", i64, bounds=(0, 5)), Scalar("b", i64, bounds=(-2, 3))],
+                              Scalar("c", i64))
+    assert facts["bounds"] == (-10, 15)
+    unknown = elementwise_facts("mul", [Scalar("a", i64, bounds=(0, None)), Scalar("b", i64, bounds=(1, 1))],
+                                Scalar("c", i64))
+    assert "bounds" not in unknown
