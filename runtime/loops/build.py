@@ -33,7 +33,7 @@ from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
 from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather, Iota,
-                             Loop as StepLoop, LoopSaving, Map, MatMul, Reduce, Reshape, Scan,
+                             Loop as StepLoop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
 
@@ -60,6 +60,7 @@ class Scalar:
     shape: tuple = ()
     zero_unless: str | None = None  # the value is 0 unless this condition (computed before) holds
     bounds: tuple[int | None, int | None] | None = None  # an integer known to lie in [low, high] (None: not known)
+    source: str | None = None  # the kernel input this is an element of, as read (Writer.require)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Stored:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
+    source: str | None = None  # the kernel input this is (Writer.require)
 
 
 Value = Scalar | Pull | Stored
@@ -118,6 +120,14 @@ class Writer:
         # id of a Pull -> (the Pull, the block its buffer was made in, the buffer): a rule that stored its
         # argument (a map reading a costly array again) leaves it stored for the statements after it too
         self._stored: dict[int, tuple[Pull, list, Stored]] = {}
+        # kernel input -> [low, high] its elements must lie in for the kernel to run (Kernel.checked)
+        self.required: dict[str, tuple[int, int]] = {}
+
+    def require(self, source: str, low: int, high: int) -> None:
+        """The kernel runs only where every element of input `source` lies in [low, high] (a backend checks,
+        before it runs the kernel): a gather at an index read from an input, a label per row, reads unchecked."""
+        known = self.required.get(source, (low, high))
+        self.required[source] = (max(known[0], low), min(known[1], high))
 
     def _open(self, block: list) -> bool:
         """Whether `block` is still being written (a name assigned in it is in scope here)."""
@@ -444,10 +454,15 @@ def _static_index(w: Writer, prim: StaticIndex, args: list[Value], out_avals) ->
 @_rules.register(Gather)
 def _gather(w: Writer, prim: Gather, args: list[Value], out_avals) -> list[Value]:
     """x[idx] along x's first axis: a read at the index, where the indices are known to lie in [-n, n) (an
-    iota, a map's index, and sums of those; a negative one counts from the end); otherwise NotNestable, and
-    the gather stays a statement of its own, which checks them."""
+    iota, a map's index, and sums of those; a negative one counts from the end), or are elements of a kernel
+    input as read (a label per row), which the backend checks before it runs the kernel (Writer.require);
+    otherwise NotNestable, and the gather stays a statement of its own, which checks them."""
     (x, idx), out = args, out_avals[0]
     n, known = x.shape[0], getattr(idx, "bounds", None) or (None, None)
+    source = getattr(idx, "source", None)
+    if (known[0] is None or known[1] is None) and source is not None and n > 0:
+        w.require(source, -n, n - 1)
+        known = (-n, n - 1)
     if known[0] is None or known[1] is None or not (-n <= known[0] and known[1] < n):
         raise NotNestable(f"a gather at indices not known to lie in [-{n}, {n})")
     lead = len(idx.shape)
@@ -556,7 +571,8 @@ def _row(w: Writer, x: Value, i: str) -> Value:
     zero_unless = f"({i} == {onehot[1]})" if onehot is not None and onehot[0] == 0 else getattr(x, "zero_unless", None)
     known = getattr(x, "bounds", None)
     if x.shape[1:] == ():
-        return Scalar(w.assign(w.element(x, (i,))), x.dtype, zero_unless=zero_unless, bounds=known)
+        return Scalar(w.assign(w.element(x, (i,))), x.dtype, zero_unless=zero_unless, bounds=known,
+                      source=getattr(x, "source", None))
     inner = (onehot[0] - 1, onehot[1]) if onehot is not None and onehot[0] > 0 else None
     return Pull(x.shape[1:], x.dtype, lambda w, idx: w.element(x, (i,) + idx), _heavy(x), zero_unless=zero_unless,
                 onehot=inner, bounds=known)
@@ -804,6 +820,39 @@ def fold_into(w: Writer, operator: Program, consts: list, accs: list[str], dtype
 def cast(expr: str, to: np.dtype, was: np.dtype) -> str:
     """`expr` (of dtype `was`) as `to`."""
     return expr if to == was else f"np.{np.dtype(to).name}({expr})"
+
+
+@_rules.register(ReduceByIndex)
+def _histogram_of_row(w: Writer, prim: ReduceByIndex, args: list[Value], out_avals) -> list[Value]:
+    """A histogram inside a row (a gather's cotangent scattered back: one value at the label's index): bins
+    in buffers started at the identity, each element folded into its bin in order, an index outside [0, n)
+    ignored (as reduce_by_index does everywhere)."""
+    k, nc = prim.num_leaves, prim.num_consts
+    consts, identity = args[:nc], args[nc: nc + k]
+    indices, values = args[nc + k], args[nc + k + 1:]
+    if any(v.shape[1:] != () for v in values):
+        raise NotNestable("a histogram of elements that are not scalars is not in the loop nest yet")
+    dtypes = [np.dtype(a.dtype) for a in out_avals]
+    bins = [Stored(w.fresh("b"), (prim.n,), d) for d in dtypes]
+    for b, start in zip(bins, identity, strict=True):
+        w.emit(Buffer(b.name, b.shape, b.dtype))
+        w.each_index(b.shape, lambda idx, b=b, start=start: w.emit(
+            Store(b.name, idx, cast(w.element(start, ()), b.dtype, start.dtype))))
+
+    def element(j: str) -> None:
+        at = w.assign(f"np.int64({w.element(indices, (j,))})", "h")
+
+        def fold_in() -> None:
+            held = [Scalar(w.assign(f"{b.name}[{at}]"), b.dtype) for b in bins]
+            made = w.body(prim.body, list(consts) + held + [_row(w, v, j) for v in values])
+            results = [w.assign(w.element(m, ())) for m in made]
+            for b, r in zip(bins, results, strict=True):
+                w.emit(Store(b.name, (at,), cast(r, b.dtype, b.dtype)))
+
+        w.guarded(f"0 <= {at} < {prim.n}", fold_in)
+
+    w.loop(indices.shape[0], element)  # in order: a bin's elements are folded as they come
+    return bins
 
 
 @_rules.register(Scan)

@@ -31,6 +31,7 @@ replaced as a program of its own, which the numpy implementation runs: a backend
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
 from collections import Counter
@@ -426,7 +427,7 @@ def _build(program: Program) -> tuple[Kernel, dict]:
     for j, v in enumerate(program.inputs):
         name = f"in{j}"
         params.append(Param(name, tuple(v.aval.shape), v.aval.dtype, "input"))
-        env[v] = Stored(name, tuple(v.aval.shape), v.aval.dtype)
+        env[v] = Stored(name, tuple(v.aval.shape), v.aval.dtype, source=name)
     made_inside = list(itertools.takewhile(lambda s: not isinstance(s.prim, Map), program.stmts))
     for stmt in made_inside:  # iotas (fuse's _iotas_read): their elements are the index
         (env[stmt.outs[0]],) = w.body(Program((), (stmt,), stmt.outs, None, None, {}), [])
@@ -447,7 +448,7 @@ def _build(program: Program) -> tuple[Kernel, dict]:
     if not readers:
         store_rows(w, outputs, rows, (index,))
         outer = ParallelMap(index, n, tuple(w.blocks.pop()))
-        return prune(Kernel(tuple(params), outer)), constants
+        return prune(_checked(Kernel(tuple(params), outer), w)), constants
     # the map's results kept beside the folds: stored row by row as the fold runs
     by_var = dict(zip(map_stmt.outs, rows, strict=True))
     kept = [v for v in program.outputs if v in by_var]
@@ -460,7 +461,12 @@ def _build(program: Program) -> tuple[Kernel, dict]:
         outer = _histogram(w, readers[-1], map_stmt, rows, env, folded, index, n, flattened)
     else:
         outer = _fold(w, readers[0], map_stmt, rows, env, folded, index, n)
-    return prune(Kernel(tuple(params), outer)), constants
+    return prune(_checked(Kernel(tuple(params), outer), w)), constants
+
+
+def _checked(kernel: Kernel, w: Writer) -> Kernel:
+    """The kernel with the ranges its inputs must lie in (Writer.require) recorded."""
+    return dataclasses.replace(kernel, checked=tuple((name, low, high) for name, (low, high) in w.required.items()))
 
 
 def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: list[str], index: str, n: int):

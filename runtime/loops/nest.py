@@ -135,8 +135,13 @@ Outer = Union[ParallelMap, ParallelFold]
 
 @dataclass(frozen=True)
 class Kernel:
+    """`checked`: (input, low, high) for each input whose elements the kernel reads at as indices without a
+    check of its own (a label per row): a backend runs the kernel only where they lie in [low, high], and
+    otherwise the statements it replaced, whose gathers raise the error naming the index."""
+
     params: tuple[Param, ...]
     outer: Outer
+    checked: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def inputs(self) -> tuple[Param, ...]:

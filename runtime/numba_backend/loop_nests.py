@@ -215,6 +215,18 @@ def compiled_kernel(prim: LoopNest, parallel: bool = True):
     return found
 
 
+def inputs_in_range(kernel: Kernel, args: list) -> bool:
+    """Whether each input the kernel reads at as indices unchecked lies in its range (Kernel.checked)."""
+    if not kernel.checked:
+        return True
+    values = dict(zip((p.name for p in kernel.inputs if p.role == "input"), args))
+    for name, low, high in kernel.checked:
+        value = np.asarray(values[name])
+        if value.size and (value.min() < low or value.max() > high):
+            return False
+    return True
+
+
 @numba_impls.register(LoopNest)
 def _loop_nest(prim: LoopNest, args: list, depth: int):
     """The nest's kernel at the top level (inside a map, the statements it replaced run batched)."""
@@ -223,6 +235,8 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
     import numba
 
     kernel = kernel_of(prim)
+    if not inputs_in_range(kernel, args):
+        return None  # the statements it replaced, on NumPy: their gather raises the error naming the index
     threads = numba.get_num_threads()
     limits = _limits.get(prim)
     if limits is None:
