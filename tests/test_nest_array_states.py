@@ -14,7 +14,8 @@ import fold
 from fold.cse import cse
 from fold.dce import dce
 from fold.primitives import Loop, Map, Scan
-from fold.runtime.loops import LoopNest, fuse_loop_nests
+from fold.runtime.loops import LoopNest, fuse_loop_nests, kernel_of
+from fold.runtime.loops.nest import buffers
 from fold.runtime.loops.facts import elementwise_facts
 from fold.runtime.loops.build import Scalar
 
@@ -49,11 +50,14 @@ def row_recurrence(A, B):
     return fold.sum(fold.map(lambda a, b: fold.sum(fold.scan(compose, (a, b), identity=(1.0, 0.0))[1] ** 2), A, B))
 
 
-def _nested(f, args) -> bool:
-    """Whether the program's maps all ran inside loop nests (no map, loop or scan left at the top level)."""
+def _nested(f, args) -> list:
+    """The program's loop nests' kernels, where its maps all ran inside them (no map, loop or scan left at
+    the top level); else []."""
     prepared = fuse_loop_nests(dce(cse(fold.trace(f, *args))))
     top = [s.prim for s in prepared.stmts]
-    return any(isinstance(p, LoopNest) for p in top) and not any(isinstance(p, (Map, Loop, Scan)) for p in top)
+    if any(isinstance(p, (Map, Loop, Scan)) for p in top):
+        return []
+    return [kernel_of(p) for p in top if isinstance(p, LoopNest)]
 
 
 def _rnn_args(n=40, t=7, d=5):
@@ -71,7 +75,9 @@ def test_a_loop_over_a_vector_state_is_a_sequential_loop_of_the_nest():
 def test_the_gradient_of_a_loop_over_vectors_saves_its_states_in_the_nest_and_agrees():
     W, X = _rnn_args()
     grad = fold.grad(rnn)
-    assert _nested(grad, (W, X)), "the forward loop saving its vector states and the reverse loop, in one nest"
+    (kernel,) = _nested(grad, (W, X))  # the forward loop saving its vector states and the reverse loop
+    # W's cotangent, G <- G + a h^T each step, is summed in place: no second (5, 5) buffer for its next value
+    assert [b.shape for b in buffers(kernel.outer.step)].count(W.shape) == 1
     got = fold.jit(grad, backend="numba")(W, X)
     np.testing.assert_allclose(got, fold.jit(grad, backend="numpy")(W, X), rtol=1e-10, atol=1e-12)
     step, direction = 1e-6, rng.normal(size=W.shape)

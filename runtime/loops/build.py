@@ -959,16 +959,31 @@ def carried_states(w: Writer, init: Sequence[Value], dtypes: Sequence) -> list[C
 
 def advance(w: Writer, states: Sequence[CarriedState], made: Sequence[Value]) -> None:
     """Each state set to its value in `made`: every new value computed from the old states before any state
-    is overwritten."""
+    is overwritten. An array state whose new element reads only its own old element, and which no other
+    state's new value reads (a gradient's sum of outer products, `G <- G + a b^T`), is updated in place; the
+    others are stored apart and copied in."""
     scalars = {k: w.assign(w.element(m, ())) for k, (s, m) in enumerate(zip(states, made, strict=True))
                if s.next is None}
     arrays = [(s, m) for s, m in zip(states, made) if s.next is not None]
-    for s, m in arrays:
-        w.each_index(s.value.shape, lambda idx, s=s, m=m: w.emit(Store(s.next, idx, cast(w.element(m, idx), s.dtype, m.dtype))))
+    probes = {s.value.name: _element_text(w, m) for s, m in arrays}
+    places = {s.value.name: ", ".join(_probe_index(len(s.value.shape))) for s, _ in arrays}
+    in_place = {name for name, text in probes.items()
+                if len(_subscripts(name, text)) == len(_subscripts(name, text, places[name]))
+                and not any(_subscripts(name, other) for o, other in probes.items() if o != name)}
+    for s, m in sorted(arrays, key=lambda sm: sm[0].value.name in in_place):  # those stored apart first
+        target = s.value.name if s.value.name in in_place else s.next
+        w.each_index(s.value.shape, lambda idx, s=s, m=m, target=target: w.emit(
+            Store(target, idx, cast(w.element(m, idx), s.dtype, m.dtype))))
     for k, result in scalars.items():
         w.emit(Assign(states[k].value.expr, result))
     for s, _ in arrays:
-        w.each_index(s.value.shape, lambda idx, s=s: w.emit(Store(s.value.name, idx, f"{s.next}[{', '.join(idx)}]")))
+        if s.value.name not in in_place:
+            w.each_index(s.value.shape, lambda idx, s=s: w.emit(Store(s.value.name, idx, f"{s.next}[{', '.join(idx)}]")))
+
+
+def _subscripts(name: str, text: str, index: str | None = None) -> list[str]:
+    """The places `text` subscripts array `name` (at `index` only, where given)."""
+    return re.findall(rf"(?<![\w.]){name}\[" + (re.escape(index + "]") if index is not None else ""), text)
 
 
 UNROLLED_STEPS = 256  # a loop over scalar states of at most this many statements in all is written unrolled
@@ -1008,11 +1023,19 @@ def _calls_a_function(w: Writer, x: Pull) -> bool:
     return _FUNCTION_CALL.search(_element_text(w, x)) is not None
 
 
-def _element_text(w: Writer, x: Pull) -> str:
+def _subscripts(name: str, text: str, index: str | None = None) -> list[str]:
+    """The places `text` subscripts array `name` (at `index` only, where given)."""
+    return re.findall(rf"(?<![\w.]){name}\[" + (re.escape(index + "]") if index is not None else ""), text)
+
+
+def _probe_index(ndim: int) -> tuple[str, ...]:
+    return tuple(f"__probe{k}__" for k in range(ndim))
+
+
+def _element_text(w: Writer, x: Value) -> str:
     """The text computing an element of `x` would write here (what is already computed where it is read is
-    not written again), asked without writing it."""
-    probe = tuple(f"__probe{k}__" for k in range(len(x.shape)))
-    nodes, [expr] = w.probed(lambda: [w.element(x, probe)])
+    not written again), asked without writing it; the element's index is `_probe_index`."""
+    nodes, [expr] = w.probed(lambda: [w.element(x, _probe_index(len(x.shape)))])
     return "\n".join([*statement_lines(nodes, 0, lambda buffer, indent: ""), expr])
 
 
