@@ -83,8 +83,10 @@ def test_the_gradient_of_a_loop_over_vectors_saves_its_states_in_the_nest_and_ag
     step, direction = 1e-6, rng.normal(size=W.shape)
     central = (rnn_numpy(W + step * direction, X) - rnn_numpy(W - step * direction, X)) / (2 * step)
     np.testing.assert_allclose(np.sum(got * direction), central, rtol=1e-6)
-    # with respect to the sequences too: each step's cotangent scattered into a row of them (not in the nest)
+    # with respect to the sequences too: each step's cotangent is a histogram of one row into the (T, d)
+    # cotangent of the sequence, and the last step's a static index's transpose: one nest as well
     both = fold.grad(rnn, argnums=(0, 1))
+    assert _nested(both, (W, X))
     for g, want in zip(fold.jit(both, backend="numba")(W, X), fold.jit(both, backend="numpy")(W, X), strict=True):
         np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
 
@@ -145,3 +147,20 @@ def test_a_product_of_bounded_integers_is_bounded():
     unknown = elementwise_facts("mul", [Scalar("a", i64, bounds=(0, None)), Scalar("b", i64, bounds=(1, 1))],
                                 Scalar("c", i64))
     assert "bounds" not in unknown
+
+
+def test_a_static_index_transposed_is_zero_off_the_indexed_positions():
+    """index_transpose (a static index's cotangent) of rows taken every other step from 1, in a row."""
+    X = rng.normal(size=(20, 9))
+    f = lambda X: fold.sum(fold.map(lambda x: fold.sum(fold.vjp(lambda y: y[1:8:2], x)[1](x[:4])[0] ** 2 * x), X))  # noqa: E731
+    want = np.zeros_like(X)
+    want[:, 1:8:2] = X[:, :4]
+    want = np.sum(want ** 2 * X)
+    assert _nested(f, (X,))
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(X), want, rtol=1e-12)
+    np.testing.assert_allclose(fold.jit(f, backend="numpy")(X), want, rtol=1e-12)
+    # single positions: the gradient of y[2] * y[5] is y[5] at 2 and y[2] at 5
+    g = lambda X: fold.sum(fold.map(lambda x: fold.sum(fold.grad(lambda y: y[2] * y[5])(x) * x ** 2), X))  # noqa: E731
+    want = np.sum(X[:, 5] * X[:, 2] ** 2 + X[:, 2] * X[:, 5] ** 2)
+    assert _nested(g, (X,))
+    np.testing.assert_allclose(fold.jit(g, backend="numba")(X), want, rtol=1e-12)

@@ -133,3 +133,24 @@ def test_on_the_cuda_backend_the_labels_are_checked_on_the_device_and_the_nest_r
     labels[5] = 7
     with pytest.raises(FoldIndexError, match="index 7 is out of range"):
         fold.jit(softmax_regression, backend="cuda")(W, X, labels)
+
+
+def test_a_histogram_of_rows_in_a_row_folds_each_row_into_its_bin():
+    """Each row bins rows of its (m, 3) values by index (some out of range): bins that are arrays."""
+    idx, vals = rng.integers(-1, 6, (30, 12)), rng.normal(size=(30, 12, 3))
+
+    def row(i, v):
+        bins = fold.reduce_by_index(M.sum, 5, i, v)
+        return fold.sum(bins * bins)
+
+    f = lambda idx, vals: fold.sum(fold.map(row, idx, vals))  # noqa: E731
+    want = 0.0
+    for r in range(30):
+        bins = np.zeros((5, 3))
+        for i, v in zip(idx[r], vals[r]):
+            if 0 <= i < 5:
+                bins[i] += v
+        want += np.sum(bins * bins)
+    assert _nests(f, (idx, vals))
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(idx, vals), want, rtol=1e-12)
+    np.testing.assert_allclose(fold.jit(f, backend="numpy")(idx, vals), want, rtol=1e-12)

@@ -32,7 +32,8 @@ from fold.dce import with_producers
 from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
 from fold.recognize import recognize_binary_op
-from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather, Iota,
+from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather,
+                             IndexTranspose, Iota,
                              Loop as StepLoop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan,
                              StaticIndex, StopGradient, SumAxes, Transpose)
 from fold.rules import RuleTable
@@ -451,6 +452,34 @@ def _static_index(w: Writer, prim: StaticIndex, args: list[Value], out_avals) ->
     return [_scalar_or_pull(w, tuple(out.shape), x.dtype, element, _heavy(x))]
 
 
+@_rules.register(IndexTranspose)
+def _index_transpose(w: Writer, prim: IndexTranspose, args: list[Value], out_avals) -> list[Value]:
+    """zeros(shape) with x at a static index (a static index's cotangent): an element is x's where its index
+    falls on the indexed positions, else 0; x is read at a clamped index, so the test can select."""
+    (x,), out = args, out_avals[0]
+    entries = list(prim.index) + [(0, n, 1) for n in out.shape[len(prim.index):]]
+    if any(isinstance(e, tuple) and e[2] <= 0 for e in entries):
+        raise NotNestable("a static index with a negative step is not in the loop nest")
+
+    def element(w: Writer, idx: tuple) -> str:
+        tests, source = [], []
+        for axis, (entry, i) in enumerate(zip(entries, idx, strict=True)):
+            n = out.shape[axis]
+            if not isinstance(entry, tuple):
+                tests.append(f"{i} == {entry % n}")
+                continue
+            start, stop, step = entry
+            if (start, stop, step) == (0, n, 1):
+                source.append(i)
+                continue
+            tests.append(f"{start} <= {i} < {stop}" + (f" and ({i} - {start}) % {step} == 0" if step != 1 else ""))
+            source.append(f"min(max(({i} - {start}) // {step}, 0), {x.shape[len(source)] - 1})")
+        value = w.element(x, tuple(source))
+        return f"({value} if {' and '.join(tests)} else {literal(0, out.dtype)})" if tests else value
+
+    return [_scalar_or_pull(w, tuple(out.shape), out.dtype, element, _heavy(x))]
+
+
 @_rules.register(Gather)
 def _gather(w: Writer, prim: Gather, args: list[Value], out_avals) -> list[Value]:
     """x[idx] along x's first axis: a read at the index, where the indices are known to lie in [-n, n) (an
@@ -824,30 +853,44 @@ def cast(expr: str, to: np.dtype, was: np.dtype) -> str:
 
 @_rules.register(ReduceByIndex)
 def _histogram_of_row(w: Writer, prim: ReduceByIndex, args: list[Value], out_avals) -> list[Value]:
-    """A histogram inside a row (a gather's cotangent scattered back: one value at the label's index): bins
-    in buffers started at the identity, each element folded into its bin in order, an index outside [0, n)
-    ignored (as reduce_by_index does everywhere)."""
+    """A histogram inside a row (a gather's cotangent scattered back: one value, or one row, at the label's
+    index): bins in buffers started at the identity, each element folded into its bin in order, an index
+    outside [0, n) ignored (as reduce_by_index does everywhere). A bin that is an array gets its new value
+    stored apart, then copied in, so an operator reading a bin's other elements sees the old ones."""
     k, nc = prim.num_leaves, prim.num_consts
     consts, identity = args[:nc], args[nc: nc + k]
     indices, values = args[nc + k], args[nc + k + 1:]
-    if any(v.shape[1:] != () for v in values):
-        raise NotNestable("a histogram of elements that are not scalars is not in the loop nest yet")
     dtypes = [np.dtype(a.dtype) for a in out_avals]
-    bins = [Stored(w.fresh("b"), (prim.n,), d) for d in dtypes]
-    for b, start in zip(bins, identity, strict=True):
+    bins = [Stored(w.fresh("b"), tuple(a.shape), d) for a, d in zip(out_avals, dtypes, strict=True)]
+    spare = [w.fresh("b") if b.shape[1:] else None for b in bins]
+    for b, start, apart in zip(bins, identity, spare, strict=True):
         w.emit(Buffer(b.name, b.shape, b.dtype))
+        if apart is not None:
+            w.emit(Buffer(apart, b.shape[1:], b.dtype))
         w.each_index(b.shape, lambda idx, b=b, start=start: w.emit(
-            Store(b.name, idx, cast(w.element(start, ()), b.dtype, start.dtype))))
+            Store(b.name, idx, cast(w.element(start, idx[1:]), b.dtype, start.dtype))))
 
     def element(j: str) -> None:
         at = w.assign(f"np.int64({w.element(indices, (j,))})", "h")
 
+        def bin_at(b: Stored) -> Value:
+            if not b.shape[1:]:
+                return Scalar(w.assign(f"{b.name}[{at}]"), b.dtype)
+            return Pull(b.shape[1:], b.dtype, lambda w, idx, b=b: f"{b.name}[{', '.join((at,) + idx)}]", False)
+
         def fold_in() -> None:
-            held = [Scalar(w.assign(f"{b.name}[{at}]"), b.dtype) for b in bins]
-            made = w.body(prim.body, list(consts) + held + [_row(w, v, j) for v in values])
-            results = [w.assign(w.element(m, ())) for m in made]
-            for b, r in zip(bins, results, strict=True):
-                w.emit(Store(b.name, (at,), cast(r, b.dtype, b.dtype)))
+            made = w.body(prim.body, list(consts) + [bin_at(b) for b in bins] + [_row(w, v, j) for v in values])
+            results = {m_k: w.assign(w.element(m, ())) for m_k, (b, m) in enumerate(zip(bins, made)) if not b.shape[1:]}
+            for b, m, apart in zip(bins, made, spare):
+                if apart is not None:
+                    w.each_index(b.shape[1:], lambda idx, b=b, m=m, apart=apart: w.emit(
+                        Store(apart, idx, cast(w.element(m, idx), b.dtype, m.dtype))))
+            for m_k, r in results.items():
+                w.emit(Store(bins[m_k].name, (at,), cast(r, bins[m_k].dtype, bins[m_k].dtype)))
+            for b, apart in zip(bins, spare):
+                if apart is not None:
+                    w.each_index(b.shape[1:], lambda idx, b=b, apart=apart: w.emit(
+                        Store(b.name, (at,) + idx, f"{apart}[{', '.join(idx)}]")))
 
         w.guarded(f"0 <= {at} < {prim.n}", fold_in)
 
