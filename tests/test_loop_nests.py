@@ -1282,7 +1282,9 @@ def test_a_gather_at_indices_known_in_range_is_a_read_of_the_nest(offset):
     assert np.isclose(got[0], x[offset: offset + 5] @ w if offset >= 0 else np.r_[x[offset:], x[:offset + 5]] @ w)
 
 
-def test_a_gather_at_indices_not_known_in_range_stays_a_checked_statement():
+def test_a_gather_at_indices_read_from_the_input_is_checked_before_the_nest_runs():
+    """Tokens index an embedding's rows: the nest reads E[t] unchecked and records the tokens' range on the
+    kernel (Kernel.checked); a token out of range makes the backend run the statements, which raise."""
     E, v = rng.normal(size=(20, 4)), rng.normal(size=4)
 
     def scores(E, v, tokens):
@@ -1290,7 +1292,9 @@ def test_a_gather_at_indices_not_known_in_range_stays_a_checked_statement():
 
     tokens = rng.integers(0, 20, 50)
     program, kernels = _nests(scores, E, v, tokens)
-    assert not kernels, program
+    (kernel,) = kernels
+    (token_input,) = [p.name for p in kernel.inputs if p.shape == (50,)]
+    assert kernel.checked == ((token_input, -20, 19),), program
     got, want = _both(scores, E, v, tokens)
     _close(got, want, 1e-12)
     with pytest.raises(fold.FoldError, match="20"):
