@@ -8,7 +8,7 @@ log-likelihood of a Gaussian mixture with unit variances as a map over points of
 a row-wise logsumexp; softmax cross-entropy written with map and reduce (a map over rows of the logits and
 one-hot targets); the minimum pairwise squared distance between two point sets; a three-deep nest whose
 innermost map captures a weight vector. Gradients are of the summed output with respect to the first argument
-(`--modes grad_all`: with respect to every argument; `hvp_all`: the Hessian-vector product in a direction in
+(`--modes grad_all`: with respect to every floating argument; `hvp_all`: the Hessian-vector product in a direction in
 every floating argument).
 
 Each (case, implementation, mode) runs in a fresh process (`--worker`), with fold's freed-memory retention off
@@ -37,7 +37,7 @@ from . import numpy_style
 from .common import RESULTS_DIR, machine, plot_ratios, write_json
 
 MODES = ("primal", "grad", "hvp")
-# asked for with --modes: the gradient with respect to every argument (k-means' points and centroids), and the
+# asked for with --modes: the gradient with respect to every floating argument (k-means' points and centroids), and the
 # Hessian-vector product with a direction in every argument, steps away from `grad`'s first argument alone
 # (bench_ab times MODES only, so that an older tree can run them)
 EXTRA_MODES = ("grad_all", "hvp_all")
@@ -510,9 +510,9 @@ def jax_natural(case: str) -> Callable:
 
 
 def program(case: str, impl: str, mode: str, args: tuple) -> Callable[[], Any] | None:
-    """The timed call: f, its gradient with respect to the first argument (or every argument), or a
+    """The timed call: f, its gradient with respect to the first argument (or every floating one), or a
     Hessian-vector product."""
-    tangent, every = np.random.default_rng(1).normal(size=args[0].shape).astype(args[0].dtype), tuple(range(len(args)))
+    tangent = np.random.default_rng(1).normal(size=args[0].shape).astype(args[0].dtype)
     floats = tuple(k for k, a in enumerate(args) if np.issubdtype(a.dtype, np.floating))
     directions = tuple(np.random.default_rng(1 + k).normal(size=args[k].shape).astype(args[k].dtype) for k in floats)
 
@@ -530,7 +530,7 @@ def program(case: str, impl: str, mode: str, args: tuple) -> Callable[[], Any] |
         jax.config.update("jax_platforms", "cpu")
         f = jax_natural(case)
         g = jax.grad(f)
-        fn = {"primal": f, "grad": g, "grad_all": jax.grad(f, argnums=every),
+        fn = {"primal": f, "grad": g, "grad_all": jax.grad(f, argnums=floats),
               "hvp": lambda *a: jax.jvp(lambda x: g(x, *a[1:]), (a[0],), (tangent,))[1],
               "hvp_all": hvp_all(jax.grad, jax.jvp)}[mode]
         jitted = jax.jit(fn)
@@ -542,7 +542,7 @@ def program(case: str, impl: str, mode: str, args: tuple) -> Callable[[], Any] |
         return None
     g = fold.grad(f)
     zeros = tuple(np.zeros_like(a) for a in args[1:])
-    fn = {"primal": f, "grad": g, "grad_all": fold.grad(f, argnums=every),
+    fn = {"primal": f, "grad": g, "grad_all": fold.grad(f, argnums=floats),
           "hvp": lambda *a: fold.jvp(g, a, (tangent,) + zeros)[1],
           "hvp_all": hvp_all(fold.grad, fold.jvp)}[mode]
     jitted = fold.jit(fn)
