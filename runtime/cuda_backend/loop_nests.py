@@ -29,7 +29,7 @@ import numpy as np
 from fold.kernels.cuda.codegen import compile_kernel
 from fold.kernels.cuda.host import SIMULATED, start
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
-from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap, State
+from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap, State, checked_inputs_hold
 from fold.runtime.loops.text import allocations, shape_text, statement_lines
 
 from ..interpreter import eval_program
@@ -158,7 +158,7 @@ def _loop_nest(prim: LoopNest, args: list, depth: int) -> list:
     replaced, each as the cuda backend runs it (the values stay where they are)."""
     kernel = kernel_of(prim)
     problem = "inside a map, the statements it replaced run batched" if depth else _declined.get(prim)
-    if problem is None and not _inputs_in_range(kernel, args):
+    if problem is None and kernel.checked and not checked_inputs_hold(kernel, args):
         return eval_program(prim.program, args, depth)  # their gather raises the error naming the index
     if problem is None:
         try:
@@ -169,14 +169,6 @@ def _loop_nest(prim: LoopNest, args: list, depth: int) -> list:
         _declined[prim] = problem
         _decline(prim, problem)
     return eval_program(prim.program, args, depth)
-
-
-def _inputs_in_range(kernel: Kernel, args: list) -> bool:
-    """Whether each input the kernel reads at as indices unchecked lies in its range (Kernel.checked): one
-    reduction on the device per such input, read back."""
-    values = dict(zip((p.name for p in kernel.inputs if p.role == "input"), args))
-    return all(values[name].size == 0 or (low <= int(values[name].min()) and int(values[name].max()) <= high)
-               for name, low, high in kernel.checked)
 
 
 def _run(prim: LoopNest, kernel: Kernel, args: list) -> list:

@@ -164,6 +164,14 @@ class Kernel:
         return tuple(p for p in self.outputs if p.name not in folded)
 
 
+def checked_inputs_hold(kernel: Kernel, args: list) -> bool:
+    """Whether each input the kernel reads at as indices unchecked lies in its range (Kernel.checked); `args`:
+    the values of its "input" parameters, in order (NumPy or CuPy arrays: one min and max each)."""
+    values = dict(zip((p.name for p in kernel.inputs if p.role == "input"), args))
+    return all(values[name].size == 0 or (low <= int(values[name].min()) and int(values[name].max()) <= high)
+               for name, low, high in kernel.checked)
+
+
 def buffers(nodes: tuple) -> list[Buffer]:
     """Every Buffer in `nodes`, loops entered."""
     found = []

@@ -18,7 +18,7 @@ import numpy as np
 from fold.kernels.cpu import vector_math
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
-from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap
+from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap, checked_inputs_hold
 from fold.runtime.loops import text
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
@@ -215,18 +215,6 @@ def compiled_kernel(prim: LoopNest, parallel: bool = True):
     return found
 
 
-def inputs_in_range(kernel: Kernel, args: list) -> bool:
-    """Whether each input the kernel reads at as indices unchecked lies in its range (Kernel.checked)."""
-    if not kernel.checked:
-        return True
-    values = dict(zip((p.name for p in kernel.inputs if p.role == "input"), args))
-    for name, low, high in kernel.checked:
-        value = np.asarray(values[name])
-        if value.size and (value.min() < low or value.max() > high):
-            return False
-    return True
-
-
 @numba_impls.register(LoopNest)
 def _loop_nest(prim: LoopNest, args: list, depth: int):
     """The nest's kernel at the top level (inside a map, the statements it replaced run batched)."""
@@ -235,7 +223,7 @@ def _loop_nest(prim: LoopNest, args: list, depth: int):
     import numba
 
     kernel = kernel_of(prim)
-    if not inputs_in_range(kernel, args):
+    if kernel.checked and not checked_inputs_hold(kernel, [np.asarray(a) for a in args]):
         return None  # the statements it replaced, on NumPy: their gather raises the error naming the index
     threads = numba.get_num_threads()
     limits = _limits.get(prim)
