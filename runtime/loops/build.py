@@ -880,13 +880,13 @@ def _histogram_of_row(w: Writer, prim: ReduceByIndex, args: list[Value], out_ava
 
         def fold_in() -> None:
             made = w.body(prim.body, list(consts) + [bin_at(b) for b in bins] + [_row(w, v, j) for v in values])
-            results = {m_k: w.assign(w.element(m, ())) for m_k, (b, m) in enumerate(zip(bins, made)) if not b.shape[1:]}
+            scalars = {leaf: w.assign(w.element(m, ())) for leaf, (b, m) in enumerate(zip(bins, made)) if not b.shape[1:]}
             for b, m, apart in zip(bins, made, spare):
                 if apart is not None:
                     w.each_index(b.shape[1:], lambda idx, b=b, m=m, apart=apart: w.emit(
                         Store(apart, idx, cast(w.element(m, idx), b.dtype, m.dtype))))
-            for m_k, r in results.items():
-                w.emit(Store(bins[m_k].name, (at,), cast(r, bins[m_k].dtype, bins[m_k].dtype)))
+            for leaf, r in scalars.items():
+                w.emit(Store(bins[leaf].name, (at,), cast(r, bins[leaf].dtype, bins[leaf].dtype)))
             for b, apart in zip(bins, spare):
                 if apart is not None:
                     w.each_index(b.shape[1:], lambda idx, b=b, apart=apart: w.emit(
@@ -1022,11 +1022,6 @@ def advance(w: Writer, states: Sequence[CarriedState], made: Sequence[Value]) ->
     for s, _ in arrays:
         if s.value.name not in in_place:
             w.each_index(s.value.shape, lambda idx, s=s: w.emit(Store(s.value.name, idx, f"{s.next}[{', '.join(idx)}]")))
-
-
-def _subscripts(name: str, text: str, index: str | None = None) -> list[str]:
-    """The places `text` subscripts array `name` (at `index` only, where given)."""
-    return re.findall(rf"(?<![\w.]){name}\[" + (re.escape(index + "]") if index is not None else ""), text)
 
 
 UNROLLED_STEPS = 256  # a loop over scalar states of at most this many statements in all is written unrolled
