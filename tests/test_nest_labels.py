@@ -53,6 +53,7 @@ def test_a_gather_at_a_label_runs_in_the_nest_which_checks_the_labels_first():
     W, X, labels = _args()
     (kernel,) = _nests(softmax_regression, (W, X, labels))
     assert kernel.checked == (("in2", -K, K - 1),)
+    assert f"runs where {-K} <= in2 <= {K - 1}" in str(fold.lowered(softmax_regression, W, X, labels))
     want = softmax_regression_numpy(W, X, labels % K)
     np.testing.assert_allclose(fold.jit(softmax_regression, backend="numba")(W, X, labels), want, rtol=1e-12)
     np.testing.assert_allclose(fold.jit(softmax_regression, backend="numpy")(W, X, labels), want, rtol=1e-12)

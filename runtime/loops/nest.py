@@ -200,6 +200,9 @@ def describe(kernel: Kernel) -> str:
     stored = [f"{b.name}: {b.dtype.name}{list(b.shape)} ({_nbytes(b.shape, b.dtype)} bytes per iteration)"
               for b in body_buffers]
     lines.append("  materialised: " + (", ".join(stored) if stored else "nothing but the outputs"))
+    if kernel.checked:
+        lines.append("  runs where " + ", ".join(f"{low} <= {name} <= {high}" for name, low, high in kernel.checked)
+                     + " (checked first; else the statements it replaced)")
     return "\n".join(lines)
 
 
