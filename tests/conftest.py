@@ -75,3 +75,18 @@ def kernel_calls(monkeypatch):
 
     monkeypatch.setattr(cpu.MapReduce, "__call__", counted_prepared)
     return calls
+
+
+@pytest.fixture
+def cuda_nest_kernels(monkeypatch):
+    """The loop-nest kernels the cuda backend runs as CUDA kernels (not as the statements they replaced), in
+    order; skips where there is neither a GPU nor Numba's simulator."""
+    cuda = pytest.importorskip("numba.cuda")
+    if not cuda.is_available():
+        pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set")
+    from fold.runtime.cuda_backend import loop_nests
+
+    kernels = []
+    original = loop_nests._run
+    monkeypatch.setattr(loop_nests, "_run", lambda prim, kernel, args: kernels.append(kernel) or original(prim, kernel, args))
+    return kernels

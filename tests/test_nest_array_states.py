@@ -166,19 +166,11 @@ def test_a_static_index_transposed_is_zero_off_the_indexed_positions():
     np.testing.assert_allclose(fold.jit(g, backend="numba")(X), want, rtol=1e-12)
 
 
-def test_on_the_cuda_backend_the_carried_arrays_are_each_threads_own(monkeypatch):
+def test_on_the_cuda_backend_the_carried_arrays_are_each_threads_own(cuda_nest_kernels):
     """The recurrent network's gradient and the rows' scan of Jacobians as CUDA nests (Numba's simulator
     where there is no GPU): a thread's buffers are its local arrays."""
-    cuda = pytest.importorskip("numba.cuda")
-    if not cuda.is_available():
-        pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set")
     import warnings
 
-    from fold.runtime.cuda_backend import loop_nests
-
-    runs = []
-    original = loop_nests._run
-    monkeypatch.setattr(loop_nests, "_run", lambda prim, kernel, args: runs.append(kernel) or original(prim, kernel, args))
     cases = [(fold.grad(rnn), _rnn_args(n=20, t=4, d=3)),
              (fold.grad(row_recurrence, argnums=(0, 1)), (rng.uniform(0.5, 0.99, (12, 9)), rng.normal(size=(12, 9))))]
     for f, args in cases:
@@ -188,4 +180,4 @@ def test_on_the_cuda_backend_the_carried_arrays_are_each_threads_own(monkeypatch
         want = fold.jit(f, backend="numpy")(*args)
         for g, w in zip(fold.tree_flatten(got)[0], fold.tree_flatten(want)[0], strict=True):
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-10, atol=1e-12)
-    assert len(runs) >= 2
+    assert len(cuda_nest_kernels) >= 2

@@ -115,22 +115,14 @@ def test_a_histogram_in_a_row_ignores_indices_out_of_range_and_folds_in_order():
     np.testing.assert_allclose(fold.jit(binned, backend="numpy")(idx, a, b), want, rtol=1e-12)
 
 
-def test_on_the_cuda_backend_the_labels_are_checked_on_the_device_and_the_nest_runs(monkeypatch):
-    cuda = pytest.importorskip("numba.cuda")
-    if not cuda.is_available():
-        pytest.skip("no CUDA GPU, and NUMBA_ENABLE_CUDASIM is not set")
-    from fold.runtime.cuda_backend import loop_nests
-
-    runs = []
-    original = loop_nests._run
-    monkeypatch.setattr(loop_nests, "_run", lambda prim, kernel, args: runs.append(kernel) or original(prim, kernel, args))
+def test_on_the_cuda_backend_the_labels_are_checked_on_the_device_and_the_nest_runs(cuda_nest_kernels):
     W, X, labels = rng.normal(size=(3, 4)), rng.normal(size=(70, 4)), rng.integers(0, 3, 70)
     for f in (softmax_regression, fold.grad(softmax_regression)):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a nest that declined would warn
             got = fold.jit(f, backend="cuda")(W, X, labels)
         np.testing.assert_allclose(np.asarray(got), fold.jit(f, backend="numpy")(W, X, labels), rtol=1e-12)
-    assert len(runs) == 2 and runs[0].checked
+    assert len(cuda_nest_kernels) == 2 and cuda_nest_kernels[0].checked
     labels[5] = 7
     with pytest.raises(FoldIndexError, match="index 7 is out of range"):
         fold.jit(softmax_regression, backend="cuda")(W, X, labels)
