@@ -85,7 +85,7 @@ class Stored:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    source: str | None = None  # the kernel input this is (Writer.require)
+    is_input: bool = False  # a kernel input (its elements can be checked before the kernel runs: Writer.require)
 
 
 Value = Scalar | Pull | Stored
@@ -601,7 +601,7 @@ def _row(w: Writer, x: Value, i: str) -> Value:
     known = getattr(x, "bounds", None)
     if x.shape[1:] == ():
         return Scalar(w.assign(w.element(x, (i,))), x.dtype, zero_unless=zero_unless, bounds=known,
-                      source=getattr(x, "source", None))
+                      source=x.name if getattr(x, "is_input", False) else None)
     inner = (onehot[0] - 1, onehot[1]) if onehot is not None and onehot[0] > 0 else None
     return Pull(x.shape[1:], x.dtype, lambda w, idx: w.element(x, (i,) + idx), _heavy(x), zero_unless=zero_unless,
                 onehot=inner, bounds=known)

@@ -427,7 +427,7 @@ def _build(program: Program) -> tuple[Kernel, dict]:
     for j, v in enumerate(program.inputs):
         name = f"in{j}"
         params.append(Param(name, tuple(v.aval.shape), v.aval.dtype, "input"))
-        env[v] = Stored(name, tuple(v.aval.shape), v.aval.dtype, source=name)
+        env[v] = Stored(name, tuple(v.aval.shape), v.aval.dtype, is_input=True)
     made_inside = list(itertools.takewhile(lambda s: not isinstance(s.prim, Map), program.stmts))
     for stmt in made_inside:  # iotas (fuse's _iotas_read): their elements are the index
         (env[stmt.outs[0]],) = w.body(Program((), (stmt,), stmt.outs, None, None, {}), [])
