@@ -460,6 +460,25 @@ def test_tasks_per_call_scale_with_chunks_and_combines_not_statements(client):
     assert many_ran == many, counts  # nothing submitted that did not run, nothing ran unaccounted
 
 
+def test_a_cut_is_never_reused_for_another_value_at_a_freed_address(client):
+    """A call cuts each whole value once, however many shard programs read it; a value freed mid-call (a
+    literal, a dead variable) may leave its address to a new one, which must be cut anew. Found in CI: the
+    scan gradient's sharded result read a freed literal's chunks on its first call."""
+    from fold.runtime.dask_backend.context import Context, literal
+    from fold.runtime.dask_backend.resident import Resident
+
+    workers = sorted(client.scheduler_info()["workers"])
+    ctx = Context(client, workers, "numpy", "cut-test", "cut-plan", {}, Resident(client))
+    addresses = set()
+    for k in range(40):
+        rep = literal(np.full(6, float(k)))
+        addresses.add(id(rep))
+        pieces = client.gather(ctx.sliced(rep, 0, (2, 4), workers))
+        np.testing.assert_array_equal(np.concatenate(pieces), np.full(6, float(k)))
+        del rep
+    assert len(addresses) < 40  # the allocator did reuse an address: the case this test is about happened
+
+
 def test_a_worker_killed_mid_gradient_costs_a_rerun_not_the_result(client):
     rng = np.random.default_rng(10)
     x, w = rng.normal(size=(40, 3)), rng.normal(size=3)

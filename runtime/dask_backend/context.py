@@ -8,6 +8,7 @@ function and signature (`programs`, shared across calls) and compiled once per w
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -130,9 +131,11 @@ class Context:
         on every worker) is cut on each worker from its own copy: nothing moves. A value the client made
         (a literal, an iota) is cut on the client and its pieces scattered like an input's chunks, kept
         across calls by their contents (resident.py). Otherwise it is cut where it lives. Each cut is made
-        once per call however many shard programs read it (a gradient's forward and backward)."""
+        once per call however many shard programs read it (a gradient's forward and backward). The cut is
+        forgotten when `rep` is freed: a later value may be given its address (its id)."""
         cache_key = (id(rep), axis, chunks, tuple(workers))
         if cache_key not in self._slices:
+            weakref.finalize(rep, self._slices.pop, cache_key, None)
             offsets = [int(o) for o in np.cumsum((0,) + chunks)]
             bounds = list(zip(offsets[:-1], offsets[1:], workers, strict=True))
             if isinstance(rep.value, np.ndarray):
