@@ -118,12 +118,13 @@ def _convert_vjp(prim, args, outs, residual, cts):
 
 @vjp_rules.register(Gather)
 def _gather_vjp(prim, args, outs, residual, cts):
-    """The transpose of a gather is a scatter-add: a reduce_by_index with +, at the indices the gather read
-    (negative ones counted from the end, which reduce_by_index would ignore)."""
+    """The transpose of a gather is a scatter-add: a reduce_by_index with +, at the positions the gather
+    read. They are read from an iota by a gather at the same indices: a negative index becomes its position
+    from the end, and one outside [-n, n) raises as the forward gather does, where reduce_by_index would
+    ignore it (a gradient whose forward gather is dead code returned a gradient for a program that raises)."""
     x, idx = args
     aval = aval_of(x)
-    if aval_of(idx).dtype.kind == "i":
-        idx = ops.where(idx < 0, idx + aval.shape[0], idx)
+    idx = bind(Gather(), ops.iota(aval.shape[0]), idx)[0]
     flat_idx = ops.reshape(idx, (-1,))
     flat_ct = ops.reshape(cts[0], (-1,) + aval.shape[1:])
     from fold.combinators import reduce_by_index

@@ -82,6 +82,23 @@ def test_the_gather_cotangent_is_a_histogram_in_the_row_and_the_gradient_one_nes
                                rtol=1e-9, atol=1e-11)
 
 
+def linear_scores(W, X, labels):
+    """Linear in the gathered row: its gradient needs no forward gather, only the scatter of X by label."""
+    return fold.sum(fold.map(lambda x, label: fold.sum(W[label] * x), X, labels))
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy", "cuda"])
+def test_a_gradient_scatters_at_checked_labels_even_where_the_forward_gather_is_dead(backend):
+    W, X, labels = _args()
+    want = np.zeros_like(W)
+    np.add.at(want, labels % K, X)
+    grad = fold.jit(fold.grad(linear_scores), backend=backend)
+    np.testing.assert_allclose(np.asarray(grad(W, X, labels)), want, rtol=1e-12)
+    labels[77] = -K - 1
+    with pytest.raises(FoldIndexError, match=f"index {-K - 1} is out of range for an axis of size {K}"):
+        grad(W, X, labels)
+
+
 def compose(first, second):
     """(a1, b1) then (a2, b2) of the affine maps v -> a v + b: the order of a bin's elements shows."""
     (a1, b1), (a2, b2) = first, second
