@@ -91,6 +91,22 @@ def test_the_gradient_of_a_loop_over_vectors_saves_its_states_in_the_nest_and_ag
         np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
 
 
+def test_a_folds_array_state_is_copied_element_by_element_not_stored_into_a_slice():
+    """Numba compiles an array stored into a slice with its shape-mismatch error: 7 of the 9 s that the
+    serial kernel of a recurrent network's gradient (16 x 16 float32, 32 steps) took to compile. Each chunk's
+    array state goes to its partial, and the final state to its output, by loops."""
+    from fold.runtime.numba_backend.loop_nests import kernel_module
+
+    W, X = _rnn_args()
+    (kernel,) = _nested(fold.grad(rnn), (W, X))
+    text, _ = kernel_module(kernel)
+    (state,) = [s for s in kernel.outer.states if s.stored]  # W's cotangent
+    assert "ravel()" not in text and "[:]" not in text
+    fold_ = kernel.outer
+    assert f"{fold_.partial}{state.name}[{fold_.chunk}, copy0, copy1] = {state.name}[copy0, copy1]" in text
+    assert f"{state.output}[copy0 * {W.shape[1]} + copy1] = {state.name}[copy0, copy1]" in text
+
+
 def test_a_float32_recurrent_network_and_its_hessian_vector_product_agree_with_numpy():
     W, X = (a.astype(np.float32) for a in _rnn_args(n=30, t=5, d=4))
     grad = fold.grad(rnn)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -150,13 +150,36 @@ def _fold_lines(fold: ParallelFold, allocated: tuple, whole_chunk: bool) -> list
         lines.append(f"        for {fold.index} in range(lo, hi):")
         lines += _nodes(fold.step, 12, hoisted=True)
     for s in fold.states:
-        lines.append(f"        {fold.partial}{s.name}[{fold.chunk}] = {s.name}")
+        if s.stored:
+            lines += _copied(s.shape or (1,), lambda q: f"{fold.partial}{s.name}[{fold.chunk}, {q}]", s.name, 8)
+        else:
+            lines.append(f"        {fold.partial}{s.name}[{fold.chunk}] = {s.name}")
     lines += _nodes(fold.init, 4)
     lines.append(f"    for {fold.chunk} in range(chunks):")
     lines += _nodes(fold.merge, 8)
     for s in fold.states:
-        lines.append(f"    {s.output}[:] = {s.name}.ravel()" if s.stored else f"    {s.output}[0] = {s.name}")
+        if s.stored:
+            shape = s.shape or (1,)
+            lines += _copied(shape, lambda q, shape=shape: f"{s.output}[{_flat_index(q.split(', '), shape)}]", s.name, 4)
+        else:
+            lines.append(f"    {s.output}[0] = {s.name}")
     return lines
+
+
+def _copied(shape: tuple[int, ...], target: Callable[[str], str], source: str, indent: int) -> list[str]:
+    """Loops copying array `source` of `shape` element by element to `target(indices)`. Not a slice
+    assignment: Numba compiles an array-to-slice store with its shape-mismatch error, which took 7 of the 9 s
+    a recurrent network's gradient kernel compiled in (its states a 16 x 16 matrix)."""
+    names = [f"copy{d}" for d in range(len(shape))]
+    lines = [f"{' ' * (indent + 4 * d)}for {q} in range({n}):" for d, (q, n) in enumerate(zip(names, shape))]
+    indices = ", ".join(names)
+    return lines + [f"{' ' * (indent + 4 * len(shape))}{target(indices)} = {source}[{indices}]"]
+
+
+def _flat_index(names: list[str], shape: tuple[int, ...]) -> str:
+    """The C-order position of element `names` of an array of `shape`, as text."""
+    strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
+    return " + ".join(f"{q} * {stride}" if stride != 1 else q for q, stride in zip(names, strides))
 
 
 def _chunk_bounds(chunk: str, extent: int) -> list[str]:
