@@ -1,5 +1,10 @@
 """Scalar functions with NumPy's semantics (NaN propagation, -inf for log(0), stable logaddexp and sigmoid),
-which the generated scalar programs call where Python's own operators and math functions differ from NumPy."""
+which the generated scalar programs call where Python's own operators and math functions differ from NumPy.
+
+They are plain njit functions, inlined by LLVM where they are called, not by Numba (`inline="always"`),
+which copies a helper's Numba IR into every call site before type inference: that copying was a sixth of
+the compile time of the monoid tests (84 of 505 s under cProfile), and LLVM inlines functions this small
+anyway (the kernels calling them ran as fast: benchmarks/README.md, session 59)."""
 
 import math
 
@@ -13,17 +18,17 @@ LOG2 = math.log(2.0)
 HELPERS = ("_maximum", "_minimum", "_logaddexp", "_sigmoid", "_log", "_log1p", "_sqrt", "_sign", "_mod", "_floordiv")
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _maximum(a, b):
     return a if (a >= b or a != a) else b
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _minimum(a, b):
     return a if (a <= b or a != a) else b
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _logaddexp(a, b):
     if a == b:  # NumPy's case too: equal infinities give themselves (inf - inf would be NaN below)
         return a + LOG2
@@ -33,7 +38,7 @@ def _logaddexp(a, b):
     return hi + math.log1p(math.exp(-abs(a - b)))
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _sigmoid(x):
     if x >= 0:
         return 1.0 / (1.0 + math.exp(-x))
@@ -41,26 +46,26 @@ def _sigmoid(x):
     return e / (1.0 + e)
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _log(x):
     if x > 0:
         return math.log(x)
     return -math.inf if x == 0 else math.nan
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _log1p(x):
     if x > -1:
         return math.log1p(x)
     return -math.inf if x == -1 else math.nan
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _sqrt(x):
     return math.sqrt(x) if x >= 0 else math.nan
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _sign(x):
     # integers, not booleans, subtracted: NumPy refuses True - False, which the CUDA simulator runs as NumPy
     return (1 if x > 0 else 0) - (1 if x < 0 else 0) if x == x else x
@@ -72,7 +77,7 @@ def _mod(a, b):
     return np.remainder(a, b)
 
 
-@overload(_mod, inline="always")
+@overload(_mod)
 def _mod_typed(a, b):
     if isinstance(a, types.Integer) and isinstance(b, types.Integer):
         def integer_remainder(a, b):
@@ -100,7 +105,7 @@ def _floordiv(a, b):
     return np.floor_divide(a, b)
 
 
-@overload(_floordiv, inline="always")
+@overload(_floordiv)
 def _floordiv_typed(a, b):
     if isinstance(a, types.Integer) and isinstance(b, types.Integer):
         def integer_quotient(a, b):
