@@ -168,10 +168,16 @@ def test_the_generic_rule_gradient_of_a_row_logsumexp_runs_its_rows_scans_in_a_n
 
 _UNARY = [fold.tanh, fold.sin, lambda x: x * x, lambda x: -x, lambda x: fold.exp(-x * x)]
 _BINARY = [lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b, fold.maximum, lambda a, b: fold.where(a > b, a, 0.5 * b)]
-_MONOIDS = [M.sum, M.max, M.min, M.logaddexp, "affine_first", "scanned"]
+_MONOIDS = [M.sum, M.max, M.min, M.logaddexp, "affine_first", "scanned", "looped", "affine_reverse"]
 
 
 def _fold(kind, xs):
+    if kind == "looped":  # a loop carrying a vector: each step mixes the state with the row's element t
+        return fold.reduce(M.sum, fold.loop(lambda t, h: fold.tanh(0.5 * h + xs[t] * xs), xs * 0.0, xs.shape[0]))
+    if kind == "affine_reverse":  # a reverse scan by an operator that does not commute: the order shows
+        ys = fold.scan(lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]), (1.0 + 0.1 * fold.tanh(xs), xs),
+                       identity=(1.0, 0.0), reverse=True)[1]
+        return fold.reduce(M.sum, ys * ys)
     if kind == "scanned":  # a scan of the row, then its sum: a sequential loop storing each prefix
         return fold.reduce(M.sum, fold.tanh(fold.scan(M.max, xs, reverse=True) * xs))
     if kind == "affine_first":  # a user operator, not commutative: x -> a x + b composed, first leaf only kept
