@@ -124,7 +124,10 @@ def _gather_vjp(prim, args, outs, residual, cts):
     ignore it (a gradient whose forward gather is dead code returned a gradient for a program that raises)."""
     x, idx = args
     aval = aval_of(x)
-    idx = bind(Gather(), ops.iota(aval.shape[0]), idx)[0]
+    if isinstance(idx, np.ndarray):  # a constant index, checked when the gather was traced
+        idx = np.where(idx < 0, idx + aval.shape[0], idx)
+    else:
+        idx = bind(Gather(), ops.iota(aval.shape[0]), idx)[0]
     flat_idx = ops.reshape(idx, (-1,))
     flat_ct = ops.reshape(cts[0], (-1,) + aval.shape[1:])
     from fold.combinators import reduce_by_index

@@ -99,6 +99,18 @@ def test_a_gradient_scatters_at_checked_labels_even_where_the_forward_gather_is_
         grad(W, X, labels)
 
 
+def test_a_constant_index_is_scattered_at_without_a_gather_at_run_time():
+    """A constant index was checked when the gather was traced: its positions are computed then, and the
+    gradient holds only the forward gather."""
+    x, idx = rng.normal(size=5), np.array([0, 3, -1, 3])
+    f = lambda x: fold.sum(x[idx] ** 2)  # noqa: E731
+    program = fold.trace(fold.grad(f), x)
+    assert [s.prim.name for s in program.stmts].count("gather") == 1
+    want = np.zeros(5)
+    np.add.at(want, idx % 5, 2 * x[idx])
+    np.testing.assert_allclose(fold.jit(fold.grad(f), backend="numba")(x), want, rtol=1e-12)
+
+
 def compose(first, second):
     """(a1, b1) then (a2, b2) of the affine maps v -> a v + b: the order of a bin's elements shows."""
     (a1, b1), (a2, b2) = first, second

@@ -18,7 +18,7 @@ import numpy as np
 from fold.kernels.cpu import vector_math
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
-from fold.runtime.loops.nest import Buffer, Kernel, ParallelFold, ParallelMap, checked_inputs_hold
+from fold.runtime.loops.nest import Buffer, Kernel, Loop, ParallelFold, ParallelMap, Store, checked_inputs_hold
 from fold.runtime.loops import text
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
@@ -151,7 +151,7 @@ def _fold_lines(fold: ParallelFold, allocated: tuple, whole_chunk: bool) -> list
         lines += _nodes(fold.step, 12, hoisted=True)
     for s in fold.states:
         if s.stored:
-            lines += _copied(s.shape or (1,), lambda q: f"{fold.partial}{s.name}[{fold.chunk}, {q}]", s.name, 8)
+            lines += _nodes(_copy(s.shape or (1,), lambda ix, s=s: (f"{fold.partial}{s.name}", (fold.chunk, *ix)), s.name), 8)
         else:
             lines.append(f"        {fold.partial}{s.name}[{fold.chunk}] = {s.name}")
     lines += _nodes(fold.init, 4)
@@ -160,26 +160,27 @@ def _fold_lines(fold: ParallelFold, allocated: tuple, whole_chunk: bool) -> list
     for s in fold.states:
         if s.stored:
             shape = s.shape or (1,)
-            lines += _copied(shape, lambda q, shape=shape: f"{s.output}[{_flat_index(q.split(', '), shape)}]", s.name, 4)
+            lines += _nodes(_copy(shape, lambda ix, s=s, shape=shape: (s.output, (_flat_index(ix, shape),)), s.name), 4)
         else:
             lines.append(f"    {s.output}[0] = {s.name}")
     return lines
 
 
-def _copied(shape: tuple[int, ...], target: Callable[[str], str], source: str, indent: int) -> list[str]:
-    """Loops copying array `source` of `shape` element by element to `target(indices)`. Not a slice
-    assignment: Numba compiles an array-to-slice store with its shape-mismatch error, which took 7 of the 9 s
-    a recurrent network's gradient kernel compiled in (its states a 16 x 16 matrix)."""
-    names = [f"copy{d}" for d in range(len(shape))]
-    lines = [f"{' ' * (indent + 4 * d)}for {q} in range({n}):" for d, (q, n) in enumerate(zip(names, shape))]
-    indices = ", ".join(names)
-    return lines + [f"{' ' * (indent + 4 * len(shape))}{target(indices)} = {source}[{indices}]"]
+def _copy(shape: tuple[int, ...], target: Callable[[tuple[str, ...]], tuple[str, tuple[str, ...]]], source: str) -> tuple:
+    """Loops storing array `source` of `shape` element by element at `target(indices)` (an array and its
+    index). Not a slice assignment: Numba compiles an array-to-slice store with its shape-mismatch error,
+    which took 7 of the 9 s a recurrent network's gradient kernel compiled in (its state a 16 x 16 matrix)."""
+    indices = tuple(f"copy{d}" for d in range(len(shape)))
+    node = Store(*target(indices), f"{source}[{', '.join(indices)}]")
+    for index, extent in reversed(list(zip(indices, shape))):
+        node = Loop(index, extent, (node,))
+    return (node,)
 
 
-def _flat_index(names: list[str], shape: tuple[int, ...]) -> str:
-    """The C-order position of element `names` of an array of `shape`, as text."""
+def _flat_index(indices: tuple[str, ...], shape: tuple[int, ...]) -> str:
+    """The C-order position of element `indices` of an array of `shape`, as text."""
     strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
-    return " + ".join(f"{q} * {stride}" if stride != 1 else q for q, stride in zip(names, strides))
+    return " + ".join(f"{q} * {stride}" if stride != 1 else q for q, stride in zip(indices, strides))
 
 
 def _chunk_bounds(chunk: str, extent: int) -> list[str]:
