@@ -86,9 +86,50 @@ def test_the_gradient_of_a_loop_over_vectors_saves_its_states_in_the_nest_and_ag
     # with respect to the sequences too: each step's cotangent is a histogram of one row into the (T, d)
     # cotangent of the sequence, and the last step's a static index's transpose: one nest as well
     both = fold.grad(rnn, argnums=(0, 1))
-    assert _nested(both, (W, X))
+    (kernel,) = _nested(both, (W, X))
+    # the sequence's cotangent gains each step's row where it stands (scattered_states.py): no (T, d)
+    # histogram filled with zeros and added whole at every step, only the saved states and the cotangent
+    assert [b.shape for b in buffers(kernel.outer.step)].count(X.shape[1:]) == 2
     for g, want in zip(fold.jit(both, backend="numba")(W, X), fold.jit(both, backend="numpy")(W, X), strict=True):
         np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
+
+
+def _binned_each_step(W, L, scale_by_state: bool = False):
+    """Per row, a histogram of K bins gaining one value a step at that step's label (which may lie outside
+    the bins: ignored), its squares summed; `scale_by_state`: the value also reads the histogram so far."""
+    K = 6
+
+    def row(w, labels):
+        def step(t, h):
+            value = w[t] * w[t] * (1.0 + 0.1 * fold.sum(h) if scale_by_state else 1.0)
+            return h + fold.reduce_by_index(fold.monoids.sum, K, fold.reshape(labels[t], (1,)),
+                                            fold.reshape(value, (1,)))
+        return fold.sum(fold.loop(step, w[:K] * 0.0, w.shape[0]) ** 2)
+
+    return fold.sum(fold.map(row, W, L))
+
+
+@pytest.mark.parametrize("scale_by_state", [False, True])
+def test_a_histogram_added_to_a_loop_state_each_step_is_binned_into_the_state(scale_by_state):
+    """A loop state that gains a histogram each step (scattered_states.py) and that nothing else reads is
+    binned into in place: the nest holds the state and no histogram of its size. Labels outside the bins are
+    ignored, as reduce_by_index does; where the step also reads the state, the histogram is made apart."""
+    W, L = rng.normal(size=(50, 9)), rng.integers(-1, 7, (50, 9))
+    f = lambda W, L: _binned_each_step(W, L, scale_by_state)  # noqa: E731
+    (kernel,) = _nested(f, (W, L))
+    assert [b.shape for b in buffers(kernel.outer.step)].count((6,)) == (2 if scale_by_state else 1)
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(W, L), fold.jit(f, backend="numpy")(W, L), rtol=1e-12)
+    want = 0.0
+    for w, labels in zip(W, L):
+        h = np.zeros(6)
+        for x, label in zip(w, labels):
+            if 0 <= label < 6:
+                h[label] += x * x * (1.0 + 0.1 * h.sum() if scale_by_state else 1.0)
+        want += np.sum(h ** 2)
+    np.testing.assert_allclose(fold.jit(f, backend="numba")(W, L), want, rtol=1e-12)
+    grad = fold.grad(f)
+    np.testing.assert_allclose(fold.jit(grad, backend="numba")(W, L), fold.jit(grad, backend="numpy")(W, L),
+                               rtol=1e-10, atol=1e-12)
 
 
 def test_a_folds_array_state_is_copied_element_by_element_not_stored_into_a_slice():

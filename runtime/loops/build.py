@@ -41,6 +41,7 @@ from fold.rules import RuleTable
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
 from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
+from .scattered_states import scattered_states
 from .text import defined, names, pure as is_pure, statement_lines
 from ..wide_operators import carried_operator, carry_for
 
@@ -854,21 +855,29 @@ def cast(expr: str, to: np.dtype, was: np.dtype) -> str:
 @_rules.register(ReduceByIndex)
 def _histogram_of_row(w: Writer, prim: ReduceByIndex, args: list[Value], out_avals) -> list[Value]:
     """A histogram inside a row (a gather's cotangent scattered back: one value, or one row, at the label's
-    index): bins in buffers started at the identity, each element folded into its bin in order, an index
-    outside [0, n) ignored (as reduce_by_index does everywhere). A bin that is an array gets its new value
-    stored apart, then copied in, so an operator reading a bin's other elements sees the old ones."""
+    index): bins in buffers started at the identity, each element folded into its bin in order (`bin_into`)."""
     k, nc = prim.num_leaves, prim.num_consts
-    consts, identity = args[:nc], args[nc: nc + k]
-    indices, values = args[nc + k], args[nc + k + 1:]
+    identity = args[nc: nc + k]
     dtypes = [np.dtype(a.dtype) for a in out_avals]
     bins = [Stored(w.fresh("b"), tuple(a.shape), d) for a, d in zip(out_avals, dtypes, strict=True)]
-    spare = [w.fresh("b") if b.shape[1:] else None for b in bins]
-    for b, start, apart in zip(bins, identity, spare, strict=True):
+    for b, start in zip(bins, identity, strict=True):
         w.emit(Buffer(b.name, b.shape, b.dtype))
-        if apart is not None:
-            w.emit(Buffer(apart, b.shape[1:], b.dtype))
         w.each_index(b.shape, lambda idx, b=b, start=start: w.emit(
             Store(b.name, idx, cast(w.element(start, idx[1:]), b.dtype, start.dtype))))
+    bin_into(w, prim, args[:nc], bins, args[nc + k], args[nc + k + 1:])
+    return bins
+
+
+def bin_into(w: Writer, prim: ReduceByIndex, consts: Sequence[Value], bins: Sequence[Stored], indices: Value,
+             values: Sequence[Value]) -> None:
+    """Each element of `values` folded by `prim`'s operator into its bin of `bins` (buffers, updated in
+    place), in order; an index outside [0, n) ignored (as reduce_by_index does everywhere). A bin that is an
+    array gets its new value stored apart, then copied in, so an operator reading a bin's other elements sees
+    the old ones."""
+    spare = [w.fresh("b") if b.shape[1:] else None for b in bins]
+    for b, apart in zip(bins, spare, strict=True):
+        if apart is not None:
+            w.emit(Buffer(apart, b.shape[1:], b.dtype))
 
     def element(j: str) -> None:
         at = w.assign(f"np.int64({w.element(indices, (j,))})", "h")
@@ -895,7 +904,6 @@ def _histogram_of_row(w: Writer, prim: ReduceByIndex, args: list[Value], out_ava
         w.guarded(f"0 <= {at} < {prim.n}", fold_in)
 
     w.loop(indices.shape[0], element)  # in order: a bin's elements are folded as they come
-    return bins
 
 
 @_rules.register(Scan)
@@ -955,13 +963,18 @@ def _loop(w: Writer, prim: StepLoop | LoopSaving, args: list[Value], out_avals) 
     for stack in stacks:
         w.emit(Buffer(stack.name, stack.shape, stack.dtype))
 
+    body, scattered = scattered_states(prim.body, nc)
+
     def step(i: str) -> None:
         for stack, state in zip(stacks, states):
             w.each_index(stack.shape[1:], lambda idx, stack=stack, state=state: w.emit(
                 Store(stack.name, (i,) + idx, w.element(state.value, idx))))
         counter = Scalar(i, np.dtype(np.int64), bounds=(0, prim.n - 1))
-        made = w.body(prim.body, list(consts) + [counter] + [state.value for state in states])
-        advance(w, states, made)
+        made = w.body(body, list(consts) + [counter] + [state.value for state in states])
+        for s in scattered:  # before any state changes: the histogram's values may read the other states
+            indices, values = made[s.first_output], made[s.first_output + 1]
+            bin_into(w, s.histogram, [], [states[s.state].value], indices, [values])
+        advance(w, states, made[: len(states)])
 
     if prim.n * max(len(prim.body.stmts), 1) <= UNROLLED_STEPS and all(v.shape == () for v in init):
         for k in range(prim.n):  # unrolled: the map's loop over elements is then the innermost, which vectorises
@@ -1007,7 +1020,7 @@ def advance(w: Writer, states: Sequence[CarriedState], made: Sequence[Value]) ->
     others are stored apart and copied in."""
     scalars = {k: w.assign(w.element(m, ())) for k, (s, m) in enumerate(zip(states, made, strict=True))
                if s.next is None}
-    arrays = [(s, m) for s, m in zip(states, made) if s.next is not None]
+    arrays = [(s, m) for s, m in zip(states, made) if s.next is not None and m != s.value]  # unchanged: no copy
     probes = {s.value.name: _element_text(w, m) for s, m in arrays}
     places = {s.value.name: ", ".join(_probe_index(len(s.value.shape))) for s, _ in arrays}
     in_place = {name for name, text in probes.items()
