@@ -12,7 +12,7 @@ import pytest
 import fold
 from fold.cse import cse
 from fold.dce import dce
-from fold.primitives import MatMul
+from fold.primitives import Map, MatMul
 from fold.runtime.loops import LoopNest, describe, kernel_of
 from fold.runtime.loops.outer_sums import MAX_OUTER_SUM, outer_products_as_sums
 from fold.runtime.numba_backend.passes import prepare
@@ -187,3 +187,44 @@ def test_a_map_that_keeps_a_product_per_row_leaves_it_to_blas():
     grad = fold.grad(layer)
     assert not _product_nests(prepare(dce(cse(fold.trace(grad, X, W))), whole_arrays=True))
     _close(fold.jit(grad, backend="numba")(X, W), fold.jit(grad, backend="numpy")(X, W), 1e-5)
+
+
+def batched_layer(As, X):
+    """Each row's own matrix times its own vector (a batch of matrices): no matrix shared by the rows."""
+    return fold.sum(fold.map(lambda A, x: fold.sum(fold.tanh(A @ x)), As, X))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_map_whose_products_all_multiply_its_own_rows_is_a_nest_though_it_keeps_them(dtype):
+    # the gradient with respect to the matrices keeps each row's outer product (16 x 16 per row here 6 x 6):
+    # batched over blocks of rows these are stacks of small products, no BLAS call over a shared matrix, so
+    # the nest writes them row by row; values against the numpy backend, the HVP in both arguments too
+    As, X = rng.normal(size=(300, 6, 6)).astype(dtype) / 6, rng.normal(size=(300, 6)).astype(dtype)
+    grad = fold.grad(batched_layer, argnums=(0, 1))
+    dA, dX = rng.normal(size=As.shape).astype(dtype), rng.normal(size=X.shape).astype(dtype)
+    hvp = lambda As, X: fold.jvp(grad, (As, X), (dA, dX))[1]  # noqa: E731
+    for f in (grad, hvp):
+        prepared = prepare(dce(cse(fold.trace(f, As, X))), whole_arrays=True)
+        assert _product_nests(prepared) and not any(isinstance(s.prim, (Map, MatMul)) for s in prepared.stmts)
+        _close(fold.jit(f, backend="numba")(As, X), fold.jit(f, backend="numpy")(As, X),
+               1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_a_rows_dot_product_in_the_nest_is_a_fold_a_backend_may_split_into_lanes():
+    # each element of A @ x sums K products: a commutative fold (a LaneFold on its loop), which the numba
+    # backend runs as several chains instead of one add waiting for the last; values as the numpy backend's
+    from fold.runtime.loops.nest import Loop
+
+    def loops(nodes):
+        for n in nodes:
+            if isinstance(n, Loop):
+                yield n
+                yield from loops(n.body)
+
+    As, X = rng.normal(size=(300, 6, 16)).astype(np.float32) / 4, rng.normal(size=(300, 16)).astype(np.float32)
+    prepared = prepare(dce(cse(fold.trace(batched_layer, As, X))), whole_arrays=True)
+    (nest,) = _product_nests(prepared)
+    kernel = kernel_of(nest.prim)
+    body = kernel.outer.step if hasattr(kernel.outer, "step") else kernel.outer.body
+    assert 16 in [loop.extent for loop in loops(body) if loop.folds], describe(kernel)  # the sum over K
+    _close(fold.jit(batched_layer, backend="numba")(As, X), fold.jit(batched_layer, backend="numpy")(As, X), 1e-5)

@@ -578,7 +578,8 @@ def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value
     def element(w: Writer, idx: tuple) -> str:
         acc = w.assign(literal(0, dtype), "s")
         if shared is None:
-            w.loop(a.shape[1], lambda k: w.emit(Assign(acc, f"np.{dtype.name}({acc} + {term(w, idx, k)})")))
+            w.loop(a.shape[1], lambda k: w.emit(Assign(acc, f"np.{dtype.name}({acc} + {term(w, idx, k)})")),
+                   (_lane_merge(w, acc, literal(0, dtype), "{0} + {1}"),))
         else:
             k = w.assign(f"np.int64({shared})", "h")
             only = Assign(acc, f"np.{dtype.name}({term(w, idx, k)})")

@@ -42,7 +42,7 @@ import numpy as np
 
 import fold
 
-from fold.ir import Let, Primitive, Program, Var, use_counts
+from fold.ir import Let, Primitive, Program, Var, depends_on, use_counts
 from fold.pytree import tree_flatten
 from fold.primitives import Gather, Iota, Loop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
 from fold.recognize import recognize_binary_op
@@ -121,7 +121,8 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
                  or (_maps_rows_of_arrays(body) and not _folds(body))
                  or (row_folds and _folds(body)
-                     and (not _folds(body, (MatMul,)) or ((folded or _products_folded(body)) and products(body))))
+                     and (not _folds(body, (MatMul,)) or ((folded or _products_folded(body)) and products(body))
+                          or _products_of_rows_only(stmt.prim)))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
                  or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
@@ -142,6 +143,16 @@ def _products_folded(body: Program) -> bool:
         if not isinstance(s.prim, _FOLDING) and any(a in unfolded for a in s.args):
             unfolded.update(s.outs)
     return not unfolded.intersection(body.outputs)
+
+
+def _products_of_rows_only(prim: Map) -> bool:
+    """Whether every matrix product in the map's body, at its top level, multiplies two values of the row
+    (a batch of matrices, each times its own vector): batched over a block of rows these are a stack of small
+    products, not one BLAS call with a matrix shared by the rows, and the nest writes each row's as loops."""
+    body = prim.body
+    of_row = depends_on(list(body.stmts), set(body.inputs[prim.num_consts:]))
+    products = [s for s in body.stmts if isinstance(s.prim, MatMul)]
+    return bool(products) and all(isinstance(a, Var) and a in of_row for s in products for a in s.args)
 
 
 def _gathers(program: Program) -> bool:
