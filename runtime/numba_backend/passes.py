@@ -13,6 +13,7 @@ from fold.runtime.loops import fuse_loop_nests
 from .elementwise_fusion import fuse_elementwise
 from .first_extremes import has_first_extremes, mark_first_extremes
 from .fold_producers import private_fold_producers
+from .full_sums import flat_full_sums
 from .gather_fusion import absorb_gathers
 from .gemm_backward_fusion import fuse_gemm_backward
 from .lowering import COMPILE_FROM
@@ -99,7 +100,8 @@ def loop_nests_on() -> bool:
 
 
 def _whole_array_fusions(program: Program) -> Program:
-    runs = merge_runs(fuse_elementwise(share_views(private_fold_producers(program)), COMPILE_FROM, rows_ndim=2))
+    runs = merge_runs(fuse_elementwise(share_views(private_fold_producers(flat_full_sums(program))), COMPILE_FROM,
+                                       rows_ndim=2))
     return absorb_gathers(runs, 2)
 
 
