@@ -106,21 +106,57 @@ def test_the_loops_run_in_a_nest_on_the_numba_backend_as_on_numpy(case):
         np.testing.assert_allclose(got, want, rtol=20 * rtol, atol=20 * rtol)
 
 
-@pytest.mark.parametrize("case", ["logistic_map", "oscillator", "counted"])
-def test_a_reverse_loop_reading_the_saved_states_at_each_step_is_a_map_too(case):
-    """The gradient's reverse loop reads the forward loop's saved states one row per step (stack[n - 1 - i]):
-    each element reads its own entry of that row, so the reverse loop is a map over the elements too, its
-    element's index an iota; only the forward loop, which saves them, stays a loop."""
+def _stacks(program) -> list:
+    """The top-level values of (steps, N) elements: a forward loop's saved states."""
+    return [v for s in program.stmts for v in s.outs if v.aval.ndim == 2 and v.aval.shape[1] == N]
+
+
+@pytest.mark.parametrize("case", ["logistic_map", "oscillator", "counted", "horner"])
+def test_a_reverse_loop_runs_the_forward_loop_again_for_its_element_instead_of_reading_a_stack(case):
+    """The gradient's reverse loop reads the forward loop's saved states one row per step (stack[n - 1 - i]),
+    each element its own entry of that row. The reverse loop is a map over the elements whose body first runs
+    the forward loop over the element's scalars, saving its states there (re-execution, as the reverse mode
+    does elsewhere), so no (steps, elements) stack is made, and the forward loop, its stacks unread, is a map
+    of a loop over scalars too, or gone where only its stacks were read."""
     f, make = CASES[case]
     args = make()
     grad = fold.grad(f, argnums=tuple(range(len(args))))
     program, rewritten, maps = _rewritten(grad, args)
-    assert _loops(program), "the reverse loop"
-    assert maps and not _loops(rewritten)
+    assert _loops(program) and _stacks(program), "the reverse loop, and the forward loop's stack"
+    assert maps and not _stacks(rewritten), rewritten
+    assert not any(s.prim.name == "loop_saving" for s in rewritten.stmts)
+    # Horner's coefficients' cotangent stays a loop over the coefficients, reading the elements' sums
+    assert not any(N in shape for shapes in _looped_states(rewritten) for shape in shapes), rewritten
+    tol = 1e-6 if args[0].dtype == np.float32 else 1e-13
     for want, got in zip(eval_program(program, list(args)), eval_program(rewritten, list(args)), strict=True):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
     prepared = fuse_loop_nests(program)
-    assert [s.prim.name for s in prepared.stmts if s.prim.name in ("loop", "loop_saving")] == ["loop_saving"]
+    assert not [s.prim.name for s in prepared.stmts if s.prim.name in ("loop_saving", "map")], prepared
+    assert not _stacks(prepared) and not any(N in shape for shapes in _looped_states(prepared) for shape in shapes)
+    rtol = 1e-5 if args[0].dtype == np.float32 else 1e-12
+    for got, want in zip(fold.jit(grad, backend="numba")(*args), fold.jit(grad, backend="numpy")(*args), strict=True):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("closed_over", [False, True])
+@pytest.mark.parametrize("case", ["logistic_map", "oscillator"])
+def test_a_hessian_vector_product_in_every_argument_makes_no_stack_and_agrees(case, closed_over):
+    """The HVP's forward loop carries tangents beside the states and saves both: run again per element too,
+    whether the directions are arguments or arrays the function closes over (literals of the program)."""
+    f, make = CASES[case]
+    args = make()
+    grad = fold.grad(f, argnums=tuple(range(len(args))))
+    n = len(args)
+    directions = tuple(rng.normal(size=a.shape) for a in args)
+    if closed_over:
+        hvp = lambda *a: fold.jvp(grad, a, directions)[1]  # noqa: E731
+    else:
+        hvp = lambda *a: fold.jvp(grad, a[:n], a[n:])[1]  # noqa: E731
+        args = args + directions
+    prepared = fuse_loop_nests(dce(cse(fold.trace(hvp, *args))))
+    assert not _stacks(prepared) and not any(s.prim.name in ("loop", "loop_saving") for s in prepared.stmts)
+    for got, want in zip(fold.jit(hvp, backend="numba")(*args), fold.jit(hvp, backend="numpy")(*args), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
 
 
 def _vector(shape=(N,)):
