@@ -8,9 +8,10 @@ out in: `flat_full_sums(program)` writes such a run over its operands reshaped t
 contiguous arrays: nothing is copied) and the sum as the vector's, which elementwise fusion then folds into
 the run.
 
-It applies to the statements that only the sum reads, through one another, whose operands are arrays of the
-run's shape or scalars, none of them a view the backend makes of another array (a broadcast, a transpose, a
-slice), which the run reads in place where a vector of it would be a copy.
+It applies to runs of at least FLAT_FROM elements, to the statements that only the sum reads, through one
+another, whose operands are arrays of the run's shape or scalars, none of them a view the backend makes of
+another array (a broadcast, a transpose, a slice), which the run reads in place where a vector of it would
+be a copy.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from fold.primitives import BroadcastTo, Reshape, StaticIndex, SumAxes, Transpos
 
 from .elementwise_fusion import ELEMENTWISE
 
+
+# the fewest elements of a run worth flattening: below, the second pass costs microseconds (attention's
+# (2048, 64) output summed as squares: 0.11 ms either way), and the NumPy-style attention timed 1.2-1.4x slower
+# with its output's run flattened in fresh processes alternately (bench_ab, 7 rounds), though not in one process
+FLAT_FROM = 1 << 20
 
 # statements whose result the backend makes as a view of another array, not as an array of its own
 _VIEWS = (BroadcastTo, StaticIndex, Transpose)
@@ -57,7 +63,8 @@ def _summed_run(stmt: Let, producer: dict, uses) -> list[Let] | None:
         return None
     x = stmt.args[0]
     shape = x.aval.shape
-    if len(shape) < 2 or sorted(a % len(shape) for a in stmt.prim.axes) != list(range(len(shape))):
+    if (len(shape) < 2 or math.prod(shape) < FLAT_FROM
+            or sorted(a % len(shape) for a in stmt.prim.axes) != list(range(len(shape)))):
         return None
     run, todo = [], [x]
     while todo:
