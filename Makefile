@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 export FOLD_CACHE_DIR ?= $(CURDIR)/.fold_cache
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 # one pytest worker per core, each test file on one worker (in its order): the numba half is mostly Numba
-# compiling the suite's many small lambdas and kernels, which is single-threaded per process
-PYTEST := $(PY) -m pytest tests -p no:cacheprovider -n auto --dist loadfile
+# compiling the suite's many small lambdas and kernels, which is single-threaded per process; the slowest
+# tests are listed at the end (where CI's time goes)
+PYTEST := $(PY) -m pytest tests -p no:cacheprovider -n auto --dist loadfile --durations=20
 
 .PHONY: demo test bench docs clean
 
