@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -183,9 +183,16 @@ def with_statements_replaced(program: Program, replaced: dict[int, Let], removed
     """The program with the statement of each id in `replaced` swapped for its replacement and those whose ids
     are in `removed` dropped (the bookkeeping of a rewrite that fuses statements into one); the program
     itself when nothing is replaced."""
-    if not replaced:
+    return with_statements_spliced(program, {k: (stmt,) for k, stmt in replaced.items()}, removed)
+
+
+def with_statements_spliced(program: Program, spliced: dict[int, Sequence[Let]], removed: set[int]) -> Program:
+    """The program with the statement of each id in `spliced` swapped for the statements it maps to, in order,
+    and those whose ids are in `removed` dropped (a rewrite that writes one statement as several); the
+    program itself when nothing is spliced in."""
+    if not spliced:
         return program
-    stmts = tuple(replaced.get(id(s), s) for s in program.stmts if id(s) not in removed)
+    stmts = tuple(new for s in program.stmts if id(s) not in removed for new in spliced.get(id(s), (s,)))
     return Program(program.inputs, stmts, program.outputs, program.in_tree, program.out_tree, dict(program.meta))
 
 

@@ -51,20 +51,19 @@ def loops_as_maps(program: Program) -> tuple[Program, set[Var]]:
     forwards = _forward_stacks(program)
     maps: set[Var] = set()
     if forwards:
-        program, maps = _rewritten(program, lambda stmt: _as_map(stmt, forwards=forwards)
-                                   or _split_at_sums(stmt, forwards), only_reading=set(forwards))
+        program, maps = _rewritten(program, forwards)
         program = dce(program) if maps else program
-    program, more = _rewritten(program, lambda stmt: _as_map(stmt) or _split_at_sums(stmt))
+    program, more = _rewritten(program)
     return program, maps | more
 
 
-def _rewritten(program: Program, as_map, only_reading: set | None = None) -> tuple[Program, set[Var]]:
-    """`program` with each loop (reading one of `only_reading`, where given) that `as_map` writes as a map so
-    written, and the results of the maps written."""
+def _rewritten(program: Program, forwards: dict | None = None) -> tuple[Program, set[Var]]:
+    """`program` with each loop that `_as_map` or `_split_at_sums` writes as a map so written (given
+    `forwards`, only the loops reading their stacks), and the results of the maps written."""
     stmts, maps = [], set()
     for stmt in program.stmts:
-        wanted = isinstance(stmt.prim, Loop) and (only_reading is None or any(a in only_reading for a in stmt.args))
-        made = as_map(stmt) if wanted else None
+        wanted = isinstance(stmt.prim, Loop) and (forwards is None or any(a in forwards for a in stmt.args))
+        made = (_as_map(stmt, forwards=forwards) or _split_at_sums(stmt, forwards)) if wanted else None
         stmts += made or [stmt]
         if made is not None:
             maps.update(v for s in made if isinstance(s.prim, Map) for v in s.outs)
@@ -142,8 +141,8 @@ def _as_map(stmt: Let, summed: Sequence[Var] = (), forwards: dict | None = None)
     stacks = {v for v, a in zip(body_consts, consts, strict=True)
               if isinstance(a, Var) and a.aval.ndim == 2 and a.aval.shape[1:] == shape}
     # a stack computed again per element: the body const -> (the forward loop, which state's stack)
-    again_per_element = {v: (forwards or {})[a] for v, a in zip(body_consts, consts, strict=True)
-                         if v in stacks and a in (forwards or {})}
+    known = forwards or {}
+    again_per_element = {v: known[a] for v, a in zip(body_consts, consts, strict=True) if v in stacks and a in known}
     if forwards is not None and not again_per_element:
         return None
     stacks -= set(again_per_element)

@@ -44,18 +44,14 @@ def scattered_states(body: Program, num_consts: int) -> tuple[Program, list[Scat
     states = body.inputs[num_consts + 1:]
     uses = use_counts(body)
     producer = {v: s for s in body.stmts for v in s.outs}
-    readers: dict[Var, list[Let]] = {}
-    for s in body.stmts:
-        for a in s.args:
-            if isinstance(a, Var):
-                readers.setdefault(a, []).append(s)
     removed: set[int] = set()
     found: list[tuple[int, Var, Let]] = []
     for k, state in enumerate(states):
         out = body.outputs[k]
         adding = producer.get(out) if isinstance(out, Var) else None
-        if (state.aval.shape == () or uses[state] != 1 or len(readers.get(state, ())) != 1
-                or adding is None or readers[state][0] is not adding or uses[out] != 1):
+        # the state read once, by the statement making its next value, which is read only as that
+        if (state.aval.shape == () or uses[state] != 1 or adding is None or state not in adding.args
+                or uses[out] != 1):
             continue
         histogram = _histogram_added(adding, state, producer, uses)
         if histogram is not None:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from fold.dtypes import ShapedArray
-from fold.ir import Let, Lit, Program, Var, use_counts
+from fold.ir import Let, Lit, Program, Var, use_counts, with_statements_spliced
 from fold.primitives import BroadcastTo, Reshape, StaticIndex, SumAxes, Transpose
 
 from .elementwise_fusion import ELEMENTWISE
@@ -40,24 +40,19 @@ def flat_full_sums(program: Program) -> Program:
     """`program` with each sum over every axis of an elementwise run (module docstring) over vectors."""
     uses = use_counts(program)
     producer = {v: s for s in program.stmts for v in s.outs}
+    position = {id(s): k for k, s in enumerate(program.stmts)}
     rewritten: dict[int, list[Let]] = {}
     moved: set[int] = set()
     for stmt in program.stmts:
         run = _summed_run(stmt, producer, uses)
         if run is not None:
-            rewritten[id(stmt)] = _over_vectors(run, stmt)
+            rewritten[id(stmt)] = _over_vectors(sorted(run, key=lambda s: position[id(s)]), stmt)
             moved |= {id(s) for s in run}
-    if not rewritten:
-        return program
-    stmts = []
-    for stmt in program.stmts:
-        if id(stmt) not in moved:
-            stmts += rewritten.get(id(stmt), [stmt])
-    return Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree, program.meta)
+    return with_statements_spliced(program, rewritten, moved)
 
 
 def _summed_run(stmt: Let, producer: dict, uses) -> list[Let] | None:
-    """The elementwise statements (in program order) that the sum `stmt` alone reads, through one another,
+    """The elementwise statements that the sum `stmt` alone reads, through one another,
     where it sums every axis (two or more) of their result; else None."""
     if not isinstance(stmt.prim, SumAxes) or not isinstance(stmt.args[0], Var):
         return None
@@ -77,14 +72,14 @@ def _summed_run(stmt: Let, producer: dict, uses) -> list[Let] | None:
     operands = {a for s in run for a in s.args} - {s.outs[0] for s in run}
     if not run or any(a.aval.shape not in (shape, ()) for a in operands):
         return None
-    if any(isinstance(producer.get(a), Let) and isinstance(producer[a].prim, _VIEWS) for a in operands):
+    if any(isinstance(getattr(producer.get(a), "prim", None), _VIEWS) for a in operands):
         return None  # a vector of a view would be a copy, where the run reads the view in place
-    order = {id(s): k for k, s in enumerate(producer.values())}
-    return sorted(run, key=lambda s: order[id(s)])
+    return run
 
 
 def _over_vectors(run: list[Let], total: Let) -> list[Let]:
-    """The reshapes of the run's array operands to vectors, the run over them, and the sum of the vector."""
+    """The reshapes of the run's array operands to vectors, the run (in program order) over them, and the sum
+    of the vector."""
     shape = total.args[0].aval.shape
     flat = (math.prod(shape),)
     renamed: dict = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fold.ir import Let, Lit, Program, Var, use_counts
+from fold.ir import Let, Lit, Program, Var, use_counts, with_statements_spliced
 from fold.primitives import Elementwise, MatMul
 
 
@@ -47,7 +47,4 @@ def hoist_scales(program: Program) -> Program:
         args = (scaled, b) if side == 0 else (a, scaled)
         rewritten[id(product)] = [Let((scaled,), Elementwise("mul"), (operand, scale)), Let(stmt.outs, product.prim, args)]
         removed.add(id(stmt))
-    if not rewritten:
-        return program
-    stmts = tuple(s for old in program.stmts if id(old) not in removed for s in rewritten.get(id(old), [old]))
-    return Program(program.inputs, stmts, program.outputs, program.in_tree, program.out_tree, dict(program.meta))
+    return with_statements_spliced(program, rewritten, removed)
