@@ -130,13 +130,18 @@ def _affine_pair(a, b):  # no F64x4 form, a lane form below: the 2-D lanes path
     return a * 3.0 - b
 
 
-@njit
-def _affine_pair_lanes(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 * 3.0 - b0, a1 * 3.0 - b1, a2 * 3.0 - b2, a3 * 3.0 - b3
-
-
 lanes_module = importlib.import_module("fold.kernels.cpu.lanes")
-lanes_module.register(_affine_pair, _affine_pair_lanes)
+
+
+def _pair_lane_form():
+    """_affine_pair's lane form: each argument's WIDTH lanes as a tuple, the WIDTH results."""
+    results = ", ".join(f"a[{lane}] * 3.0 - b[{lane}]" for lane in range(lanes_module.WIDTH))
+    scope: dict = {}
+    exec(f"def lanes(a, b):\n    return ({results},)", scope)
+    return njit(scope["lanes"])
+
+
+lanes_module.register(_affine_pair, _pair_lane_form())
 _plain_pair = njit(_affine_pair.py_func)  # no form at all: the scalar path
 
 

@@ -71,7 +71,7 @@ for {one} in range({WIDTH} * ({span} // {WIDTH}), {span}):
 
 
 def _wide_source(k: int, m: int, c: int, ndim: int, gathered: tuple = ()) -> str:
-    """The kernel on F64x4 values: WIDTH consecutive elements (of a row) loaded, mapped by the mapper's
+    """The kernel on F64x4 values: simd.WIDTH consecutive elements (of a row) loaded, mapped by the mapper's
     F64x4 form and stored per step, the remainder one at a time by the mapper itself."""
     splats = "".join(f"v{j} = splat(c{j})\n" for j in range(c))
     arguments = ", ".join([f"v{j}" for j in range(c)] + [f"load(r{j}, {{0}})" for j in range(m)])
@@ -83,9 +83,9 @@ def _wide_source(k: int, m: int, c: int, ndim: int, gathered: tuple = ()) -> str
     rest = _element_step(k, m, c, "i" if ndim == 1 else "i, j", gathered)
     if ndim == 1:
         views = each("r{j} = x{j}", m) + "\n" + each("o{j} = out{j}", k)
-        blocks = f"""for b in {{0}}(x0.shape[0] // {WIDTH}):
-{indent(step(f"{WIDTH} * b"), 4)}
-for i in range({WIDTH} * (x0.shape[0] // {WIDTH}), x0.shape[0]):
+        blocks = f"""for b in {{0}}(x0.shape[0] // {simd.WIDTH}):
+{indent(step(f"{simd.WIDTH} * b"), 4)}
+for i in range({simd.WIDTH} * (x0.shape[0] // {simd.WIDTH}), x0.shape[0]):
 {indent(rest, 4)}"""
         return f"""{simd_import("load", "splat", "store")}
 
@@ -99,9 +99,9 @@ def kernel(T, {_params(m, k, c)}):
     shape = _shape_source(gathered)
     row = f"""{chr(10).join(f"r{j} = {_read(j, 'i', gathered)}" for j in range(m))}
 {each("o{j} = out{j}[i]", k)}
-for jb in range({shape}.shape[1] // {WIDTH}):
-{indent(step(f"{WIDTH} * jb"), 4)}
-for j in range({WIDTH} * ({shape}.shape[1] // {WIDTH}), {shape}.shape[1]):
+for jb in range({shape}.shape[1] // {simd.WIDTH}):
+{indent(step(f"{simd.WIDTH} * jb"), 4)}
+for j in range({simd.WIDTH} * ({shape}.shape[1] // {simd.WIDTH}), {shape}.shape[1]):
 {indent(rest, 4)}"""
     return f"""{simd_import("load", "splat", "store")}
 

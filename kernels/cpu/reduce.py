@@ -12,7 +12,8 @@ A fold is a chain of dependent combines, so one accumulator runs at the latency 
 the speed of memory. The parallel kernel therefore folds each chunk as LANES contiguous sub-chunks
 interleaved in one loop (independent chains the CPU overlaps), then combines the lane totals in order:
 the same bracketing freedom as the chunks, never a change of operand order. A mapper with a lane form
-(kernels.cpu.lanes) maps the LANES elements of a step in one call of it, serially too.
+(kernels.cpu.lanes) makes that WIDTH sub-chunks, the lane form mapping the WIDTH elements of a step in one
+call of it, serially too.
 
 A commutative operator (the caller says so) may take the elements in any order, so each chunk is folded
 in TILE lanes of consecutive elements instead: element i goes to lane i % TILE, the lanes live in a small
@@ -165,10 +166,10 @@ return (acc0,)"""
 hi = n
 {_tiled_loop(k, m, mapped)}
 return ({names("acc", k)},)"""
-    elif vector:  # the lane form maps LANES elements at a time, each to its own chain
+    elif vector:  # the lane form maps WIDTH elements at a time, each to its own chain
         serial = f"""lo = 0
 hi = n
-{_lanes_loop(k, m, mapped, LANES, vector=True)}
+{_lanes_loop(k, m, mapped, WIDTH, vector=True)}
 return ({names("acc", k)},)"""
     else:
         serial = f"""{_fold_loop(k, m, mapped, "0", "n", "s")}
@@ -176,7 +177,8 @@ return ({names("s", k)},)"""
     if inline is not None:
         chunk = _reassociated_loop(m, mapped, inline)
     else:
-        chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, LANES, vector=vector)
+        chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, WIDTH if vector else LANES,
+                                                                    vector=vector)
     # The two folds are helpers the kernel calls: a prange loop's body is copied and analysed again by
     # Numba's parfor passes, and at k = 6 (a record of six leaves) the kernel with the chunk's fold written
     # in the loop took 4.7 s to compile (see kernels.cpu.codegen.compile_kernel's `helpers`).
@@ -224,7 +226,7 @@ def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, 
     (floating-point elements only; the driver checks): the fold is written inline and reassociated.
     """
     m = k if mapper is None else m
-    vector = lane_form(mapper) if LANES == WIDTH else None
+    vector = lane_form(mapper)
     inline = INLINE_OPERATORS[operator] if operator is not None and k == 1 and vector is None else None
     tiled = commutative and vector is None and inline is None
     key = ("fold", combine, mapper, k, m, parallel, tiled, inline, layout)

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import host, simd
 from .codegen import call, compile_kernel, each, indent, names, serial_or_parallel, simd_import
-from .lanes import WIDTH
+from .simd import WIDTH  # the F64x4 values' lanes
 from .map import has_wide_form
 
 

@@ -4,8 +4,9 @@
 
 with f the optional mapper (the identity map when None). Rows run in parallel (prange), each folded in
 column order, so non-commutative operators are correct: a long row as LANES contiguous sub-rows folded in
-one interleaved loop (independent chains, as in kernels.cpu.reduce), their totals combined in order, the
-mapper's lane form (kernels.cpu.lanes), if it has one, mapping the LANES elements of a step at once.
+one interleaved loop (independent chains, as in kernels.cpu.reduce), their totals combined in order; where
+the mapper has a lane form (kernels.cpu.lanes), as WIDTH sub-rows, the lane form mapping the WIDTH elements
+of a step in one call.
 Parallelism is over rows only:
 with fewer rows than threads, some threads idle (a single long row is better served by map_reduce).
 Below MIN_CHUNK elements per thread in all (host.num_chunks(rows * n)), the rows run serially.
@@ -101,7 +102,8 @@ def segmented_kernel(mapper: Any, combine: Any, k: int, m: int, parallel: bool =
         forms = {"combine_f64x4": simd.vector_form(combine), "mapper_f64x4": simd.vector_form(mapper)}
         return compile_kernel(("segmented_wide", combine, mapper, m, parallel), lambda: _wide_source(m, mapper is not None),
                               {"combine": combine, "mapper": mapper, **forms}, parallel=parallel)
-    vector = lane_form(mapper) if lanes == WIDTH else None
+    vector = lane_form(mapper) if lanes > 1 else None
+    lanes = WIDTH if vector is not None else lanes  # a lane form's call fills WIDTH chains at once
     key = ("segmented", combine, mapper, k, m, parallel, lanes)
     return compile_kernel(key, lambda: _segmented_source(k, m, mapper is not None, lanes, vector is not None),
                           {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel)

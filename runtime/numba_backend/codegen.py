@@ -172,23 +172,24 @@ def _elementwise(writer: _Writer, prim, args: list[np.ndarray], out) -> np.ndarr
     return writer.elementwise(lambda *xs: wrap(template.format(*xs)), args, out.shape, vector_op)
 
 
-# The lane form of a statement: four lanes of a transcendental in one call of kernels.cpu.vector_math.
+# The lane form of a statement: WIDTH lanes of a transcendental in one call of kernels.cpu.vector_math.
 # (operation, result dtype) -> (the result's name in each lane, each argument's names in each lane) ->
 # lines. Each rule computes what the scalar template computes (scalar_helpers' _sigmoid and _logaddexp,
 # with the same branches, taken per lane after the vector calls). float32 has the plain functions only
 # (the helpers compute in float64 and round).
-def _vector_call(function: str, targets: list[str], lanes: list[str], dtype: str = "float64") -> str:
+def _vector_call(op: str, targets: list[str], lanes: list[str], dtype: str = "float64") -> str:
+    function = vector_math.function_name(op, dtype, len(lanes))
     return f"{', '.join(targets)} = {function}({', '.join(f'np.{dtype}({x})' for x in lanes)})"
 
 
-def _plain_rule(function: str, dtype: str):
-    return lambda targets, args: [_vector_call(function, targets, args[0], dtype)]
+def _plain_rule(op: str, dtype: str):
+    return lambda targets, args: [_vector_call(op, targets, args[0], dtype)]
 
 
 def _sigmoid_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
     (x,) = args
     u, e = [f"{t}_u" for t in targets], [f"{t}_e" for t in targets]
-    return ([f"{ul} = -abs(np.float64({xl}))" for ul, xl in zip(u, x)] + [_vector_call("vexp", e, u)]
+    return ([f"{ul} = -abs(np.float64({xl}))" for ul, xl in zip(u, x)] + [_vector_call("exp", e, u)]
             + [f"{t} = (1.0 / (1.0 + {el})) if {xl} >= 0 else ({el} / (1.0 + {el}))" for t, el, xl in zip(targets, e, x)])
 
 
@@ -197,14 +198,13 @@ def _logaddexp_lanes(targets: list[str], args: list[list[str]]) -> list[str]:
     hi, d, e, g = ([f"{t}_{suffix}" for t in targets] for suffix in "hdeg")
     return ([f"{h} = np.float64({al}) if {al} >= {bl} else np.float64({bl})" for h, al, bl in zip(hi, a, b)]
             + [f"{dl} = -abs(np.float64({al}) - np.float64({bl}))" for dl, al, bl in zip(d, a, b)]
-            + [_vector_call("vexp", e, d), _vector_call("vlog1p", g, e)]
+            + [_vector_call("exp", e, d), _vector_call("log1p", g, e)]
             + [f"{t} = np.float64({al}) + {scalar_helpers.LOG2!r} if {al} == {bl} else ({h} if {h} == -math.inf else {h} + {gl})"
                for t, h, gl, al, bl in zip(targets, hi, g, a, b)])
 
 
 LANE_RULES = {
-    **{(op, "float64"): _plain_rule(function, "float64") for op, function in vector_math.FUNCTIONS.items()},
-    **{(op, "float32"): _plain_rule(function, "float32") for op, function in vector_math.FUNCTIONS_F32.items()},
+    **{(op, dtype): _plain_rule(op, dtype) for op in vector_math.OPERATIONS for dtype in ("float64", "float32")},
     ("sigmoid", "float64"): _sigmoid_lanes,
     ("logaddexp", "float64"): _logaddexp_lanes,
 }
@@ -334,14 +334,15 @@ def _in_lane(text: str, lane: int) -> str:
 
 
 def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str) -> str | None:
-    """The written-out program's lane form (see kernels.cpu.lanes) as `def name(x0_0__0, ..., x0_0__3,
-    x0_1__0, ...)`, or None where it would not pay: no statement has a vector form, vector math is
-    unavailable, or the lane form takes more parameters than a kernel's call of it can inline."""
+    """The written-out program's lane form (see kernels.cpu.lanes) as `def name(x0_0__lanes, x0_1__lanes, ...)`
+    (each parameter's WIDTH lanes as a tuple), or None where it would not pay: no statement has a vector
+    form, vector math is unavailable, or the lane form takes more parameters than a kernel's call of it can
+    inline."""
     width = lanes.WIDTH
     if (not vector_math.AVAILABLE or all(vector is None for _, _, vector in writer.statements)
-            or width * len(params) > MAX_INLINED_PARAMETERS):
+            or len(params) > MAX_INLINED_PARAMETERS):
         return None
-    lines = []
+    lines = [f"{', '.join(_in_lane(p, lane) for lane in range(width))}, = {p}__lanes" for p in params]
     for target, expr, vector in writer.statements:
         if vector is None:
             lines += [f"{_in_lane(target, lane)} = {_in_lane(expr, lane)}" for lane in range(width)]
@@ -349,7 +350,7 @@ def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str)
             rule, args = vector
             lines += LANE_RULES[rule]([_in_lane(target, lane) for lane in range(width)],
                                        [[_in_lane(a, lane) for lane in range(width)] for a in args])
-    lane_params = [_in_lane(p, lane) for p in params for lane in range(width)]
+    lane_params = [f"{p}__lanes" for p in params]
     results = [_in_lane(out, lane) for out in outs for lane in range(width)]
     return "\n".join([f"def {name}({', '.join(lane_params)}):"] + [f"    {line}" for line in lines]
                      + [f"    return ({', '.join(results)},)"])
@@ -424,7 +425,7 @@ def has_f64x4_form(program: Program) -> bool:
 
 def has_lane_form(program: Program) -> bool:
     """Whether compile_scalar_program gives this program a lane form (kernels.cpu.lanes): it calls a
-    function that libmvec computes four lanes at a time."""
+    function that libmvec computes WIDTH lanes at a time."""
     return _lane_source(*_expand(program), "scalar_fn_lanes") is not None
 
 
@@ -436,8 +437,7 @@ def _module_source(program: Program, expanded: tuple[_Writer, list[str], list[st
     f64x4_form = _f64x4_source(program, "scalar_fn_f64x4")
     vector_imports = [] if lane_form is None else [
         f"# vector math {_VECTOR_MATH_DIGEST}",
-        "from fold.kernels.cpu.vector_math import "
-        + ", ".join(sorted({*vector_math.FUNCTIONS.values(), *vector_math.FUNCTIONS_F32.values()}))]
+        f"from fold.kernels.cpu.vector_math import {', '.join(vector_math.NAMES)}"]
     simd_imports = [] if f64x4_form is None else [
         f"# simd {_SIMD_DIGEST}",
         f"from fold.kernels.cpu.simd import {', '.join(_F64X4_IMPORTS)}"]

@@ -182,7 +182,7 @@ def row_sum_of(stmt: Let, values: set[Var], ndim: int) -> Var | None:
 def _row_sum_pays(run: Let) -> bool:
     """Whether a run with a row sum is worth kernels.cpu.map_with_row_sums: it takes the kernel's wide path
     (float64 values, an F64x4 form of its body), or its body calls no function that the map kernel would
-    run four lanes per libmvec call (the row-sum kernel's scalar path calls exp, sin, ... once per element)."""
+    run WIDTH lanes per libmvec call (the row-sum kernel's scalar path calls exp, sin, ... once per element)."""
     f64 = np.dtype(np.float64)
     values = list(run.prim.region.inputs) + [o for s in run.prim.region.stmts for o in s.outs]
     wide = (all(v.aval.dtype in (f64, np.dtype(np.bool_)) for v in values)

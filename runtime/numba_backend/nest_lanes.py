@@ -41,7 +41,9 @@ from fold.runtime.loops.text import assigned as written, events, names, reads, s
 
 from .codegen import LANE_RULES
 
-WIDTH = vector_math.WIDTH
+# four iterations side by side (the intrinsics' four-lane forms): eight would run float32 transcendentals in
+# half the calls, but doubles the statements a rewrite adds, and with them Numba's compile time
+WIDTH = 4
 # the fewest iterations worth a rewrite: at least two groups
 MIN_EXTENT = 2 * WIDTH
 # the most statements the rewrites may add to one kernel: Numba's compile time grows faster than the text
@@ -55,7 +57,7 @@ SPLIT_EXTENT = 16
 # the scalar language's call of an operation (runtime/loops/scalar_language.py) -> the operation
 _CALLS = {"math.exp": "exp", "math.expm1": "expm1", "_log": "log", "_log1p": "log1p", "math.sin": "sin",
           "math.cos": "cos", "math.tanh": "tanh", "_sigmoid": "sigmoid", "_logaddexp": "logaddexp"}
-IMPORTS = tuple(sorted({*vector_math.FUNCTIONS.values(), *vector_math.FUNCTIONS_F32.values()}))
+IMPORTS = vector_math.NAMES
 
 
 def in_lanes(nodes: tuple, reads_outside: Counter | None = None) -> tuple:
