@@ -1,12 +1,14 @@
-"""Four-lane vector math (kernels.cpu.vector_math) and the kernels' use of lane forms (kernels.cpu.lanes).
+"""Vector math (kernels.cpu.vector_math) and the kernels' use of lane forms (kernels.cpu.lanes).
 
-- each vector function against NumPy's scalar function, on random values of several scales and on the
-  special values (infinities, NaN, zeros of both signs, overflow and underflow), within 4 ulp as libmvec
-  documents, the special values exactly; the same where vector math is not supported (a subprocess that
-  compiles for a generic CPU: the functions fall back to libm, four calls);
-- map, map_reduce and segmented_reduce with a mapper whose registered lane form marks what it computes:
-  exactly the elements the kernel should map WIDTH at a time are marked, the rest come from the mapper;
-  with a faithful lane form the results are exactly the mapper's;
+- each vector function, in its four- and eight-lane forms, against NumPy's scalar function, on random
+  values of several scales and on the special values (infinities, NaN, zeros of both signs, overflow and
+  underflow), within 4 ulp as libmvec documents, the special values exactly; the same where vector math is
+  not supported (a subprocess that compiles for a generic CPU: the functions fall back to libm, a call per
+  lane);
+- map, map_reduce, segmented_reduce and map_scan with a mapper whose registered lane form (of four lanes,
+  and of eight) marks what it computes: exactly the elements the kernel should map a lane form's width at
+  a time are marked, the rest come from the mapper; with a faithful lane form the results are exactly the
+  mapper's; a float32 lambda's lane form has eight lanes, a float64 one's four;
 - logsumexp's four-lane exp sum against NumPy at sizes around multiples of four and chunk boundaries.
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 from numba import njit
 
+import fold
 import fold.kernels.cpu as kc
 from fold.kernels.cpu import lanes, vector_math
 
@@ -105,21 +108,27 @@ def _affine(x):  # 1 scalar in, 2 out
     return 3 * x + 1, x * x
 
 
-def _lane_form(offset: int):
-    """The lane form of _affine (each argument's W lanes as one tuple), its first result `offset` more than
-    the mapper's: 1000 shows which elements a kernel mapped through the lane form."""
-    firsts = ", ".join(f"3 * x[{lane}] + {1 + offset}" for lane in range(W))
-    squares = ", ".join(f"x[{lane}] * x[{lane}]" for lane in range(W))
+def _lane_form(offset: int, width: int):
+    """The `width`-lane form of _affine (each argument's lanes as one tuple), its first result `offset` more
+    than the mapper's: 1000 shows which elements a kernel mapped through the lane form."""
+    firsts = ", ".join(f"3 * x[{lane}] + {1 + offset}" for lane in range(width))
+    squares = ", ".join(f"x[{lane}] * x[{lane}]" for lane in range(width))
     scope: dict = {}
     exec(f"def lanes(x):\n    return ({firsts}, {squares})", scope)
     return njit(scope["lanes"])
 
 
-faithful = njit(_affine)
-lanes.register(faithful, _lane_form(0))
-marked = njit(_affine)
-lanes.register(marked, _lane_form(1000))
+def _registered(offset: int, width: int):
+    mapper = njit(_affine)
+    lanes.register(mapper, _lane_form(offset, width), width)
+    return mapper
+
+
+# lane width -> (a faithful lane form's mapper, a marked one's): kernels take each form's own width
+FORMS = {width: (_registered(0, width), _registered(1000, width)) for width in (lanes.WIDTH, lanes.WIDE)}
+faithful, marked = FORMS[W]
 plain = njit(_affine)
+by_width = pytest.mark.parametrize("width", sorted(FORMS))
 
 
 @njit
@@ -130,11 +139,30 @@ def add2(a0, a1, b0, b1):
 def test_lane_forms_are_registered_per_function():
     assert lanes.lane_form(plain) is None and lanes.lane_form(None) is None
     assert lanes.lane_form(faithful) is not lanes.lane_form(marked)
+    assert lanes.lane_width(plain) == 0 and {lanes.lane_width(m) for m in FORMS[lanes.WIDE]} == {lanes.WIDE}
 
 
+@pytest.mark.skipif(not vector_math.AVAILABLE, reason="no libmvec with AVX2 here: no lane forms")
+def test_a_float32_lane_form_has_eight_lanes_a_float64_one_four():
+    """float32 transcendentals fill an AVX2 register eight at a time; a body with a float64 one (or
+    logaddexp, computed in float64) keeps four lanes."""
+    from fold.runtime.numba_backend.codegen import compile_scalar_program
+
+    def width(f, dtype):
+        program = fold.trace(f, dtype(1.0), dtype(2.0))
+        return lanes.lane_width(compile_scalar_program(program))
+
+    assert width(lambda a, b: fold.exp(a) * b, np.float32) == lanes.WIDE
+    assert width(lambda a, b: fold.exp(a) * b, np.float64) == lanes.WIDTH
+    assert width(lambda a, b: fold.logaddexp(a, b), np.float64) == lanes.WIDTH
+    assert width(lambda a, b: a * b, np.float32) == 0  # no transcendental: no lane form
+
+
+@by_width
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 8, 11, 17, 1001, 100_003])
-def test_map_maps_width_elements_per_lane_form_call(n, parallel):
+def test_map_maps_width_elements_per_lane_form_call(n, parallel, width):
+    faithful, marked = FORMS[width]
     x = np.random.default_rng(n).integers(-50, 50, n)
     want = (3 * x + 1, x * x)
     for mapper in (faithful, plain):
@@ -142,45 +170,51 @@ def test_map_maps_width_elements_per_lane_form_call(n, parallel):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
     got = kc.map(marked, 1, 2, [x], parallel=parallel)
-    vectored = W * (n // W)
+    vectored = width * (n // width)
     np.testing.assert_array_equal(got[0][:vectored], want[0][:vectored] + 1000)
     np.testing.assert_array_equal(got[0][vectored:], want[0][vectored:])
     np.testing.assert_array_equal(got[1], want[1])
 
 
+@by_width
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("shape", [(3, 0), (2, 3), (5, 9), (300, 257)])
-def test_map_2d_maps_width_columns_per_lane_form_call(shape, parallel):
+def test_map_2d_maps_width_columns_per_lane_form_call(shape, parallel, width):
+    faithful, marked = FORMS[width]
     rows, cols = shape
     base = np.random.default_rng(cols).integers(-50, 50, (cols, rows))
     x = base.T  # a transposed view
     got = kc.map(marked, 1, 2, [x], parallel=parallel)
-    vectored = W * (cols // W)
+    vectored = width * (cols // width)
     np.testing.assert_array_equal(got[0][:, :vectored], 3 * x[:, :vectored] + 1001)
     np.testing.assert_array_equal(got[0][:, vectored:], 3 * x[:, vectored:] + 1)
     np.testing.assert_array_equal(got[1], x * x)
 
 
-def _chunk_vectored(n: int, chunks: int) -> int:
-    """How many elements map_reduce maps through the lane form: LANES * q of every chunk, q = len // LANES."""
+def _chunk_vectored(n: int, chunks: int, width: int) -> int:
+    """How many elements map_reduce maps through a `width`-lane form: width * q of every chunk, q = len // width."""
     chunks = min(chunks, n)
-    return sum(W * (((t + 1) * n // chunks - t * n // chunks) // W) for t in range(chunks))
+    return sum(width * (((t + 1) * n // chunks - t * n // chunks) // width) for t in range(chunks))
 
 
+@by_width
 @pytest.mark.parametrize("chunks", [1, 2, 3])
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 17, 1001, 100_003])
-def test_map_reduce_maps_width_elements_per_lane_form_call(n, chunks):
+def test_map_reduce_maps_width_elements_per_lane_form_call(n, chunks, width):
+    faithful, marked = FORMS[width]
     x = np.random.default_rng(n).integers(-50, 50, n)
     want = (int((3 * x + 1).sum()), int((x * x).sum()))
     for mapper in (faithful, plain):
         assert kc.map_reduce(mapper, 1, add2, 2, (0, 0), [x], chunks=chunks) == want
     got = kc.map_reduce(marked, 1, add2, 2, (0, 0), [x], chunks=chunks)
-    assert got == (want[0] + 1000 * _chunk_vectored(n, chunks), want[1])
+    assert got == (want[0] + 1000 * _chunk_vectored(n, chunks, width), want[1])
 
 
+@by_width
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("rows,n", [(3, 31), (5, 32), (7, 35), (64, 1001)])
-def test_segmented_reduce_maps_width_elements_per_lane_form_call(rows, n, parallel):
+def test_segmented_reduce_maps_width_elements_per_lane_form_call(rows, n, parallel, width):
+    faithful, marked = FORMS[width]
     x = np.random.default_rng(rows * n).integers(-50, 50, (rows, n))
     want = ((3 * x + 1).sum(axis=1), (x * x).sum(axis=1))
     got = kc.segmented_reduce(faithful, add2, 2, (0, 0), [x], parallel=parallel)
@@ -188,7 +222,7 @@ def test_segmented_reduce_maps_width_elements_per_lane_form_call(rows, n, parall
     np.testing.assert_array_equal(got[1], want[1])
     got = kc.segmented_reduce(marked, add2, 2, (0, 0), [x], parallel=parallel)
     laned = n >= 32  # shorter rows are one chain, mapped one element at a time
-    np.testing.assert_array_equal(got[0], want[0] + (1000 * W * (n // W) if laned else 0))
+    np.testing.assert_array_equal(got[0], want[0] + (1000 * width * (n // width) if laned else 0))
     np.testing.assert_array_equal(got[1], want[1])
 
 
@@ -200,21 +234,23 @@ def test_logsumexp_of_four_lane_sums(n, chunks):
     np.testing.assert_allclose(kc.logsumexp(x[::-3], chunks=chunks), np.logaddexp.reduce(x[::-3]), rtol=1e-13)
 
 
-def _scan_lane_covered(n: int, chunks: int) -> np.ndarray:
-    """Which elements a forward map_scan maps through the lane form: the first WIDTH * (len // WIDTH) of
-    each of its chunks (T + 1 chunks for T > 1 threads' worth, else one)."""
+def _scan_lane_covered(n: int, chunks: int, width: int) -> np.ndarray:
+    """Which elements a forward map_scan maps through a `width`-lane form: the first width * (len // width)
+    of each of its chunks (T + 1 chunks for T > 1 threads' worth, else one)."""
     T = min(chunks, n)
     C = T + 1 if T > 1 else 1
     covered = np.zeros(n, bool)
     for c in range(C):
         lo, hi = c * n // C, (c + 1) * n // C
-        covered[lo: lo + W * ((hi - lo) // W)] = True
+        covered[lo: lo + width * ((hi - lo) // width)] = True
     return covered
 
 
+@by_width
 @pytest.mark.parametrize("chunks", [1, 2, 3])
 @pytest.mark.parametrize("n", [1, 3, 4, 9, 1001, 100_003])
-def test_map_scan_maps_width_elements_per_lane_form_call(n, chunks):
+def test_map_scan_maps_width_elements_per_lane_form_call(n, chunks, width):
+    faithful, marked = FORMS[width]
     x = np.random.default_rng(n).integers(-50, 50, n)
     elements = [3 * x + 1, x * x]
     for exclusive in (False, True):
@@ -229,7 +265,7 @@ def test_map_scan_maps_width_elements_per_lane_form_call(n, chunks):
                 got = kc.map_scan(mapper, 1, add2, 2, (0, 0), [x], exclusive, reverse, chunks=chunks)
                 for g, w in zip(got, reference(elements), strict=True):
                     np.testing.assert_array_equal(g, w, err_msg=f"{mapper} exclusive={exclusive} reverse={reverse}")
-    marked_elements = [elements[0] + 1000 * _scan_lane_covered(n, chunks), elements[1]]
+    marked_elements = [elements[0] + 1000 * _scan_lane_covered(n, chunks, width), elements[1]]
     got = kc.map_scan(marked, 1, add2, 2, (0, 0), [x], chunks=chunks)
     np.testing.assert_array_equal(got[0], np.cumsum(marked_elements[0]))
     np.testing.assert_array_equal(got[1], np.cumsum(elements[1]))

@@ -4,8 +4,8 @@ or out[.][i, j] over 2-D arrays, with optional scalar consts c_j passed to every
 2-D inputs may have any strides, zero included: a value broadcast along an axis (np.broadcast_to) is read
 as it is, never expanded. Parallel (prange over the first axis, Numba's own scheduling) once there are at
 least MIN_CHUNK elements for two threads; serial below that, where starting the threads would cost more than
-the work. A mapper with a lane form (kernels.cpu.lanes) maps WIDTH consecutive elements per call of it
-(along the last axis), the remainder one at a time.
+the work. A mapper with a lane form (kernels.cpu.lanes) maps as many consecutive elements per call of it as
+it has lanes (along the last axis), the remainder one at a time.
 
 Where every argument and result is float64 (an input may also be boolean) and the mapper has an F64x4 form
 (kernels.cpu.simd), the kernel is "wide": four consecutive elements are loaded into one vector register, mapped by that form and stored,
@@ -23,24 +23,25 @@ import numpy as np
 
 from . import host, simd
 from .codegen import call, compile_kernel, each, indent, names, serial_or_parallel, simd_import
-from .lanes import WIDTH, lane_call, lane_form
+from .lanes import lane_call, lane_form, lane_width
 
 
-def _map_source(k: int, m: int, c: int, ndim: int, vector: bool, wide: bool = False, gathered: tuple = ()) -> str:
+def _map_source(k: int, m: int, c: int, ndim: int, lanes: int, wide: bool = False, gathered: tuple = ()) -> str:
+    """The kernel's text; `lanes`: the elements per call of the mapper's lane form (0: it has none)."""
     if wide:
         return _wide_source(k, m, c, ndim, gathered)
     body = _element_step(k, m, c, "i" if ndim == 1 else "i, j", gathered)
     shape = _shape_source(gathered)
-    if vector and ndim == 1:
+    if lanes and ndim == 1:
         return f"""
 def kernel(T, {_params(m, k, c)}):
     if T == 1:  # no parallel region at all
-{indent(_lanes_then_rest(k, m, c, ndim, "range"), 8)}
+{indent(_lanes_then_rest(k, m, c, ndim, "range", lanes), 8)}
     else:
-{indent(_lanes_then_rest(k, m, c, ndim, "prange"), 8)}
+{indent(_lanes_then_rest(k, m, c, ndim, "prange", lanes), 8)}
 """
-    if vector:
-        body = _lanes_then_rest(k, m, c, ndim, "range", gathered)
+    if lanes:
+        body = _lanes_then_rest(k, m, c, ndim, "range", lanes, gathered)
     elif ndim == 2:
         body = f"for j in range({shape}.shape[1]):\n" + indent(body, 4)
     return f"""
@@ -60,13 +61,13 @@ def _read(j: int, index: str, gathered: tuple) -> str:
     return f"x{j}[g{j}[i]{index[1:]}]" if j in gathered else f"x{j}[{index}]"
 
 
-def _lanes_then_rest(k: int, m: int, c: int, ndim: int, loop: str, gathered: tuple = ()) -> str:
-    """The elements of a 1-D input (of row i of a 2-D one) WIDTH per call of the lane form, then the
+def _lanes_then_rest(k: int, m: int, c: int, ndim: int, loop: str, lanes: int, gathered: tuple = ()) -> str:
+    """The elements of a 1-D input (of row i of a 2-D one) `lanes` per call of the lane form, then the
     remainder one at a time."""
     block, one, span = ("b", "i", "x0.shape[0]") if ndim == 1 else ("jb", "j", f"{_shape_source(gathered)}.shape[1]")
-    return f"""for {block} in {loop}({span} // {WIDTH}):
-{indent(_lanes_step(k, m, c, "" if ndim == 1 else "i, ", block, gathered), 4)}
-for {one} in range({WIDTH} * ({span} // {WIDTH}), {span}):
+    return f"""for {block} in {loop}({span} // {lanes}):
+{indent(_lanes_step(k, m, c, "" if ndim == 1 else "i, ", block, lanes, gathered), 4)}
+for {one} in range({lanes} * ({span} // {lanes}), {span}):
 {indent(_element_step(k, m, c, "i" if ndim == 1 else "i, j", gathered), 4)}"""
 
 
@@ -122,11 +123,11 @@ def _element_step(k: int, m: int, c: int, index: str, gathered: tuple = ()) -> s
     return call("e", "mapper", args, k) + "\n" + each(f"out{{j}}[{index}] = e{{j}}", k)
 
 
-def _lanes_step(k: int, m: int, c: int, row: str, block: str, gathered: tuple = ()) -> str:
-    """The elements WIDTH * block + lane (after the index prefix `row`) through the mapper's lane form."""
-    index = [f"{row}{WIDTH} * {block} + {lane}" for lane in range(WIDTH)]
-    arguments = [[f"c{j}"] * WIDTH for j in range(c)] + [[_read(j, ix, gathered) for ix in index] for j in range(m)]
-    targets = [[f"e{j}_{lane}" for lane in range(WIDTH)] for j in range(k)]
+def _lanes_step(k: int, m: int, c: int, row: str, block: str, lanes: int, gathered: tuple = ()) -> str:
+    """The elements lanes * block + lane (after the index prefix `row`) through the mapper's lane form."""
+    index = [f"{row}{lanes} * {block} + {lane}" for lane in range(lanes)]
+    arguments = [[f"c{j}"] * lanes for j in range(c)] + [[_read(j, ix, gathered) for ix in index] for j in range(m)]
+    targets = [[f"e{j}_{lane}" for lane in range(lanes)] for j in range(k)]
     stores = "\n".join(f"out{j}[{ix}] = e{j}_{lane}" for j in range(k) for lane, ix in enumerate(index))
     return lane_call(targets, arguments) + "\n" + stores
 
@@ -143,7 +144,7 @@ def map_kernel(mapper: Any, k: int, m: int, parallel: bool = True, c: int = 0, n
     if gathered and ndim != 2:
         raise ValueError(f"gathered rows need a 2-D map, got ndim={ndim}")
     return compile_kernel(("map", mapper, k, m, c, parallel, ndim, wide, tuple(gathered)),
-                          lambda: _map_source(k, m, c, ndim, vector is not None, wide, tuple(gathered)),
+                          lambda: _map_source(k, m, c, ndim, lane_width(mapper), wide, tuple(gathered)),
                           {"mapper": mapper, "mapper_lanes": None if wide else vector, "mapper_f64x4": form},
                           parallel=parallel)
 

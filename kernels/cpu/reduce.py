@@ -12,7 +12,7 @@ A fold is a chain of dependent combines, so one accumulator runs at the latency 
 the speed of memory. The parallel kernel therefore folds each chunk as LANES contiguous sub-chunks
 interleaved in one loop (independent chains the CPU overlaps), then combines the lane totals in order:
 the same bracketing freedom as the chunks, never a change of operand order. A mapper with a lane form
-(kernels.cpu.lanes) makes that WIDTH sub-chunks, the lane form mapping the WIDTH elements of a step in one
+(kernels.cpu.lanes) makes that one sub-chunk per lane, the lane form mapping the elements of a step in one
 call of it, serially too.
 
 A commutative operator (the caller says so) may take the elements in any order, so each chunk is folded
@@ -33,7 +33,7 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, first_row, indent, names, signature
-from .lanes import WIDTH, lane_call, lane_form
+from .lanes import lane_call, lane_form, lane_width
 
 
 # Independent accumulators per parallel chunk: enough to hide the latency of a floating-point add.
@@ -59,29 +59,30 @@ def _combine_into(acc: str, other: str, k: int) -> str:
     return call(acc, "combine", names(acc, k) + ", " + names(other, k), k)
 
 
-def _fold_loop(k: int, m: int, mapped: bool, lo: str, hi: str, acc: str, vector: bool = False) -> str:
+def _fold_loop(k: int, m: int, mapped: bool, lo: str, hi: str, acc: str, vector: int = 0) -> str:
     """Fold the elements lo <= i < hi into acc_0.., starting from the identity (one chain); `vector`: the
-    elements mapped WIDTH at a time by the mapper's lane form."""
+    elements mapped that many at a time by the mapper's lane form (0: one at a time)."""
     return f"""{each(acc + "{j} = id{j}", k)}
 {_each_element(k, m, mapped, lo, hi, False, vector, _combine_into(acc, "e", k))}"""
 
 
-def _each_element(k: int, m: int, mapped: bool, lo: str, hi: str, reverse: bool, vector: bool, body: str) -> str:
+def _each_element(k: int, m: int, mapped: bool, lo: str, hi: str, reverse: bool, vector: int, body: str) -> str:
     """A loop running `body` (which reads i and e_0..) for each element i in [lo, hi), in order (from hi - 1
-    down in reverse). `vector`: WIDTH elements mapped per call of the mapper's lane form, then `body` for
-    each of them in turn; the remainder one at a time."""
+    down in reverse). `vector`: that many elements mapped per call of the mapper's lane form, then `body` for
+    each of them in turn; the remainder one at a time (0: every element one at a time)."""
     if not vector:
         return _one_at_a_time(k, m, mapped, lo, hi, reverse, body)
     assert mapped
     sign = "-" if reverse else "+"
-    elements = lane_call([[f"e{j}_{lane}" for lane in range(WIDTH)] for j in range(k)],
-                         [[f"x{j}[i0 {sign} {lane}]" for lane in range(WIDTH)] for j in range(m)])
-    each_lane = "\n".join(f"i = i0 {sign} {lane}\n" + each("e{j} = e{j}_" + str(lane), k) + "\n" + body for lane in range(WIDTH))
-    done = f"{WIDTH} * (({hi} - {lo}) // {WIDTH})"
+    width = vector
+    elements = lane_call([[f"e{j}_{lane}" for lane in range(width)] for j in range(k)],
+                         [[f"x{j}[i0 {sign} {lane}]" for lane in range(width)] for j in range(m)])
+    each_lane = "\n".join(f"i = i0 {sign} {lane}\n" + each("e{j} = e{j}_" + str(lane), k) + "\n" + body for lane in range(width))
+    done = f"{width} * (({hi} - {lo}) // {width})"
     rest = _one_at_a_time(k, m, mapped, lo, f"{hi} - {done}", True, body) if reverse else \
         _one_at_a_time(k, m, mapped, f"{lo} + {done}", hi, False, body)
-    return f"""for b in range(({hi} - {lo}) // {WIDTH}):
-    i0 = {f"{hi} - 1 - {WIDTH} * b" if reverse else f"{lo} + {WIDTH} * b"}
+    return f"""for b in range(({hi} - {lo}) // {width}):
+    i0 = {f"{hi} - 1 - {width} * b" if reverse else f"{lo} + {width} * b"}
 {indent(elements, 4)}
 {indent(each_lane, 4)}
 {rest}"""
@@ -96,14 +97,14 @@ def _lanes_loop(k: int, m: int, mapped: bool, lanes: int, row: str = "", vector:
                 q: str | None = None) -> str:
     """Fold lo <= i < hi into acc_0.. as `lanes` interleaved sub-chunks of q elements (the last one also
     takes the remainder), then combine the lane totals in lane order. `row`: an index prefix for 2-D
-    inputs ("r, ": the elements of row r). `vector`: map the `lanes` (== WIDTH) elements of a step with one
-    call of the mapper's lane form. `merge=False`: leave the lane totals in a0_.., a1_.., uncombined. `q`:
+    inputs ("r, ": the elements of row r). `vector`: map the `lanes` elements of a step with one call of the
+    mapper's lane form (of that many lanes). `merge=False`: leave the lane totals in a0_.., a1_.., uncombined. `q`:
     the sub-chunk length where the caller knows it better than (hi - lo) // lanes (a literal)."""
     acc = [f"a{lane}_" for lane in range(lanes)]
     index = [f"{row}i + {lane} * q" for lane in range(lanes)]
     combines = [_combine_into(acc[lane], f"e{lane}_", k) for lane in range(lanes)]
     if vector:
-        assert mapped and lanes == WIDTH, (mapped, lanes, WIDTH)
+        assert mapped, lanes
         elements = lane_call([[f"e{lane}_{j}" for lane in range(lanes)] for j in range(k)],
                              [[f"x{j}[{ix}]" for ix in index] for j in range(m)])
         step = elements + "\n" + "\n".join(combines)
@@ -154,7 +155,7 @@ for i in range(hi - lo):
     acc0 = acc0 {symbol} e0"""
 
 
-def _fold_source(k: int, m: int, mapped: bool, vector: bool, tiled: bool = False, inline: str | None = None,
+def _fold_source(k: int, m: int, mapped: bool, vector: int, tiled: bool = False, inline: str | None = None,
                  layout: tuple[tuple[int, ...], ...] | None = None) -> str:
     if inline is not None:  # one reassociable loop, serially too
         serial = f"""lo = 0
@@ -166,10 +167,10 @@ return (acc0,)"""
 hi = n
 {_tiled_loop(k, m, mapped)}
 return ({names("acc", k)},)"""
-    elif vector:  # the lane form maps WIDTH elements at a time, each to its own chain
+    elif vector:  # the lane form maps `vector` elements at a time, each to its own chain
         serial = f"""lo = 0
 hi = n
-{_lanes_loop(k, m, mapped, WIDTH, vector=True)}
+{_lanes_loop(k, m, mapped, vector, vector=True)}
 return ({names("acc", k)},)"""
     else:
         serial = f"""{_fold_loop(k, m, mapped, "0", "n", "s")}
@@ -177,8 +178,8 @@ return ({names("s", k)},)"""
     if inline is not None:
         chunk = _reassociated_loop(m, mapped, inline)
     else:
-        chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, WIDTH if vector else LANES,
-                                                                    vector=vector)
+        chunk = _tiled_loop(k, m, mapped) if tiled else _lanes_loop(k, m, mapped, vector or LANES,
+                                                                    vector=bool(vector))
     # The two folds are helpers the kernel calls: a prange loop's body is copied and analysed again by
     # Numba's parfor passes, and at k = 6 (a record of six leaves) the kernel with the chunk's fold written
     # in the loop took 4.7 s to compile (see kernels.cpu.codegen.compile_kernel's `helpers`).
@@ -230,7 +231,7 @@ def fold_kernel(combine: Any, k: int, mapper: Any = None, m: int | None = None, 
     inline = INLINE_OPERATORS[operator] if operator is not None and k == 1 and vector is None else None
     tiled = commutative and vector is None and inline is None
     key = ("fold", combine, mapper, k, m, parallel, tiled, inline, layout)
-    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, vector is not None, tiled, inline, layout),
+    return compile_kernel(key, lambda: _fold_source(k, m, mapper is not None, lane_width(mapper), tiled, inline, layout),
                           {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel,
                           fastmath={"reassoc"} if inline is not None else None, helpers=("serial_fold", "chunk_fold"))
 

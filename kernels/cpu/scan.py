@@ -39,7 +39,7 @@ import numpy as np
 
 from . import host
 from .codegen import call, compile_kernel, each, indent, names
-from .lanes import lane_form
+from .lanes import lane_form, lane_width
 from .reduce import _each_element, _fold_loop
 
 
@@ -61,7 +61,7 @@ def _step(k: int, live: tuple | None, reverse: bool) -> str:
 
 
 def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None, exclusive: bool,
-                reverse: bool, vector: bool) -> str:
+                reverse: bool, vector: int) -> str:
     """Scan the elements lo <= i < hi into out_j, from the seed acc_0.. (one of the four variants: each kernel
     is written for one, which keeps the source, and Numba's compile time, a quarter of all four)."""
     store, step = _store(k, m, r, post), _step(k, live, reverse)
@@ -69,7 +69,7 @@ def _scan_chunk(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | 
 
 
 def _scan_source(k: int, m: int, mapped: bool, r: int, post: bool, live: tuple | None, exclusive: bool,
-                 reverse: bool, vector: bool) -> str:
+                 reverse: bool, vector: int) -> str:
     full = _scan_chunk(k, m, mapped, r, post, None, exclusive, reverse, vector)
     final = _scan_chunk(k, m, mapped, r, post, live, exclusive, reverse, vector)
     if reverse:  # the last chunk needs no seed; the totals of chunks 1 .. T; seeds from the right
@@ -132,7 +132,7 @@ def scan_kernel(combine: Any, k: int, parallel: bool = True, *, exclusive: bool 
     vector = lane_form(mapper)
     key = ("scan", combine, k, parallel, exclusive, reverse, mapper, m, post, r, step, live)
     return compile_kernel(key, lambda: _scan_source(k, m, mapper is not None, r, post is not None, live, exclusive, reverse,
-                                                    vector is not None),
+                                                    lane_width(mapper)),
                           {"combine": combine, "mapper": mapper, "mapper_lanes": vector, "post": post, "step": step},
                           parallel=parallel)
 

@@ -5,7 +5,7 @@
 with f the optional mapper (the identity map when None). Rows run in parallel (prange), each folded in
 column order, so non-commutative operators are correct: a long row as LANES contiguous sub-rows folded in
 one interleaved loop (independent chains, as in kernels.cpu.reduce), their totals combined in order; where
-the mapper has a lane form (kernels.cpu.lanes), as WIDTH sub-rows, the lane form mapping the WIDTH elements
+the mapper has a lane form (kernels.cpu.lanes), as one sub-row per lane, the lane form mapping the elements
 of a step in one call.
 Parallelism is over rows only:
 with fewer rows than threads, some threads idle (a single long row is better served by map_reduce).
@@ -25,7 +25,7 @@ import numpy as np
 
 from . import host, simd
 from .codegen import call, compile_kernel, each, indent, names, serial_or_parallel, simd_import
-from .lanes import WIDTH, lane_form
+from .lanes import lane_form, lane_width
 from .reduce import LANES, _element, _lanes_loop
 
 # F64x4 accumulators per row in the wide kernel: four hide the latency of an addition or a maximum.
@@ -103,7 +103,7 @@ def segmented_kernel(mapper: Any, combine: Any, k: int, m: int, parallel: bool =
         return compile_kernel(("segmented_wide", combine, mapper, m, parallel), lambda: _wide_source(m, mapper is not None),
                               {"combine": combine, "mapper": mapper, **forms}, parallel=parallel)
     vector = lane_form(mapper) if lanes > 1 else None
-    lanes = WIDTH if vector is not None else lanes  # a lane form's call fills WIDTH chains at once
+    lanes = lane_width(mapper) if vector is not None else lanes  # a lane form's call fills a chain per lane
     key = ("segmented", combine, mapper, k, m, parallel, lanes)
     return compile_kernel(key, lambda: _segmented_source(k, m, mapper is not None, lanes, vector is not None),
                           {"combine": combine, "mapper": mapper, "mapper_lanes": vector}, parallel=parallel)

@@ -333,12 +333,19 @@ def _in_lane(text: str, lane: int) -> str:
     return _SCALAR_NAME.sub(lambda match: f"{match.group(0)}__{lane}", text)
 
 
+def _lane_width(writer: _Writer) -> int:
+    """The lanes of the written-out program's lane form: WIDE where every vector call is of float32 (eight
+    floats fill an AVX2 register), else WIDTH."""
+    vectors = [vector for _, _, vector in writer.statements if vector is not None]
+    return lanes.WIDE if vectors and all(dtype == "float32" for (_, dtype), _ in vectors) else lanes.WIDTH
+
+
 def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str) -> str | None:
     """The written-out program's lane form (see kernels.cpu.lanes) as `def name(x0_0__lanes, x0_1__lanes, ...)`
     (each parameter's WIDTH lanes as a tuple), or None where it would not pay: no statement has a vector
     form, vector math is unavailable, or the lane form takes more parameters than a kernel's call of it can
     inline."""
-    width = lanes.WIDTH
+    width = _lane_width(writer)
     if (not vector_math.AVAILABLE or all(vector is None for _, _, vector in writer.statements)
             or len(params) > MAX_INLINED_PARAMETERS):
         return None
@@ -476,7 +483,7 @@ def compile_scalar_program(program: Program) -> Callable:
         module = load_module(source, jit)
         fn = _compiled[program] = module.scalar_fn
         if has_lane_form:
-            lanes.register(fn, module.scalar_fn_lanes)
+            lanes.register(fn, module.scalar_fn_lanes, _lane_width(writer))
         if has_vector_form:
             simd.register_form(fn, module.scalar_fn_f64x4)
     return fn
