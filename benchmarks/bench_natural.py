@@ -121,7 +121,7 @@ def unseen_sizes(quick: bool) -> dict[str, dict[str, int]]:
 
 
 SETS = {"natural": sizes, "untuned": untuned_sizes, "fresh": fresh_sizes, "families": family_sizes,
-        "numpy": numpy_style.sizes, "unseen": unseen_sizes}
+        "numpy": numpy_style.sizes, "unseen": unseen_sizes, "numpy2": numpy_style.later_sizes}
 
 
 def inputs(case: str, s: dict, seed: int = 0) -> tuple[np.ndarray, ...]:

@@ -607,11 +607,11 @@ def test_nested_map_of_a_body_on_literals_keeps_its_shape(shape):
 def test_gemm_pairs_backward_is_one_kernel_of_few_inputs():
     """Cross-entropy's backward block under the pairs rule: its fields and D pair by pair are one elementwise
     kernel, each view of the row and column data passed once, so that the kernel keeps its lane form (at most
-    codegen.MAX_INLINED_PARAMETERS inputs) and reads each view once."""
+    codegen.MAX_LANE_PARAMETERS inputs) and reads each view once."""
     from fold import ad
     from examples import gemm_layers
     from fold.primitives import GemmBlockSum
-    from fold.runtime.numba_backend.codegen import MAX_INLINED_PARAMETERS
+    from fold.runtime.numba_backend.codegen import MAX_LANE_PARAMETERS
     from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
     from fold.runtime.numba_backend.passes import prepare
 
@@ -622,7 +622,7 @@ def test_gemm_pairs_backward_is_one_kernel_of_few_inputs():
     (backward,) = [s.prim for s in grad_program.stmts if isinstance(s.prim, GemmBlockSum)]
     block = prepare(backward.blocks[0][1], whole_arrays=True)
     (kernel,) = [s for s in block.stmts if isinstance(s.prim, FusedElementwise)]
-    assert len(kernel.args) <= MAX_INLINED_PARAMETERS, [str(a) for a in kernel.args]
+    assert len(kernel.args) <= MAX_LANE_PARAMETERS, [str(a) for a in kernel.args]
     assert len(set(kernel.args)) == len(kernel.args)
 
 
@@ -1292,8 +1292,8 @@ def test_lane_forms_only_where_a_vector_call_pays():
 
     x = rng.normal(size=COMPILE_FROM + 5)
     assert lane_form_of(lambda x: fold.map(lambda v: v * 2.0 + 1.0, x), x) is None
-    wide = rng.normal(size=(1000, 16))
-    assert lane_form_of(lambda w, u: fold.map(lambda r, s: fold.exp(r) * s, w, u), wide, wide) is None  # 2 x 16
+    wide = rng.normal(size=(1000, 8))
+    assert lane_form_of(lambda w: fold.map(lambda r: fold.exp(r), w), wide) is None  # 8 parameters
     mixed = lambda x: fold.map(lambda v: (fold.exp(v), v, 2.0 + 0.0 * v, fold.sin(v) * fold.cos(v)), x)  # noqa: E731
     assert (lane_form_of(mixed, x) is not None) == vector_math.AVAILABLE
     assert_same(*both(mixed, x), rtol=1e-14)

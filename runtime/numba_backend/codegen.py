@@ -43,6 +43,10 @@ MAX_STATEMENTS = 1024
 # A kernel calls an operator of k-leaf elements with 2k scalars; CPython compiles a call of more than 30
 # arguments into a *args call, which Numba's inline="always" cannot inline: such a lambda is an ordinary call.
 MAX_INLINED_PARAMETERS = 30
+# A lane form is its program written once per lane and inlined at every call site: lambdas of more parameters
+# (a monoid of many leaves) got none while each lane was a parameter of its own (4 x 7 <= 30), and giving
+# them one (lanes passed as tuples) made the suite's slowest monoid check take 77 s to compile.
+MAX_LANE_PARAMETERS = 7
 # Numba inlines a function at its IR level, once per call site, before typing it: a kernel calling an
 # operator at many sites (scan_pair_map's interleaved segments: 18) compiles its body that many times. A
 # larger function is an ordinary call, which LLVM may still inline, at a fraction of the compile time.
@@ -343,11 +347,10 @@ def _lane_width(writer: _Writer) -> int:
 def _lane_source(writer: _Writer, params: list[str], outs: list[str], name: str) -> str | None:
     """The written-out program's lane form (see kernels.cpu.lanes) as `def name(x0_0__lanes, x0_1__lanes, ...)`
     (each parameter's WIDTH lanes as a tuple), or None where it would not pay: no statement has a vector
-    form, vector math is unavailable, or the lane form takes more parameters than a kernel's call of it can
-    inline."""
+    form, vector math is unavailable, or the program has more than MAX_LANE_PARAMETERS parameters."""
     width = _lane_width(writer)
     if (not vector_math.AVAILABLE or all(vector is None for _, _, vector in writer.statements)
-            or len(params) > MAX_INLINED_PARAMETERS):
+            or len(params) > MAX_LANE_PARAMETERS):
         return None
     lines = [f"{', '.join(_in_lane(p, lane) for lane in range(width))}, = {p}__lanes" for p in params]
     for target, expr, vector in writer.statements:

@@ -6,8 +6,8 @@ two elementwise statements, and there they split a run of elementwise fusion.
 
 Rewrites that each write their own operands (unnest.py gives every nested map its own per-row and
 per-column broadcasts) leave several variables for one view of one value. Elementwise fusion then passes
-each as a separate kernel input, and a kernel of many inputs loses its four-lane form (codegen's
-MAX_INLINED_PARAMETERS): gemm_map_reduce's backward, whose fields and cotangents broadcast the same row
+each as a separate kernel input, and a kernel of many inputs loses its lane form (codegen's
+MAX_LANE_PARAMETERS): gemm_map_reduce's backward, whose fields and cotangents broadcast the same row
 and column data, ran its exponentials one lane at a time. Views are free to merge: they copy nothing.
 """
 
