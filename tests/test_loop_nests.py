@@ -5,11 +5,14 @@ the maps' size materialised (what `fold.lowered` shows)."""
 from __future__ import annotations
 
 import re
+from collections import Counter
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import fold
+from fold.kernels.cpu import vector_math
 from fold.runtime.loops import LoopNest, describe, kernel_of
 from fold.runtime.loops.nest import Buffer, buffers
 from fold.runtime.numba_backend.passes import prepare
@@ -310,6 +313,20 @@ lanes_only = pytest.mark.skipif(not _vector_math_available(),
                                 reason="no libmvec with AVX2 here (or FOLD_VECTOR_MATH=0): the loops stay scalar")
 
 
+def _lanes(dtype) -> int:
+    """The iterations nest_lanes runs side by side in a loop whose transcendentals are all of `dtype`."""
+    from fold.runtime.numba_backend import nest_lanes
+
+    return nest_lanes.WIDE if np.dtype(dtype) == np.float32 else nest_lanes.WIDTH
+
+
+def _call(op: str, dtype) -> str:
+    """The vector call of `op` in such a loop, as the kernel's text has it."""
+    from fold.kernels.cpu import vector_math
+
+    return vector_math.function_name(op, np.dtype(dtype).name, _lanes(dtype)) + "("
+
+
 def _logsumexp_rows(X):
     return fold.reduce(M.sum, fold.map(lambda r: fold.reduce(M.logaddexp, r), X))
 
@@ -318,15 +335,16 @@ def _logsumexp_rows(X):
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
 def test_a_commutative_fold_over_a_row_runs_in_lanes_merged_after(dtype, rtol):
     """The logaddexp of each row (its maximum, then the sum of exp(x - maximum); the gradient's exp of each
-    element) runs four elements per vector call, each fold in four copies merged after the loop; 103 columns
-    leave three for the scalar loop after."""
+    element) runs four elements per vector call (float32: eight), each fold in a copy per lane merged after
+    the loop; 103 columns leave three (seven) for the scalar loop after."""
     X = rng.normal(size=(30, 103)).astype(dtype)
     X[3] = -np.inf  # a row of -inf in every lane: the merge keeps -inf, and the gradient's 0 * ... stays 0
     X[4, :50] = np.inf
     grad = fold.grad(_logsumexp_rows)
     text = _sources(grad, X)
-    assert ("vexpf(" if dtype == np.float32 else "vexp(") in text and "_maximum(acc" in text, text
-    assert "__g in range(25)" in text and "in range(3)" in text, text
+    lanes = _lanes(dtype)
+    assert _call("exp", dtype) in text and "_maximum(acc" in text, text
+    assert f"__g in range({103 // lanes})" in text and f"in range({103 % lanes})" in text, text
     for f in (_logsumexp_rows, grad):
         got, want = _both(f, X)
         np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(want)))
@@ -349,6 +367,39 @@ def test_a_non_commutative_fold_keeps_its_order_while_its_elements_run_in_lanes(
     assert "vtanh(" in text and "__g in range(3)" in text, text
     got, want = _both(f, X)
     _close(got, want, 1e-13)
+
+
+@lanes_only
+def test_float32_transcendentals_run_eight_lanes_and_others_four():
+    """A row's float32 exp runs eight lanes per call (one AVX2 register); a float32 sigmoid, which computes
+    in float64 as its scalar helper does, and float64 exp run four."""
+    X32 = rng.normal(size=(6, 40)).astype(np.float32)
+    exp_sum = lambda X: fold.sum(fold.map(lambda r: fold.sum(fold.exp(r)), X))  # noqa: E731
+    sigmoid_sum = lambda X: fold.sum(fold.map(lambda r: fold.sum(fold.sigmoid(r)), X))  # noqa: E731
+    eight, four = vector_math.function_name("exp", "float32", 8), vector_math.function_name("exp", "float64", 4)
+    assert f"{eight}(" in _sources(exp_sum, X32), _sources(exp_sum, X32)
+    assert f"{four}(" in _sources(sigmoid_sum, X32) and f"{eight}(" not in _sources(sigmoid_sum, X32)
+    assert f"{four}(" in _sources(exp_sum, X32.astype(np.float64))
+    for f in (exp_sum, sigmoid_sum):
+        _close(*_both(f, X32), 2e-6)
+
+
+@lanes_only
+def test_eight_lanes_over_the_statement_budget_fall_back_to_four(monkeypatch):
+    """A loop whose eight-lane form would add more statements than the kernel's budget (MAX_ADDED) has left
+    runs four lanes where those fit, and stays scalar where neither does."""
+    from fold.runtime.loops.nest import Assign, Loop, Store
+    from fold.runtime.loops.text import size
+    from fold.runtime.numba_backend import nest_lanes
+
+    loop = Loop("j", 64, (Assign("e", "in0[j]"), Assign("t", "np.float32(math.exp(e))"), Store("out0", ("j",), "t")))
+    calls = {width: vector_math.function_name("exp", "float32", width) + "(" for width in (4, 8)}
+    added = {width: size(nest_lanes._laned(loop, Counter(), width=width)) - size([loop]) for width in (4, 8)}
+    assert added[4] < added[8], added
+    for budget, want in ((added[8], 8), (added[8] - 1, 4), (added[4] - 1, None)):
+        monkeypatch.setattr(nest_lanes, "MAX_ADDED", budget)
+        text = repr(nest_lanes.in_lanes((loop,)))
+        assert all((call in text) == (width == want) for width, call in calls.items()), (budget, text)
 
 
 @lanes_only
@@ -437,7 +488,7 @@ def test_an_array_a_map_stored_is_read_from_its_buffer_by_the_statements_after_i
     for each column); the normaliser's sum after it reads that buffer, not the exponentials again."""
     Q, K, V = (rng.normal(size=(r, 8)).astype(np.float32) for r in (12, 40, 40))
     text = _sources(_attention, Q, K, V)
-    assert text.count("vexpf(") == 1, text
+    assert text.count(_call("exp", np.float32)) == 1, text
     _close(*_both(_attention, Q, K, V), 2e-6)
     _close(*_both(fold.grad(lambda Q, K, V: fold.sum(_attention(Q, K, V)), argnums=(0, 1, 2)), Q, K, V), 2e-5)
 
@@ -453,7 +504,7 @@ def test_softmax_rows_compute_each_exp_once():
         return fold.map(lambda r: (lambda e: e / fold.sum(e))(fold.exp(r - fold.reduce(M.max, r))), X)
 
     text = _sources(softmax_rows, X)
-    assert "kept0[i" in text and text.count("vexpf(") == 1, text
+    assert "kept0[i" in text and text.count(_call("exp", np.float32)) == 1, text
     _close(*_both(softmax_rows, X), 2e-6)
 
 
@@ -482,20 +533,23 @@ def _tanh_of_dots(X, w):
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
 @pytest.mark.parametrize("n", [3, 4, 41])
 def test_rows_go_side_by_side_where_a_transcendental_follows_their_fold(n, dtype, rtol):
-    """tanh of each row's dot product: no innermost loop has the tanh, so four rows go through the body side
-    by side, the row's loop once for all four (each row's sum its own, in its own order) and the tanh one
-    vector call; summed, the sum in four copies merged after. 3 rows: no group; 41: ten groups and one left."""
+    """tanh of each row's dot product: no innermost loop has the tanh, so four rows (float32: eight) go
+    through the body side by side, the row's loop once for all of them (each row's sum its own, in its own
+    order) and the tanh one vector call; summed, the sum in a copy per lane merged after. 3 rows: no group;
+    41: ten groups (five) and one left."""
     X, w = rng.normal(size=(n, 5)).astype(dtype), rng.normal(size=5).astype(dtype)
     summed = lambda X, w: fold.sum(_tanh_of_dots(X, w))  # noqa: E731
+    lanes = _lanes(dtype)
+    last = lanes - 1
     for f in (_tanh_of_dots, summed, fold.grad(summed, argnums=(0, 1))):
         got, want = _both(f, X, w)
         _close(got, want, rtol)
     for f in (_tanh_of_dots, summed):
         text = _sources(f, X, w)
-        assert "vtanh" in text and "i__c__g in range(i__c__n // 4)" in text, text
-        assert re.search(r"e\d+__3 = in1\[i__3, i\d+\]", text), text
+        assert _call("tanh", dtype) in text and f"i__c__g in range(i__c__n // {lanes})" in text, text
+        assert re.search(rf"e\d+__{last} = in1\[i__{last}, i\d+\]", text), text
         assert len(re.findall(r"for i\d+ in range\(5\)", text)) == 2, text  # the group's, and the rows left over
-    assert re.search(r"state\d+__3", _sources(summed, X, w))
+    assert re.search(rf"state\d+__{last}", _sources(summed, X, w))
 
 
 @lanes_only

@@ -1,5 +1,6 @@
 """A loop nest's innermost loops rewritten to run WIDTH iterations side by side, so that a transcendental
-function (exp, log, tanh, logaddexp, ...) is computed for WIDTH elements in one call of kernels.cpu.vector_math.
+function (exp, log, tanh, logaddexp, ...) is computed for WIDTH elements in one call of kernels.cpu.vector_math
+(WIDE where the loop's transcendentals are all float32 ones with an eight-lane form: one AVX2 register).
 
 Numba calls libm once per element inside a loop, and LLVM cannot vectorise around the call (the vector
 library option has no effect in Numba's llvmlite; see vector_math). The elementwise kernels avoid that with a
@@ -41,9 +42,11 @@ from fold.runtime.loops.text import assigned as written, events, names, reads, s
 
 from .codegen import LANE_RULES
 
-# four iterations side by side (the intrinsics' four-lane forms): eight would run float32 transcendentals in
-# half the calls, but doubles the statements a rewrite adds, and with them Numba's compile time
+# four iterations side by side (the intrinsics' four-lane forms); eight (WIDE) where every transcendental of
+# the loop is a float32 one libmvec computes eight at a time in an AVX2 register (half the calls), as long as
+# the statements it adds fit the budget (MAX_ADDED), else four
 WIDTH = 4
+WIDE = 8
 # the fewest iterations worth a rewrite: at least two groups
 MIN_EXTENT = 2 * WIDTH
 # the most statements the rewrites may add to one kernel: Numba's compile time grows faster than the text
@@ -76,6 +79,9 @@ def _in_lanes(nodes: tuple, total: Counter, budget: list[int]) -> tuple:
             long_fold = node.folds and not isinstance(node.extent, str) and node.extent >= SPLIT_EXTENT
             laned = _laned(node, total, split_alone=bool(long_fold))
             added = size(laned) - size([node])
+            if added > budget[0]:  # eight lanes add twice the statements of four
+                laned = _laned(node, total, split_alone=bool(long_fold), width=WIDTH)
+                added = size(laned) - size([node])
             if added > budget[0]:
                 laned = [node]
             else:
@@ -117,7 +123,10 @@ def outer_in_lanes(outer: ParallelMap | ParallelFold, reads_outside: Counter) ->
     if not vector_math.AVAILABLE or all(isinstance(n, (Assign, Store)) for n in body) or not _pays_outside(body):
         return None
     loop = _chunk_loop(outer.index, body, () if isinstance(outer, ParallelMap) else outer.folds)
-    laned = _laned(loop, reads_outside + reads([loop]), nested=True)
+    total = reads_outside + reads([loop])
+    laned = _laned(loop, total, nested=True)
+    if size(laned) - size([loop]) > MAX_ADDED:
+        laned = _laned(loop, total, nested=True, width=WIDTH)
     if laned == [loop] or size(laned) - size([loop]) > MAX_ADDED:
         return None
     return tuple(laned)
@@ -226,11 +235,13 @@ def _tiled(loop: Loop, dtypes: dict, reads_total: Counter, index: str) -> tuple 
     return tuple(nodes)
 
 
-def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: bool = False) -> list:
+def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: bool = False,
+           width: int | None = None) -> list:
     """The loop run in lanes (its group loop, the fold copies' merge, then the rest), or [loop] unchanged.
     `split_alone`: splitting the folds pays even where no statement has a lane rule. `nested`: the body may
     hold loops, buffers and branches (the outer traversal's body); a loop that reads nothing carried runs
-    once for all lanes, its statements written per lane."""
+    once for all lanes, its statements written per lane. `width`: the lanes, or None for the widest its
+    vector calls and extent allow (_lanes_for)."""
     body = loop.body
     dynamic = isinstance(loop.extent, str)
     if ((not dynamic and loop.extent < MIN_EXTENT)
@@ -252,28 +263,47 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
     parallel = [node for node in body if node not in serial]
     if not (split_alone and split) and not _has_lane_call(parallel):
         return [loop]
+    if width is None:
+        width = _lanes_for(parallel, loop.extent)
     local = (assigned - carried - indices) | (own - carried) | {loop.index} | split
     if any(isinstance(n.extent, str) and set(names(n.extent)) & local for n in _loops(parallel)):
         return [loop]  # an inner loop whose trip count differs from lane to lane
     rename = _renamer(local)
     group = f"{loop.index}__g"
     extent = f"{loop.index}__n" if dynamic else loop.extent
-    first = f"({extent} - {extent} % {WIDTH})" if dynamic else loop.extent - loop.extent % WIDTH
-    lines = [Assign(rename(loop.index, lane), f"{group} * {WIDTH} + {lane}") for lane in range(WIDTH)]
+    first = f"({extent} - {extent} % {width})" if dynamic else loop.extent - loop.extent % width
+    lines = [Assign(rename(loop.index, lane), f"{group} * {width} + {lane}") for lane in range(width)]
     for node in parallel:
-        lines += _side_by_side(node, rename)
-    lines += [_renamed(node, rename, lane) for lane in range(WIDTH) for node in body if node in serial]
+        lines += _side_by_side(node, rename, width)
+    lines += [_renamed(node, rename, lane) for lane in range(width) for node in body if node in serial]
     nodes = [Assign(extent, loop.extent)] if dynamic else []
     nodes += [Assign(rename(acc, lane), acc if lane == 0 else identity)
-              for fold in loop.folds for lane in range(WIDTH) for acc, identity in zip(fold.accs, fold.identities)]
-    nodes.append(Loop(group, f"{extent} // {WIDTH}" if dynamic else first // WIDTH, tuple(lines)))
+              for fold in loop.folds for lane in range(width) for acc, identity in zip(fold.accs, fold.identities)]
+    nodes.append(Loop(group, f"{extent} // {width}" if dynamic else first // width, tuple(lines)))
     for fold in loop.folds:
-        nodes += _merged(fold, rename)
+        nodes += _merged(fold, rename, width)
     if dynamic or first < loop.extent:
         rest = f"{loop.index}__r"
-        nodes.append(Loop(rest, f"{extent} % {WIDTH}" if dynamic else loop.extent - first,
+        nodes.append(Loop(rest, f"{extent} % {width}" if dynamic else loop.extent - first,
                           (Assign(loop.index, f"{first} + {rest}"), *body), loop.folds))
     return nodes
+
+
+def _lanes_for(parallel: list, extent) -> int:
+    """WIDE where the statements run side by side call vector math, all of it float32 with an eight-lane
+    form, and the loop (if of a known extent) fills two groups of eight; else WIDTH."""
+    calls = [lane_call(n.expr) for n in _assignments(parallel)]
+    calls = [c for c in calls if c]
+    eight = calls and all(dtype == "float32" and (op, dtype) in LANE_RULES for op, dtype, _ in calls)
+    return WIDE if eight and (isinstance(extent, str) or extent >= 2 * WIDE) else WIDTH
+
+
+def _assignments(nodes: Iterable) -> Iterable[Assign]:
+    for node in nodes:
+        if isinstance(node, Assign):
+            yield node
+        elif isinstance(node, (Loop, If)):
+            yield from _assignments(node.body)
 
 
 def _loops(nodes: Iterable) -> Iterable[Loop]:
@@ -325,14 +355,14 @@ def _serial(body: tuple, carried: set[str], own: set[str] = frozenset()) -> set:
     return serial
 
 
-def _side_by_side(node, rename) -> list:
+def _side_by_side(node, rename, width: int) -> list:
     """A node that reads nothing carried, for every lane: a loop runs once, its statements per lane."""
     if isinstance(node, Assign):
-        return _parallel_statement(node, rename)
+        return _parallel_statement(node, rename, width)
     if isinstance(node, Loop):
-        inner = [line for n in node.body for line in _side_by_side(n, rename)]
+        inner = [line for n in node.body for line in _side_by_side(n, rename, width)]
         return [Loop(node.index, node.extent, tuple(inner))]
-    return [_renamed(node, rename, lane) for lane in range(WIDTH)]
+    return [_renamed(node, rename, lane) for lane in range(width)]
 
 
 def _renamer(local: set[str]):
@@ -359,14 +389,14 @@ def _renamed(node, rename, lane):
                 tuple(_renamed(n, rename, lane) for n in node.body))
 
 
-def _parallel_statement(node: Assign, rename) -> list[Assign]:
+def _parallel_statement(node: Assign, rename, width: int) -> list[Assign]:
     """One statement for every lane: a lane rule's vector call where it has one, else once per lane."""
     call = lane_call(node.expr)
     if call is None:
-        return [_renamed(node, rename, lane) for lane in range(WIDTH)]
+        return [_renamed(node, rename, lane) for lane in range(width)]
     op, dtype, args = call
-    targets = [rename(node.target, lane) for lane in range(WIDTH)]
-    lanes = [[rename(a, lane) for lane in range(WIDTH)] for a in args]
+    targets = [rename(node.target, lane) for lane in range(width)]
+    lanes = [[rename(a, lane) for lane in range(width)] for a in args]
     if (op, dtype) in LANE_RULES:
         return [_assignment(line) for line in LANE_RULES[(op, dtype)](targets, lanes)]
     wide = [f"{t}_wide" for t in targets]  # computed in float64 (as the scalar helper computes), then rounded
@@ -379,11 +409,11 @@ def _assignment(line: str) -> Assign:
     return Assign(target, expr)
 
 
-def _merged(fold: LaneFold, rename) -> list[Assign]:
+def _merged(fold: LaneFold, rename, width: int) -> list[Assign]:
     """Lane 0's copies of the accumulators folded with every other lane's, then back in the accumulators."""
     temporaries = _renamer({n.target for n in fold.merge if isinstance(n, Assign)} - set(fold.left) - set(fold.right))
     nodes = []
-    for lane in range(1, WIDTH):
+    for lane in range(1, width):
         states = dict(zip(fold.left, (rename(a, 0) for a in fold.accs)))
         states.update(zip(fold.right, (rename(a, lane) for a in fold.accs)))
         nodes += [Assign(s, value) for s, value in states.items()]
