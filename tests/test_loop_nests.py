@@ -313,18 +313,22 @@ lanes_only = pytest.mark.skipif(not _vector_math_available(),
                                 reason="no libmvec with AVX2 here (or FOLD_VECTOR_MATH=0): the loops stay scalar")
 
 
-def _lanes(dtype) -> int:
-    """The iterations nest_lanes runs side by side in a loop whose transcendentals are all of `dtype`."""
-    from fold.runtime.numba_backend import nest_lanes
+@pytest.fixture(params=[False, True], ids=["four", "wide"])
+def lanes(request, monkeypatch):
+    """The lanes nest_lanes gives a loop whose transcendentals are all of a dtype: four at these tests' sizes,
+    and (`wide`) eight for float32, as it does from WIDE_MIN_ITERATIONS iterations on (lowered to 0 for the
+    test, with the compiled kernels of the same nests set aside)."""
+    from fold.runtime.numba_backend import loop_nests, nest_lanes
 
-    return nest_lanes.WIDE if np.dtype(dtype) == np.float32 else nest_lanes.WIDTH
+    if request.param:
+        monkeypatch.setattr(nest_lanes, "WIDE_MIN_ITERATIONS", 0)
+        monkeypatch.setattr(loop_nests, "_compiled", type(loop_nests._compiled)())
+    return lambda dtype: nest_lanes.WIDE if request.param and np.dtype(dtype) == np.float32 else nest_lanes.WIDTH
 
 
-def _call(op: str, dtype) -> str:
-    """The vector call of `op` in such a loop, as the kernel's text has it."""
-    from fold.kernels.cpu import vector_math
-
-    return vector_math.function_name(op, np.dtype(dtype).name, _lanes(dtype)) + "("
+def _call(op: str, dtype, lanes: int) -> str:
+    """The vector call of `op` on `lanes` lanes of `dtype`, as a kernel's text has it."""
+    return vector_math.function_name(op, np.dtype(dtype).name, lanes) + "("
 
 
 def _logsumexp_rows(X):
@@ -333,7 +337,7 @@ def _logsumexp_rows(X):
 
 @lanes_only
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
-def test_a_commutative_fold_over_a_row_runs_in_lanes_merged_after(dtype, rtol):
+def test_a_commutative_fold_over_a_row_runs_in_lanes_merged_after(dtype, rtol, lanes):
     """The logaddexp of each row (its maximum, then the sum of exp(x - maximum); the gradient's exp of each
     element) runs four elements per vector call (float32: eight), each fold in a copy per lane merged after
     the loop; 103 columns leave three (seven) for the scalar loop after."""
@@ -342,9 +346,9 @@ def test_a_commutative_fold_over_a_row_runs_in_lanes_merged_after(dtype, rtol):
     X[4, :50] = np.inf
     grad = fold.grad(_logsumexp_rows)
     text = _sources(grad, X)
-    lanes = _lanes(dtype)
-    assert _call("exp", dtype) in text and "_maximum(acc" in text, text
-    assert f"__g in range({103 // lanes})" in text and f"in range({103 % lanes})" in text, text
+    width = lanes(dtype)
+    assert _call("exp", dtype, width) in text and "_maximum(acc" in text, text
+    assert f"__g in range({103 // width})" in text and f"in range({103 % width})" in text, text
     for f in (_logsumexp_rows, grad):
         got, want = _both(f, X)
         np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(want)))
@@ -370,9 +374,14 @@ def test_a_non_commutative_fold_keeps_its_order_while_its_elements_run_in_lanes(
 
 
 @lanes_only
-def test_float32_transcendentals_run_eight_lanes_and_others_four():
-    """A row's float32 exp runs eight lanes per call (one AVX2 register); a float32 sigmoid, which computes
-    in float64 as its scalar helper does, and float64 exp run four."""
+def test_float32_transcendentals_run_eight_lanes_and_others_four(monkeypatch):
+    """A row's float32 exp runs eight lanes per call (one AVX2 register) where the loop runs often enough
+    (here: from any number of iterations on); a float32 sigmoid, which computes in float64 as its scalar
+    helper does, and float64 exp run four."""
+    from fold.runtime.numba_backend import loop_nests, nest_lanes
+
+    monkeypatch.setattr(nest_lanes, "WIDE_MIN_ITERATIONS", 0)
+    monkeypatch.setattr(loop_nests, "_compiled", type(loop_nests._compiled)())
     X32 = rng.normal(size=(6, 40)).astype(np.float32)
     exp_sum = lambda X: fold.sum(fold.map(lambda r: fold.sum(fold.exp(r)), X))  # noqa: E731
     sigmoid_sum = lambda X: fold.sum(fold.map(lambda r: fold.sum(fold.sigmoid(r)), X))  # noqa: E731
@@ -393,13 +402,31 @@ def test_eight_lanes_over_the_statement_budget_fall_back_to_four(monkeypatch):
     from fold.runtime.numba_backend import nest_lanes
 
     loop = Loop("j", 64, (Assign("e", "in0[j]"), Assign("t", "np.float32(math.exp(e))"), Store("out0", ("j",), "t")))
-    calls = {width: vector_math.function_name("exp", "float32", width) + "(" for width in (4, 8)}
+    calls = {width: _call("exp", np.float32, width) for width in (4, 8)}
     added = {width: size(nest_lanes._laned(loop, Counter(), width=width)) - size([loop]) for width in (4, 8)}
     assert added[4] < added[8], added
+    runs = nest_lanes.WIDE_MIN_ITERATIONS // 64
     for budget, want in ((added[8], 8), (added[8] - 1, 4), (added[4] - 1, None)):
         monkeypatch.setattr(nest_lanes, "MAX_ADDED", budget)
-        text = repr(nest_lanes.in_lanes((loop,)))
+        text = repr(nest_lanes.in_lanes((loop,), runs=runs))
         assert all((call in text) == (width == want) for width, call in calls.items()), (budget, text)
+    monkeypatch.setattr(nest_lanes, "MAX_ADDED", added[8])
+    assert calls[4] in repr(nest_lanes.in_lanes((loop,), runs=runs - 1))  # below WIDE_MIN_ITERATIONS
+
+
+@lanes_only
+def test_a_loop_runs_eight_lanes_from_a_million_iterations_per_call_on():
+    """Eight lanes compile longer than four: a loop takes them where it runs WIDE_MIN_ITERATIONS times or more
+    per call (a 1024 x 1024 float32 matrix's row sums of exp), four below (1023 rows)."""
+    from fold.runtime.numba_backend import nest_lanes
+
+    assert nest_lanes.WIDE_MIN_ITERATIONS == 1024 * 1024
+    f = lambda X: fold.map(lambda r: fold.sum(fold.exp(r)), X)  # noqa: E731
+    for rows, width in ((1024, 8), (1023, 4)):
+        X = rng.normal(size=(rows, 1024)).astype(np.float32)
+        text = _sources(f, X)
+        assert _call("exp", np.float32, width) in text and f"__g in range({1024 // width})" in text, (rows, text)
+        _close(*_both(f, X), 2e-6)
 
 
 @lanes_only
@@ -483,18 +510,18 @@ def _attention(Q, K, V):
 
 
 @lanes_only
-def test_an_array_a_map_stored_is_read_from_its_buffer_by_the_statements_after_it():
+def test_an_array_a_map_stored_is_read_from_its_buffer_by_the_statements_after_it(lanes):
     """Attention's weights exp(s - max) are stored for the weighted sum of V's rows (a map reading them again
     for each column); the normaliser's sum after it reads that buffer, not the exponentials again."""
     Q, K, V = (rng.normal(size=(r, 8)).astype(np.float32) for r in (12, 40, 40))
     text = _sources(_attention, Q, K, V)
-    assert text.count(_call("exp", np.float32)) == 1, text
+    assert text.count(_call("exp", np.float32, lanes(np.float32))) == 1, text
     _close(*_both(_attention, Q, K, V), 2e-6)
     _close(*_both(fold.grad(lambda Q, K, V: fold.sum(_attention(Q, K, V)), argnums=(0, 1, 2)), Q, K, V), 2e-5)
 
 
 @lanes_only
-def test_softmax_rows_compute_each_exp_once():
+def test_softmax_rows_compute_each_exp_once(lanes):
     """exp(x - max) is summed in one loop and divided by the sum in the next: the first loop stores it. The
     max is an accumulator's final value, assigned before both loops and in neither."""
     X = rng.normal(size=(20, 70)).astype(np.float32)
@@ -504,7 +531,7 @@ def test_softmax_rows_compute_each_exp_once():
         return fold.map(lambda r: (lambda e: e / fold.sum(e))(fold.exp(r - fold.reduce(M.max, r))), X)
 
     text = _sources(softmax_rows, X)
-    assert "kept0[i" in text and text.count(_call("exp", np.float32)) == 1, text
+    assert "kept0[i" in text and text.count(_call("exp", np.float32, lanes(np.float32))) == 1, text
     _close(*_both(softmax_rows, X), 2e-6)
 
 
@@ -532,21 +559,21 @@ def _tanh_of_dots(X, w):
 @lanes_only
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
 @pytest.mark.parametrize("n", [3, 4, 41])
-def test_rows_go_side_by_side_where_a_transcendental_follows_their_fold(n, dtype, rtol):
+def test_rows_go_side_by_side_where_a_transcendental_follows_their_fold(n, dtype, rtol, lanes):
     """tanh of each row's dot product: no innermost loop has the tanh, so four rows (float32: eight) go
     through the body side by side, the row's loop once for all of them (each row's sum its own, in its own
     order) and the tanh one vector call; summed, the sum in a copy per lane merged after. 3 rows: no group;
     41: ten groups (five) and one left."""
     X, w = rng.normal(size=(n, 5)).astype(dtype), rng.normal(size=5).astype(dtype)
     summed = lambda X, w: fold.sum(_tanh_of_dots(X, w))  # noqa: E731
-    lanes = _lanes(dtype)
-    last = lanes - 1
+    width = lanes(dtype)
+    last = width - 1
     for f in (_tanh_of_dots, summed, fold.grad(summed, argnums=(0, 1))):
         got, want = _both(f, X, w)
         _close(got, want, rtol)
     for f in (_tanh_of_dots, summed):
         text = _sources(f, X, w)
-        assert _call("tanh", dtype) in text and f"i__c__g in range(i__c__n // {lanes})" in text, text
+        assert _call("tanh", dtype, width) in text and f"i__c__g in range(i__c__n // {width})" in text, text
         assert re.search(rf"e\d+__{last} = in1\[i__{last}, i\d+\]", text), text
         assert len(re.findall(r"for i\d+ in range\(5\)", text)) == 2, text  # the group's, and the rows left over
     assert re.search(rf"state\d+__{last}", _sources(summed, X, w))

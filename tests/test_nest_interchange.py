@@ -21,8 +21,9 @@ from natural_programs import kmeans_cost, min_pairwise_distance  # noqa: E402
 
 M = fold.monoids
 rng = np.random.default_rng(5)
-# float32 tanh over the units, as a loop in lanes calls it (eight lanes at a time)
-TANH_F32 = vector_math.function_name("tanh", "float32", nest_lanes.WIDE) + "("
+# float32 tanh over the units, as a loop in lanes calls it (four lanes: these programs are smaller than
+# nest_lanes.WIDE_MIN_ITERATIONS)
+TANH_F32 = vector_math.function_name("tanh", "float32", nest_lanes.WIDTH) + "("
 F64 = np.dtype(np.float64)
 SUM = LaneFold(("acc6",), ("np.float64(0.0)",), ("l0",), ("r0",), (Assign("t9", "np.float64((l0 + r0))"),), ("t9",))
 

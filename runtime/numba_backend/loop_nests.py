@@ -125,14 +125,14 @@ def _with_lanes(outer, arrays: dict[str, np.dtype]) -> tuple[Any, bool]:
         chunk = nest_lanes.outer_in_lanes(outer, Counter())
         if chunk is not None:
             return ParallelMap(outer.index, outer.extent, chunk), True
-        return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body)), False
+        return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body, runs=outer.extent)), False
     # the states are read after the traversal: they count as read outside any loop of the step
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge)
     chunk = (nest_lanes.outer_in_lanes(outer, outside) or nest_lanes.chunk_in_lanes(outer, outside)
              or nest_tiles.rows_in_tiles(outer, arrays))
     if chunk is not None:
         return replace(outer, step=chunk), True
-    return replace(outer, step=nest_lanes.in_lanes(outer.step, outside + reads(outer.step))), False
+    return replace(outer, step=nest_lanes.in_lanes(outer.step, outside + reads(outer.step), outer.extent)), False
 
 
 def _fold_lines(fold: ParallelFold, allocated: tuple, whole_chunk: bool) -> list[str]:

@@ -47,6 +47,10 @@ from .codegen import LANE_RULES
 # the statements it adds fit the budget (MAX_ADDED), else four
 WIDTH = 4
 WIDE = 8
+# the fewest iterations of a loop per call (its extent times its enclosing loops') that take eight lanes: each
+# pays half a nanosecond less per exp, and a kernel written in eight lanes compiles 0.1-0.6 s longer (the
+# natural row-wise logsumexp's gradient 1.1 -> 1.6 s), which a small program would never win back
+WIDE_MIN_ITERATIONS = 2 ** 20
 # the fewest iterations worth a rewrite: at least two groups
 MIN_EXTENT = 2 * WIDTH
 # the most statements the rewrites may add to one kernel: Numba's compile time grows faster than the text
@@ -63,21 +67,23 @@ _CALLS = {"math.exp": "exp", "math.expm1": "expm1", "_log": "log", "_log1p": "lo
 IMPORTS = vector_math.NAMES
 
 
-def in_lanes(nodes: tuple, reads_outside: Counter | None = None) -> tuple:
+def in_lanes(nodes: tuple, reads_outside: Counter | None = None, runs: int = 1) -> tuple:
     """`nodes` with the innermost loops that gain from it run in lanes, in order while the statements they
-    add stay within MAX_ADDED (the rest as they were)."""
+    add stay within MAX_ADDED (the rest as they were). `runs`: how often `nodes` run per call of the kernel
+    (the traversal's extent)."""
     if not vector_math.AVAILABLE:
         return nodes
-    return _in_lanes(nodes, reads(nodes) if reads_outside is None else reads_outside, [MAX_ADDED])
+    return _in_lanes(nodes, reads(nodes) if reads_outside is None else reads_outside, [MAX_ADDED], runs)
 
 
-def _in_lanes(nodes: tuple, total: Counter, budget: list[int]) -> tuple:
+def _in_lanes(nodes: tuple, total: Counter, budget: list[int], runs: int) -> tuple:
     out = []
     for node in nodes:
         if isinstance(node, Loop):
-            node = Loop(node.index, node.extent, _in_lanes(node.body, total, budget), node.folds)
+            iterations = runs * (1 if isinstance(node.extent, str) else node.extent)  # a dynamic one: at least once
+            node = Loop(node.index, node.extent, _in_lanes(node.body, total, budget, iterations), node.folds)
             long_fold = node.folds and not isinstance(node.extent, str) and node.extent >= SPLIT_EXTENT
-            laned = _laned(node, total, split_alone=bool(long_fold))
+            laned = _laned(node, total, split_alone=bool(long_fold), iterations=iterations)
             added = size(laned) - size([node])
             if added > budget[0]:  # eight lanes add twice the statements of four
                 laned = _laned(node, total, split_alone=bool(long_fold), width=WIDTH)
@@ -88,7 +94,7 @@ def _in_lanes(nodes: tuple, total: Counter, budget: list[int]) -> tuple:
                 budget[0] -= added
             out += laned
         elif isinstance(node, If):
-            out.append(If(node.cond, _in_lanes(node.body, total, budget)))
+            out.append(If(node.cond, _in_lanes(node.body, total, budget, runs)))
         else:
             out.append(node)
     return tuple(out)
@@ -124,7 +130,7 @@ def outer_in_lanes(outer: ParallelMap | ParallelFold, reads_outside: Counter) ->
         return None
     loop = _chunk_loop(outer.index, body, () if isinstance(outer, ParallelMap) else outer.folds)
     total = reads_outside + reads([loop])
-    laned = _laned(loop, total, nested=True)
+    laned = _laned(loop, total, nested=True, iterations=outer.extent)
     if size(laned) - size([loop]) > MAX_ADDED:
         laned = _laned(loop, total, nested=True, width=WIDTH)
     if laned == [loop] or size(laned) - size([loop]) > MAX_ADDED:
@@ -175,7 +181,7 @@ def chunk_in_lanes(fold: ParallelFold, reads_outside: Counter) -> tuple | None:
     loop = _chunk_loop(fold.index, fold.step, fold.folds)
     total = reads_outside + reads([loop])
     if vector_math.AVAILABLE and any(lane_call(n.expr) for n in fold.step if isinstance(n, Assign)):
-        laned = _laned(loop, total, split_alone=True)
+        laned = _laned(loop, total, split_alone=True, iterations=fold.extent)
         return None if laned == [loop] else tuple(laned)
     return _tiled(loop, {s.name: s.dtype for s in fold.states}, total, fold.index)
 
@@ -236,12 +242,12 @@ def _tiled(loop: Loop, dtypes: dict, reads_total: Counter, index: str) -> tuple 
 
 
 def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: bool = False,
-           width: int | None = None) -> list:
+           width: int | None = None, iterations: int = 0) -> list:
     """The loop run in lanes (its group loop, the fold copies' merge, then the rest), or [loop] unchanged.
     `split_alone`: splitting the folds pays even where no statement has a lane rule. `nested`: the body may
     hold loops, buffers and branches (the outer traversal's body); a loop that reads nothing carried runs
     once for all lanes, its statements written per lane. `width`: the lanes, or None for the widest its
-    vector calls and extent allow (_lanes_for)."""
+    vector calls and `iterations` (per call of the kernel) make worth it (_lanes_for)."""
     body = loop.body
     dynamic = isinstance(loop.extent, str)
     if ((not dynamic and loop.extent < MIN_EXTENT)
@@ -264,7 +270,7 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
     if not (split_alone and split) and not _has_lane_call(parallel):
         return [loop]
     if width is None:
-        width = _lanes_for(parallel, loop.extent)
+        width = _lanes_for(parallel, loop.extent, iterations)
     local = (assigned - carried - indices) | (own - carried) | {loop.index} | split
     if any(isinstance(n.extent, str) and set(names(n.extent)) & local for n in _loops(parallel)):
         return [loop]  # an inner loop whose trip count differs from lane to lane
@@ -289,13 +295,16 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
     return nodes
 
 
-def _lanes_for(parallel: list, extent) -> int:
+def _lanes_for(parallel: list, extent, iterations: int) -> int:
     """WIDE where the statements run side by side call vector math, all of it float32 with an eight-lane
-    form, and the loop (if of a known extent) fills two groups of eight; else WIDTH."""
+    form, the loop (if of a known extent) fills two groups of eight, and it runs at least
+    WIDE_MIN_ITERATIONS times per call; else WIDTH."""
+    if iterations < WIDE_MIN_ITERATIONS or not isinstance(extent, str) and extent < 2 * WIDE:
+        return WIDTH
     calls = [lane_call(n.expr) for n in _assignments(parallel)]
     calls = [c for c in calls if c]
     eight = calls and all(dtype == "float32" and (op, dtype) in LANE_RULES for op, dtype, _ in calls)
-    return WIDE if eight and (isinstance(extent, str) or extent >= 2 * WIDE) else WIDTH
+    return WIDE if eight else WIDTH
 
 
 def _assignments(nodes: Iterable) -> Iterable[Assign]:
