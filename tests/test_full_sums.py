@@ -11,9 +11,10 @@ import pytest
 import fold
 from fold.cse import cse
 from fold.dce import dce
-from fold.primitives import SumAxes
+from fold.primitives import Reshape, SumAxes
+from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise
 from fold.runtime.numba_backend.full_sums import flat_full_sums
-from fold.runtime.numba_backend.passes import prepare_jitted
+from fold.runtime.numba_backend.passes import prepare, prepare_jitted
 
 pytest.importorskip("numba")
 
@@ -54,7 +55,7 @@ def test_the_sum_of_a_product_s_epilogue_reads_the_product_once():
     np.testing.assert_allclose(got, np.sum(np.maximum(X.astype(float) @ Y.T.astype(float), 0) ** 2), rtol=1e-5)
 
 
-def test_a_value_read_elsewhere_is_an_operand_of_the_run_and_a_view_is_left_alone():
+def test_a_value_read_elsewhere_is_an_operand_of_the_run_and_a_view_is_summed_by_rows():
     X, mu = rng.normal(size=(1024, 1024)), rng.normal(size=1024)
     def kept(X):  # exp(X) is an output too
         e = fold.exp(X)
@@ -65,8 +66,14 @@ def test_a_value_read_elsewhere_is_an_operand_of_the_run_and_a_view_is_left_alon
     assert exp.outs[0].aval.shape == X.shape and exp.outs[0] in program.outputs
     assert [s.outs[0].aval.shape for s in program.stmts if getattr(s.prim, "op", None) == "mul"] == [(X.size,)]
     centred = lambda X, mu: fold.sum((X - mu[None, :]) ** 2)  # noqa: E731  (a broadcast row: read in place)
-    program = dce(cse(fold.trace(centred, X, mu)))
-    assert flat_full_sums(program) is program
+    program = flat_full_sums(dce(cse(fold.trace(centred, X, mu))))
+    sums = [(s.args[0].aval.shape, s.prim.axes) for s in program.stmts if isinstance(s.prim, SumAxes)]
+    assert sums == [(X.shape, (1,)), ((X.shape[0],), (0,))], sums  # the rows' sums, then theirs
+    assert not any(isinstance(s.prim, Reshape) and s.outs[0].aval.shape == (X.size,)
+                   for s in program.stmts)  # the broadcast is not made a vector (a copy)
+    runs = [s for s in prepare(fold.trace(centred, X, mu), whole_arrays=True).stmts
+            if isinstance(s.prim, FusedElementwise)]
+    assert [s.prim.row_sum is not None for s in runs] == [True], runs  # the matrix is never written
     for got, want in zip(fold.jit(kept, backend="numba")(X), (np.sum(np.exp(X) * 2.0), np.exp(X)), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
     np.testing.assert_allclose(_agree(centred, X, mu), np.sum((X - mu) ** 2), rtol=1e-12)

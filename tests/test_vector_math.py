@@ -5,7 +5,7 @@
   underflow), within 4 ulp as libmvec documents, the special values exactly; the same where vector math is
   not supported (a subprocess that compiles for a generic CPU: the functions fall back to libm, a call per
   lane);
-- map, map_reduce, segmented_reduce and map_scan with a mapper whose registered lane form (of four lanes,
+- map, map_reduce, segmented_reduce, map_with_row_sums and map_scan with a mapper whose registered lane form (of four lanes,
   and of eight) marks what it computes: exactly the elements the kernel should map a lane form's width at
   a time are marked, the rest come from the mapper; with a faithful lane form the results are exactly the
   mapper's; a float32 lambda's lane form has eight lanes, a float64 one's four;
@@ -224,6 +224,41 @@ def test_segmented_reduce_maps_width_elements_per_lane_form_call(rows, n, parall
     laned = n >= 32  # shorter rows are one chain, mapped one element at a time
     np.testing.assert_array_equal(got[0], want[0] + (1000 * width * (n // width) if laned else 0))
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def _swapped(x):  # _affine's results the other way round: the row-sum kernel sums its last
+    return x * x, 3 * x + 1
+
+
+def _swapped_registered(offset: int, width: int):
+    """_swapped with a `width`-lane form whose second result is `offset` more than the mapper's."""
+    firsts = ", ".join(f"x[{lane}] * x[{lane}]" for lane in range(width))
+    seconds = ", ".join(f"3 * x[{lane}] + {1 + offset}" for lane in range(width))
+    scope: dict = {}
+    exec(f"def lanes(x):\n    return ({firsts}, {seconds})", scope)
+    mapper = njit(_swapped)
+    lanes.register(mapper, njit(scope["lanes"]), width)
+    return mapper
+
+
+@by_width
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape", [(3, 0), (2, 3), (5, 9), (7, 16), (300, 257)])
+def test_map_with_row_sums_maps_width_columns_per_lane_form_call(shape, parallel, width):
+    """Each row's first width * (columns // width) elements go through the lane form (marked: 1000 more), the
+    stored result and the summed one alike; the rest one at a time through the mapper."""
+    rows, cols = shape
+    x = np.random.default_rng(cols).integers(-50, 50, (cols, rows)).T  # a transposed view
+    vectored = width * (cols // width)
+    stored, sums = kc.map_with_row_sums(FORMS[width][1], 1, 1, [x], parallel=parallel)
+    np.testing.assert_array_equal(stored[0][:, :vectored], 3 * x[:, :vectored] + 1001)
+    np.testing.assert_array_equal(stored[0][:, vectored:], 3 * x[:, vectored:] + 1)
+    np.testing.assert_array_equal(sums, (x * x).sum(axis=1))
+    stored, sums = kc.map_with_row_sums(_swapped_registered(1000, width), 1, 1, [x], parallel=parallel)
+    np.testing.assert_array_equal(stored[0], x * x)
+    np.testing.assert_array_equal(sums, (3 * x + 1).sum(axis=1) + 1000 * vectored)
+    stored, sums = kc.map_with_row_sums(_swapped_registered(0, width), 1, 1, [x], parallel=parallel)
+    np.testing.assert_array_equal(sums, (3 * x + 1).sum(axis=1))
 
 
 @pytest.mark.parametrize("chunks", [1, 2, 3])

@@ -9,9 +9,11 @@ then a sum it reads the exponentials back from memory; here they are summed whil
 
 Rows run in parallel (prange) once there is work for two threads. Where every value is float64 (an
 input may be boolean) and the mapper has an F64x4 form (kernels.cpu.simd), four consecutive elements are
-mapped at once and their last values added to a four-lane accumulator ("wide"); otherwise one element at
-a time. The row sum is therefore reassociated (lanes, then the rest in order), as NumPy's pairwise sum is
-in its own way: the two agree to rounding, not bit for bit.
+mapped at once and their last values added to a four-lane accumulator ("wide"). Where the mapper has a lane
+form (kernels.cpu.lanes: its exp or log1p computed for four or eight elements per call of libmvec), that
+many consecutive elements go through it per call, each lane adding into an accumulator of its own;
+otherwise one element at a time. The row sum is therefore reassociated (lanes, then the rest in order), as
+NumPy's pairwise sum is in its own way: the two agree to rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from . import host, simd
 from .codegen import call, compile_kernel, each, indent, names, serial_or_parallel, simd_import
+from .lanes import lane_call, lane_form, lane_width
 from .simd import WIDTH  # the F64x4 values' lanes
 from .map import has_wide_form
 
@@ -73,15 +76,49 @@ def kernel(T, {_params(c, m, k)}):
 """
 
 
+def _lanes_source(c: int, m: int, k: int, lanes: int) -> str:
+    """Each row `lanes` elements per call of the mapper's lane form, lane l adding into its own accumulator
+    s_l (merged pairwise after the row), then the remainder one at a time."""
+    index = [f"r, {lanes} * b + {lane}" for lane in range(lanes)]
+    arguments = [[f"c{j}"] * lanes for j in range(c)] + [[f"x{j}[{ix}]" for ix in index] for j in range(m)]
+    targets = [[f"e{j}_{lane}" for lane in range(lanes)] for j in range(k + 1)]
+    stores = [f"out{j}[{ix}] = e{j}_{lane}" for j in range(k) for lane, ix in enumerate(index)]
+    adds = [f"s_{lane} += e{k}_{lane}" for lane in range(lanes)]
+    partial = [f"s_{lane}" for lane in range(lanes)]
+    while len(partial) > 1:
+        partial = [f"({a} + {b})" for a, b in zip(partial[::2], partial[1::2])]
+    row = "\n".join([
+        *(f"s_{lane} = zero" for lane in range(lanes)),
+        f"for b in range(x0.shape[1] // {lanes}):",
+        indent("\n".join([lane_call(targets, arguments), *stores, *adds]), 4),
+        f"s = {partial[0]}",
+        f"for i in range({lanes} * (x0.shape[1] // {lanes}), x0.shape[1]):",
+        indent(_one_element(c, m, k), 4),
+        "sums[r] = s"])
+    return f"""
+def kernel(T, {_params(c, m, k)}):
+    rows = x0.shape[0]
+{indent(serial_or_parallel("for r in {0}(rows):", row), 4)}
+"""
+
+
 def row_sums_kernel(mapper: Any, k: int, m: int, c: int, parallel: bool, wide: bool) -> Any:
     """The compiled kernel(T, c.., x.., out.., zero, sums), filling out_j and sums in place (T == 1:
-    serially). `wide`: through the mapper's F64x4 form (float64 values only)."""
+    serially). `wide`: through the mapper's F64x4 form (float64 values only); otherwise through its lane
+    form where it has one (kernels.cpu.lanes)."""
     form = simd.vector_form(mapper) if wide else None
     if wide and form is None:
         raise ValueError("row_sums_kernel(wide=True) needs a mapper with a registered F64x4 form")
-    build = (lambda: _wide_source(c, m, k)) if wide else (lambda: _scalar_source(c, m, k))
-    return compile_kernel(("map_row_sums", mapper, k, m, c, parallel, wide), build,
-                          {"mapper": mapper, "mapper_f64x4": form}, parallel=parallel)
+    lanes = 0 if wide else lane_width(mapper)
+    if wide:
+        build = lambda: _wide_source(c, m, k)  # noqa: E731
+    elif lanes:
+        build = lambda: _lanes_source(c, m, k, lanes)  # noqa: E731
+    else:
+        build = lambda: _scalar_source(c, m, k)  # noqa: E731
+    return compile_kernel(("map_row_sums", mapper, k, m, c, parallel, wide, lanes), build,
+                          {"mapper": mapper, "mapper_f64x4": form, "mapper_lanes": lane_form(mapper) if lanes else None},
+                          parallel=parallel)
 
 
 def map_with_row_sums(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *, consts: Sequence[Any] = (),

@@ -37,7 +37,7 @@ from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 from fold.pytree import tree_flatten
 
 from ..interpreter import eval_program, numpy_impls
-from .codegen import compile_scalar_program, has_f64x4_form, has_lane_form, is_scalar_program
+from .codegen import compile_scalar_program, is_scalar_program
 from .lowering import decline, fold_options, numba_impls, run_kernel, sum_reduce_program, worth_compiling
 from .wide_folds import WIDE, fused_fold, widened_last_output, widens
 
@@ -179,17 +179,6 @@ def row_sum_of(stmt: Let, values: set[Var], ndim: int) -> Var | None:
     return x if ok else None
 
 
-def _row_sum_pays(run: Let) -> bool:
-    """Whether a run with a row sum is worth kernels.cpu.map_with_row_sums: it takes the kernel's wide path
-    (float64 values, an F64x4 form of its body), or its body calls no function that the map kernel would
-    run WIDTH lanes per libmvec call (the row-sum kernel's scalar path calls exp, sin, ... once per element)."""
-    f64 = np.dtype(np.float64)
-    values = list(run.prim.region.inputs) + [o for s in run.prim.region.stmts for o in s.outs]
-    wide = (all(v.aval.dtype in (f64, np.dtype(np.bool_)) for v in values)
-            and all(v.aval.dtype == f64 for v in run.prim.region.outputs) and has_f64x4_form(run.prim.body))
-    return wide or not has_lane_form(run.prim.body)
-
-
 def _folds_only_result(fold: Let, results: Counter) -> bool:
     """Whether a joinable fold's input is the run's only result and read by nothing else (then the run's
     value is never needed whole). `results`: the run's values read after it, with their numbers of readers."""
@@ -244,9 +233,8 @@ def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False,
             stmts.append(_region(members + [fold_stmt], set(reader.outs)))
             waiting.remove(reader)
             fused = True
-        elif summed is not None and _row_sum_pays(candidate := _region(members + [reader], set(
-                outside_uses() - Counter({summed: 1})) | set(reader.outs))):
-            stmts.append(candidate)
+        elif summed is not None:
+            stmts.append(_region(members + [reader], set(outside_uses() - Counter({summed: 1})) | set(reader.outs)))
             waiting.remove(reader)
             fused = True
         elif sum(isinstance(s.prim, ELEMENTWISE) for s in members) >= 2:

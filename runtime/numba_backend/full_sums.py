@@ -11,7 +11,10 @@ the run.
 It applies to runs of at least FLAT_FROM elements, to the statements that only the sum reads, through one
 another, whose operands are arrays of the run's shape or scalars, none of them a view the backend makes of
 another array (a broadcast, a transpose, a slice), which the run reads in place where a vector of it would
-be a copy.
+be a copy. A matrix's run that reads such a view (the softplus of an outer product, a Gaussian kernel's
+exp(-(|a|^2 + |b|^2 - 2 a.b)) of broadcast row and column norms) is summed by rows instead, then the rows'
+sums: elementwise fusion takes a row sum into the run's pass (kernels.cpu.map_with_row_sums), and the
+matrix is never written.
 """
 
 from __future__ import annotations
@@ -45,9 +48,14 @@ def flat_full_sums(program: Program) -> Program:
     moved: set[int] = set()
     for stmt in program.stmts:
         run = _summed_run(stmt, producer, uses)
-        if run is not None:
-            rewritten[id(stmt)] = _over_vectors(sorted(run, key=lambda s: position[id(s)]), stmt)
-            moved |= {id(s) for s in run}
+        if run is None:
+            continue
+        if _reads_views(run, producer):
+            if len(stmt.args[0].aval.shape) == 2:
+                rewritten[id(stmt)] = _by_rows(stmt)
+            continue
+        rewritten[id(stmt)] = _over_vectors(sorted(run, key=lambda s: position[id(s)]), stmt)
+        moved |= {id(s) for s in run}
     return with_statements_spliced(program, rewritten, moved)
 
 
@@ -72,9 +80,21 @@ def _summed_run(stmt: Let, producer: dict, uses) -> list[Let] | None:
     operands = {a for s in run for a in s.args} - {s.outs[0] for s in run}
     if not run or any(a.aval.shape not in (shape, ()) for a in operands):
         return None
-    if any(isinstance(getattr(producer.get(a), "prim", None), _VIEWS) for a in operands):
-        return None  # a vector of a view would be a copy, where the run reads the view in place
     return run
+
+
+def _reads_views(run: list[Let], producer: dict) -> bool:
+    """Whether an operand of the run is a view of another array: a vector of it would be a copy, where the
+    run reads the view in place."""
+    operands = {a for s in run for a in s.args} - {s.outs[0] for s in run}
+    return any(isinstance(getattr(producer.get(a), "prim", None), _VIEWS) for a in operands)
+
+
+def _by_rows(total: Let) -> list[Let]:
+    """The sum of every element of a matrix as the sum of its rows' sums."""
+    x = total.args[0]
+    rows = Var(ShapedArray(x.aval.shape[:1], x.aval.dtype))
+    return [Let((rows,), SumAxes((1,)), (x,)), Let(total.outs, SumAxes((0,)), (rows,))]
 
 
 def _over_vectors(run: list[Let], total: Let) -> list[Let]:

@@ -11,6 +11,7 @@ from fold.primitives import MatMul
 from fold.runtime.loops import fuse_loop_nests
 
 from .elementwise_fusion import fuse_elementwise
+from .elementwise_sinking import sink_elementwise
 from .first_extremes import has_first_extremes, mark_first_extremes
 from .fold_producers import private_fold_producers
 from .full_sums import flat_full_sums
@@ -100,8 +101,8 @@ def loop_nests_on() -> bool:
 
 
 def _whole_array_fusions(program: Program) -> Program:
-    runs = merge_runs(fuse_elementwise(share_views(private_fold_producers(flat_full_sums(program))), COMPILE_FROM,
-                                       rows_ndim=2))
+    arrays = sink_elementwise(share_views(private_fold_producers(flat_full_sums(program))))
+    runs = merge_runs(fuse_elementwise(arrays, COMPILE_FROM, rows_ndim=2))
     return absorb_gathers(runs, 2)
 
 
