@@ -153,11 +153,15 @@ def eval_program(program: Program, args: Sequence[np.ndarray], depth: int = 0) -
 
 def _run_steps(steps: tuple[_Step, ...], env: list, depth: int) -> None:
     for step in steps:
-        outs = _run_step(step, [env[i] for i in step.args], depth)
-        for i, value in zip(step.outs, outs, strict=True):
-            env[i] = value
-        for i in step.dead:
+        values = [env[i] for i in step.args]
+        for i in step.dead:  # released before the step: an operand only `values` holds may take its result
             env[i] = None
+        _store(env, step.outs, _run_step(step, values, depth))  # no local name keeps a result alive
+
+
+def _store(env: list, slots: tuple[int, ...], values: list) -> None:
+    for i, value in zip(slots, values, strict=True):
+        env[i] = value
 
 
 def _run_step(step: _Step, values: list[np.ndarray], depth: int) -> list[np.ndarray]:

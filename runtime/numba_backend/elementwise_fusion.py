@@ -37,6 +37,7 @@ from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 from fold.pytree import tree_flatten
 
 from ..interpreter import eval_program, numpy_impls
+from . import donation
 from .codegen import compile_scalar_program, is_scalar_program
 from .lowering import decline, fold_options, numba_impls, run_kernel, sum_reduce_program, worth_compiling
 from .wide_folds import WIDE, fused_fold, widened_last_output, widens
@@ -326,13 +327,15 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
     single = [k for k, x in enumerate(args) if _one_element(x)]
     single = tuple(single) if len(single) < len(args) else ()
     consts = [np.asarray(args[k]).flat[0] for k in single]
-    inputs = [np.broadcast_to(x, shape) for k, x in enumerate(args) if k not in single]
     if prim.row_sum is not None:
-        return _fused_row_sums(prim, inputs, single, consts)
+        return _fused_row_sums(prim, [np.broadcast_to(x, shape) for k, x in enumerate(args) if k not in single],
+                               single, consts)
     fn = _kernel_function(prim, prim.body, single)
     if fn is None:
         return None
-    outs = [np.empty(shape, v.aval.dtype) for v in prim.region.outputs]
+    # before the operands' views are made (each would hold its operand): a dead operand may take a result
+    outs = donation.outputs(args, shape, [v.aval.dtype for v in prim.region.outputs])
+    inputs = [np.broadcast_to(x, shape) for k, x in enumerate(args) if k not in single]
     done = run_kernel(prim, "map", fn, len(inputs), len(outs), inputs, consts=consts, out=outs)
     return None if done is None else outs
 
