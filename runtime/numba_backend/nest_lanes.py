@@ -261,7 +261,7 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
         return [loop]
     split = {acc for fold in loop.folds for acc in fold.accs}
     assigned = written(body)
-    indices = {n.index for n in _loops(body)}
+    indices = {n.index for n in _nodes_of(Loop, body)}
     carried = read_first(body, assigned | own, set())
     carried |= {n for n in assigned | own if reads_total[n] > body_reads[n]}
     carried -= split
@@ -272,7 +272,7 @@ def _laned(loop: Loop, reads_total: Counter, split_alone: bool = False, nested: 
     if width is None:
         width = _lanes_for(parallel, loop.extent, iterations)
     local = (assigned - carried - indices) | (own - carried) | {loop.index} | split
-    if any(isinstance(n.extent, str) and set(names(n.extent)) & local for n in _loops(parallel)):
+    if any(isinstance(n.extent, str) and set(names(n.extent)) & local for n in _nodes_of(Loop, parallel)):
         return [loop]  # an inner loop whose trip count differs from lane to lane
     rename = _renamer(local)
     group = f"{loop.index}__g"
@@ -301,26 +301,19 @@ def _lanes_for(parallel: list, extent, iterations: int) -> int:
     WIDE_MIN_ITERATIONS times per call; else WIDTH."""
     if iterations < WIDE_MIN_ITERATIONS or not isinstance(extent, str) and extent < 2 * WIDE:
         return WIDTH
-    calls = [lane_call(n.expr) for n in _assignments(parallel)]
+    calls = [lane_call(n.expr) for n in _nodes_of(Assign, parallel)]
     calls = [c for c in calls if c]
     eight = calls and all(dtype == "float32" and (op, dtype) in LANE_RULES for op, dtype, _ in calls)
     return WIDE if eight else WIDTH
 
 
-def _assignments(nodes: Iterable) -> Iterable[Assign]:
+def _nodes_of(kind: type, nodes: Iterable) -> Iterable:
+    """The nodes of this kind among `nodes` and inside their loops and branches, in order."""
     for node in nodes:
-        if isinstance(node, Assign):
-            yield node
-        elif isinstance(node, (Loop, If)):
-            yield from _assignments(node.body)
-
-
-def _loops(nodes: Iterable) -> Iterable[Loop]:
-    for node in nodes:
-        if isinstance(node, Loop):
+        if isinstance(node, kind):
             yield node
         if isinstance(node, (Loop, If)):
-            yield from _loops(node.body)
+            yield from _nodes_of(kind, node.body)
 
 
 def read_first(nodes: tuple, candidates: set[str], seen: set[str]) -> set[str]:
