@@ -11,7 +11,7 @@ import fold
 
 pytest.importorskip("numba")
 
-from fold.runtime.numba_backend import donation  # noqa: E402
+from fold.runtime import donation  # noqa: E402
 
 rng = np.random.default_rng(11)
 
@@ -102,3 +102,26 @@ def test_exclusive_counts_the_holders():
     assert not donation.exclusive(alone, 0)  # the view holds its base
     del view
     assert donation.exclusive(alone, 0)
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_single_elementwise_statement_writes_into_a_dead_operand(backend, monkeypatch):
+    """tanh(X @ W) alone is a NumPy ufunc call: its `out=` is the product; exp(X) of the caller's X is not."""
+    taken = []
+    original = donation.ufunc_output
+
+    def spy(values, ufunc):
+        out = original(values, ufunc)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(donation, "ufunc_output", spy)
+    X, W = rng.normal(size=(300, 200)), rng.normal(size=(200, 100)) / 10
+    X0 = X.copy()
+    got = fold.jit(lambda X, W: fold.tanh(X @ W), backend=backend)(X, W)
+    np.testing.assert_allclose(got, np.tanh(X0 @ W), rtol=1e-12, atol=1e-12)
+    assert taken == [True], taken
+    taken.clear()
+    np.testing.assert_allclose(fold.jit(fold.exp, backend=backend)(X), np.exp(X0), rtol=1e-12)
+    np.testing.assert_array_equal(X, X0)
+    assert taken == [False], taken

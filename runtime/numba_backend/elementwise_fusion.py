@@ -37,7 +37,7 @@ from fold.primitives import Convert, Elementwise, Reduce, SumAxes
 from fold.pytree import tree_flatten
 
 from ..interpreter import eval_program, numpy_impls
-from . import donation
+from .. import donation
 from .codegen import compile_scalar_program, is_scalar_program
 from .lowering import decline, fold_options, numba_impls, run_kernel, sum_reduce_program, worth_compiling
 from .wide_folds import WIDE, fused_fold, widened_last_output, widens

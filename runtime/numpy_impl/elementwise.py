@@ -6,6 +6,7 @@ import numpy as np
 
 from fold.primitives import SCALAR_OPS, Elementwise
 
+from .. import donation
 from ..interpreter import numpy_impls
 
 
@@ -31,4 +32,8 @@ assert set(NUMPY_SCALAR_FNS) == set(SCALAR_OPS), set(SCALAR_OPS) ^ set(NUMPY_SCA
 
 @numpy_impls.register(Elementwise)
 def _elementwise(prim: Elementwise, args: list[np.ndarray], depth: int) -> list[np.ndarray]:
-    return [np.asarray(NUMPY_SCALAR_FNS[prim.op](*args))]
+    fn = NUMPY_SCALAR_FNS[prim.op]
+    out = donation.ufunc_output(args, fn) if isinstance(fn, np.ufunc) else None
+    if out is not None:  # an operand no one else holds takes the result (runtime/donation.py)
+        return [fn(*args, out=out)]
+    return [np.asarray(fn(*args))]

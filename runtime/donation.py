@@ -8,8 +8,9 @@ does. The interpreter releases a statement's dead operands from its environment 
 (interpreter._run_steps); the statement's argument list is then the only holder of such an operand. An
 operand of the result's shape and dtype, contiguous, writeable and owning its memory, that the argument list
 alone references (no view of it, no caller, no cached literal: each would hold a reference) is handed to the
-kernel as the result's buffer. The map kernels read every operand of an element before they write its
-results, so an element is never overwritten before it is read.
+kernel as the result's buffer: the numba backend's elementwise runs (their map kernels read every operand of
+an element before they write its results, so an element is never overwritten before it is read), and a
+single elementwise statement on NumPy (a ufunc's `out=`, which NumPy allows to be an operand).
 
 The references are counted the way NumPy elides temporaries in `a + b + c`: `exclusive` compares an
 operand's reference count with that of an array held by one list alone, measured through the same call
@@ -48,6 +49,19 @@ def outputs(values: list, shape: tuple, dtypes: list[np.dtype]) -> list[np.ndarr
             free.remove(k)
             out.append(values[k])
     return out
+
+
+def ufunc_output(values: list, ufunc: np.ufunc) -> np.ndarray | None:
+    """An operand of `values` (see `outputs`) that can take `ufunc`'s result, or None."""
+    if ufunc.nout != 1 or not all(type(v) is np.ndarray for v in values):
+        return None
+    shape = np.broadcast_shapes(*(v.shape for v in values))
+    try:
+        dtype = ufunc.resolve_dtypes(tuple(v.dtype for v in values) + (None,))[-1]
+    except (TypeError, ValueError):  # no loop for these dtypes: NumPy names the problem when it runs
+        return None
+    k = next((k for k in range(len(values)) if values[k].dtype == dtype and _donatable(values, k, shape)), None)
+    return None if k is None else values[k]
 
 
 def _donatable(values: list, k: int, shape: tuple) -> bool:
