@@ -8,9 +8,12 @@ does. The interpreter releases a statement's dead operands from its environment 
 (interpreter._run_steps); the statement's argument list is then the only holder of such an operand. An
 operand of the result's shape and dtype, contiguous, writeable and owning its memory, that the argument list
 alone references (no view of it, no caller, no cached literal: each would hold a reference) is handed to the
-kernel as the result's buffer: the numba backend's elementwise runs (their map kernels read every operand of
-an element before they write its results, so an element is never overwritten before it is read), and a
-single elementwise statement on NumPy (a ufunc's `out=`, which NumPy allows to be an operand).
+kernel as the result's buffer: the numba backend's elementwise runs of one result, and a single elementwise
+statement on NumPy (a ufunc's `out=`, which NumPy allows to be an operand). A run's one result is computed
+from every operand, so its store at an element waits for that element's loads. A run of two results may not
+take a buffer: the compiled loop may store the result that does not read the donated operand before it
+loads that operand at the same element (the kernel's arrays do not alias as far as LLVM is told), which
+gave a Gaussian kernel sum's gradient wrong values.
 
 The references are counted the way NumPy elides temporaries in `a + b + c`: `exclusive` compares an
 operand's reference count with that of an array held by one list alone, measured through the same call
@@ -37,8 +40,10 @@ def exclusive(values: list, k: int) -> bool:
 
 
 def outputs(values: list, shape: tuple, dtypes: list[np.dtype]) -> list[np.ndarray]:
-    """Buffers for results of these dtypes and `shape`: an operand of `values` that nothing else holds (see
-    the module docstring) where one matches, else new arrays."""
+    """Buffers for a run's results of these dtypes and `shape`: where it has one result, an operand of
+    `values` that nothing else holds (see the module docstring) if one matches, else new arrays."""
+    if len(dtypes) != 1:
+        return [np.empty(shape, dtype) for dtype in dtypes]
     free = [k for k in range(len(values)) if _donatable(values, k, shape)]
     out = []
     for dtype in dtypes:

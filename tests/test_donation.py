@@ -125,3 +125,21 @@ def test_a_single_elementwise_statement_writes_into_a_dead_operand(backend, monk
     np.testing.assert_allclose(fold.jit(fold.exp, backend=backend)(X), np.exp(X0), rtol=1e-12)
     np.testing.assert_array_equal(X, X0)
     assert taken == [False], taken
+
+
+def test_a_run_of_two_results_takes_no_operands_buffer(donated):
+    """ai = ab + 2 b g and aj = z + 2 a h in one run, z dead: were z's buffer to take ai, the compiled loop
+    could store ai before it loads z at the same element (a Gaussian kernel sum's gradient read its own
+    results that way). Both results are new, and right."""
+    a, b, g, h = (rng.normal(size=(512, 256)) for _ in range(4))
+    W = rng.normal(size=(256, 256)) / 16
+
+    def f(a, b, g, h, W):
+        z = a @ W
+        return b * g * 2.0 + a, z + a * h * 2.0
+
+    got = fold.jit(f, backend="numba")(a, b, g, h, W)
+    want = (b * g * 2.0 + a, a @ W + a * h * 2.0)
+    for got_, want_ in zip(got, want, strict=True):
+        np.testing.assert_allclose(got_, want_, rtol=1e-12, atol=1e-12)
+    assert donated and all(not any(d) for d in donated), donated

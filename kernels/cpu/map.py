@@ -166,7 +166,8 @@ def map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], *,  # noqa: A
     (all 1-D, or all 2-D with any strides), the scalars `consts` first in every call.
 
     Returns a tuple of k arrays of that shape whose dtypes are the mapper's result types for the arguments'
-    dtypes: new ones, or `out` filled (which may be an input read at the same element, not a gathered table).
+    dtypes: new ones, or `out` filled (with k == 1, `out` may be an input read at the same element, not a
+    gathered table; with more results one result's store may come before another's load at an element).
     `parallel` overrides the automatic choice (parallel from 2 * MIN_CHUNK elements with two threads).
     `rows` (2-D maps): per input, None or a 1-D integer array g (in [-rows, rows), negatives counted from the
     end); then inputs[j] is a table whose row g[i] is the input's row i (inputs[j][g] is never made: a
