@@ -59,7 +59,8 @@ def kernel_calls(monkeypatch):
 
     calls: dict[str, int] = {}
     for name in ("reduce", "scan", "histogram", "segmented_reduce", "map", "scan_pair_map", "map_scan", "logsumexp",
-                 "column_sums", "product_fold", "product_first_extreme", "map_with_row_sums"):
+                 "column_sums", "product_fold", "product_first_extreme", "map_with_row_sums",
+                 "map_with_column_sums"):
         original = getattr(cpu, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):

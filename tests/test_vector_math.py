@@ -5,7 +5,7 @@
   underflow), within 4 ulp as libmvec documents, the special values exactly; the same where vector math is
   not supported (a subprocess that compiles for a generic CPU: the functions fall back to libm, a call per
   lane);
-- map, map_reduce, segmented_reduce, map_with_row_sums and map_scan with a mapper whose registered lane form (of four lanes,
+- map, map_reduce, segmented_reduce, map_with_row_sums, map_with_column_sums and map_scan with a mapper whose registered lane form (of four lanes,
   and of eight) marks what it computes: exactly the elements the kernel should map a lane form's width at
   a time are marked, the rest come from the mapper; with a faithful lane form the results are exactly the
   mapper's; a float32 lambda's lane form has eight lanes, a float64 one's four;
@@ -259,6 +259,26 @@ def test_map_with_row_sums_maps_width_columns_per_lane_form_call(shape, parallel
     np.testing.assert_array_equal(sums, (3 * x + 1).sum(axis=1) + 1000 * vectored)
     stored, sums = kc.map_with_row_sums(_swapped_registered(0, width), 1, 1, [x], parallel=parallel)
     np.testing.assert_array_equal(sums, (3 * x + 1).sum(axis=1))
+
+
+@by_width
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("shape", [(3, 0), (2, 3), (5, 9), (7, 16), (300, 257)])
+def test_map_with_column_sums_maps_width_columns_per_lane_form_call(shape, chunks, width):
+    """Along each row the first width * (columns // width) elements go through the lane form (marked: 1000
+    more), stored and summed alike; the columns' sums add every row, whatever the chunks."""
+    rows, cols = shape
+    x = np.random.default_rng(cols).integers(-50, 50, (cols, rows)).T  # a transposed view
+    vectored = width * (cols // width)
+    stored, sums = kc.map_with_column_sums(FORMS[width][1], 1, 1, [x], chunks=chunks)
+    np.testing.assert_array_equal(stored[0][:, :vectored], 3 * x[:, :vectored] + 1001)
+    np.testing.assert_array_equal(stored[0][:, vectored:], 3 * x[:, vectored:] + 1)
+    np.testing.assert_array_equal(sums, (x * x).sum(axis=0))
+    stored, sums = kc.map_with_column_sums(_swapped_registered(1000, width), 1, 1, [x], chunks=chunks)
+    np.testing.assert_array_equal(stored[0], x * x)
+    want = (3 * x + 1).sum(axis=0)
+    want[:vectored] += 1000 * rows
+    np.testing.assert_array_equal(sums, want)
 
 
 @pytest.mark.parametrize("chunks", [1, 2, 3])

@@ -13,6 +13,8 @@
     map(mapper, m, k, inputs, *, consts=(), parallel=None, out=None, rows=None) -> k arrays (n,) or (rows, n)
     map_with_row_sums(mapper, m, k, inputs, *, consts=(), parallel=None, out=None)
                                                             -> (k arrays (rows, n), row sums (rows,))
+    map_with_column_sums(mapper, m, k, inputs, *, consts=(), chunks=None, out=None)
+                                                            -> (k arrays (rows, n), column sums (n,))
     logsumexp(x, *, chunks=None, vector=None)                                  -> a scalar
     product_fold(mapper, combine, identity, x, b, kinds, operands, *, parallel=None)
                                                                                -> an array (rows,)
@@ -42,6 +44,7 @@ copy_propagation.install()  # numba's parallel-loop passes: the same results wit
 
 from . import codegen, host  # noqa: E402 (after the thread policy, which OpenMP reads when it starts)
 from .bidirectional import scan_pair_map  # noqa: E402
+from .column_map import map_with_column_sums
 from .columns import column_sums
 from .histogram import histogram
 from .logsumexp import logsumexp
@@ -59,4 +62,4 @@ def clear_cache() -> None:
     host.clear_result_dtypes()
 
 
-__all__ = ["MapReduce", "clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "map_with_row_sums", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]
+__all__ = ["MapReduce", "clear_cache", "column_sums", "histogram", "logsumexp", "map", "map_reduce", "map_scan", "map_with_column_sums", "map_with_row_sums", "product_first_extreme", "product_fold", "reduce", "scan", "scan_pair_map", "segmented_reduce"]

@@ -68,10 +68,16 @@ class FusedElementwise(Primitive):
 
     @property
     def row_sum(self) -> Let | None:
-        """The closing sum over the last axis of one of the run's values (see row_sum_of), if there is one:
-        the region's last output."""
+        """The closing sum over the last axis of one of the run's values (see row_sum_of), or over the first
+        axis of a matrix (`sums_columns`), if there is one: the region's last output."""
         last = self.region.stmts[-1]
         return last if isinstance(last.prim, SumAxes) else None
+
+    @property
+    def sums_columns(self) -> bool:
+        """Whether the closing sum is over the first axis of a matrix (a sum per column)."""
+        last = self.row_sum
+        return last is not None and last.args[0].aval.ndim == 2 and last.prim.axes == (0,)
 
     @property
     def identity(self):
@@ -171,11 +177,12 @@ def joinable_fold(stmt: Let) -> Let | None:
 def row_sum_of(stmt: Let, values: set[Var], ndim: int) -> Var | None:
     """The value of `values` that `stmt` sums over its last axis, if it is such a sum of an `ndim`-D number
     (`ndim` = 2 for whole arrays, whose rows are their first axis; 1 in a map body, whose rows are the
-    batch), keeping its dtype; else None."""
+    batch), or over its first axis where `ndim` = 2 (a matrix's column sums), keeping its dtype; else None."""
     if not isinstance(stmt.prim, SumAxes) or not isinstance(stmt.args[0], Var) or stmt.args[0] not in values:
         return None
     x = stmt.args[0]
-    ok = (x.aval.ndim == ndim and stmt.prim.axes == (ndim - 1,) and x.aval.dtype.kind in "iuf"
+    axes = ((ndim - 1,), (0,)) if ndim == 2 else ((ndim - 1,),)
+    ok = (x.aval.ndim == ndim and stmt.prim.axes in axes and x.aval.dtype.kind in "iuf"
           and stmt.outs[0].aval.dtype == x.aval.dtype)
     return x if ok else None
 
@@ -328,8 +335,8 @@ def _fused(prim: FusedElementwise, args: list, depth: int):
     single = tuple(single) if len(single) < len(args) else ()
     consts = [np.asarray(args[k]).flat[0] for k in single]
     if prim.row_sum is not None:
-        return _fused_row_sums(prim, [np.broadcast_to(x, shape) for k, x in enumerate(args) if k not in single],
-                               single, consts)
+        summed = _fused_column_sums if prim.sums_columns and depth == 0 else _fused_row_sums
+        return summed(prim, [np.broadcast_to(x, shape) for k, x in enumerate(args) if k not in single], single, consts)
     fn = _kernel_function(prim, prim.body, single)
     if fn is None:
         return None
@@ -401,6 +408,19 @@ def _fused_row_sums(prim: FusedElementwise, inputs: list[np.ndarray], single: tu
     stored = [np.empty(inputs[0].shape, v.aval.dtype) for v in prim.region.outputs[:-1]]
     found = run_kernel(prim, "map_with_row_sums", fn, len(inputs), len(stored), inputs, consts=consts, out=stored)
     return None if found is None else [*found[0], found[1].astype(dtype, copy=False)]
+
+
+def _fused_column_sums(prim: FusedElementwise, inputs: list[np.ndarray], single: tuple[int, ...], consts: list):
+    """The run's stored values, then the column sums, from one pass (kernels.cpu.map_with_column_sums, whose
+    float partial sums are float64 already)."""
+    if inputs[0].ndim != 2:
+        return None
+    fn = _kernel_function(prim, prim.body, single)
+    if fn is None:
+        return None
+    stored = [np.empty(inputs[0].shape, v.aval.dtype) for v in prim.region.outputs[:-1]]
+    found = run_kernel(prim, "map_with_column_sums", fn, len(inputs), len(stored), inputs, consts=consts, out=stored)
+    return None if found is None else [*found[0], found[1]]
 
 
 def _fused_gathered(prim: FusedElementwise, args: list, depth: int):
