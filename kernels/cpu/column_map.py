@@ -81,16 +81,7 @@ def map_with_column_sums(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarra
     result dtypes; the first k are new, or `out` filled. `chunks` overrides the number of row chunks
     (default: one per Numba thread, see host.num_chunks).
     """
-    host.check_function(mapper, "mapper")
-    m = host.check_count(m, "m")
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
-        raise ValueError(f"k must be an integer >= 0 (the results stored besides the summed one), got {k!r}")
-    inputs = host.check_arrays(inputs, m, 2, "inputs", any_strides=True)
-    consts = host.check_scalars(consts, "consts")
-    dtypes = host.result_dtypes(mapper, [np.asarray(v).dtype for v in consts] + [a.dtype for a in inputs], k + 1,
-                                "mapper")
-    if dtypes[k].kind not in "iuf":
-        raise TypeError(f"the summed (last) result of mapper must be a number, got dtype {dtypes[k]}")
+    inputs, consts, _, dtypes = host.check_summing_map(mapper, m, k, inputs, consts)
     n, cols = inputs[0].shape
     outs = host.outputs(out, dtypes[:k], (n, cols), "out")
     if n == 0 or cols == 0:

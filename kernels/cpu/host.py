@@ -248,3 +248,20 @@ def packed_values(values: Sequence[Any], dtypes: Sequence[np.dtype]) -> tuple[li
 
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+def check_summing_map(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray], consts: Sequence[Any]) -> tuple:
+    """The arguments of a map that stores k results and sums one more along an axis of its 2-D inputs
+    (map_with_row_sums, map_with_column_sums), checked: (inputs, consts, the consts' dtypes, the k + 1
+    result dtypes)."""
+    check_function(mapper, "mapper")
+    m = check_count(m, "m")
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"k must be an integer >= 0 (the results stored besides the summed one), got {k!r}")
+    inputs = check_arrays(inputs, m, 2, "inputs", any_strides=True)
+    consts = check_scalars(consts, "consts")
+    const_dtypes = [np.asarray(v).dtype for v in consts]
+    dtypes = result_dtypes(mapper, const_dtypes + [a.dtype for a in inputs], k + 1, "mapper")
+    if dtypes[k].kind not in "iuf":
+        raise TypeError(f"the summed (last) result of mapper must be a number, got dtype {dtypes[k]}")
+    return inputs, consts, const_dtypes, dtypes

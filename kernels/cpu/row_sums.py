@@ -133,16 +133,7 @@ def map_with_row_sums(mapper: Any, m: int, k: int, inputs: Sequence[np.ndarray],
     dtypes; the first k are new, or `out` filled. `parallel` overrides the automatic choice (parallel from
     2 * MIN_CHUNK elements with two threads).
     """
-    host.check_function(mapper, "mapper")
-    m = host.check_count(m, "m")
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
-        raise ValueError(f"k must be an integer >= 0 (the results stored besides the summed one), got {k!r}")
-    inputs = host.check_arrays(inputs, m, 2, "inputs", any_strides=True)
-    consts = host.check_scalars(consts, "consts")
-    const_dtypes = [np.asarray(v).dtype for v in consts]
-    dtypes = host.result_dtypes(mapper, const_dtypes + [a.dtype for a in inputs], k + 1, "mapper")
-    if dtypes[k].kind not in "iuf":
-        raise TypeError(f"the summed (last) result of mapper must be a number, got dtype {dtypes[k]}")
+    inputs, consts, const_dtypes, dtypes = host.check_summing_map(mapper, m, k, inputs, consts)
     shape = inputs[0].shape
     outs = host.outputs(out, dtypes[:k], shape, "out")
     sums = np.zeros(shape[0], dtypes[k])
