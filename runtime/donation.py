@@ -42,18 +42,8 @@ def exclusive(values: list, k: int) -> bool:
 def outputs(values: list, shape: tuple, dtypes: list[np.dtype]) -> list[np.ndarray]:
     """Buffers for a run's results of these dtypes and `shape`: where it has one result, an operand of
     `values` that nothing else holds (see the module docstring) if one matches, else new arrays."""
-    if len(dtypes) != 1:
-        return [np.empty(shape, dtype) for dtype in dtypes]
-    free = [k for k in range(len(values)) if _donatable(values, k, shape)]
-    out = []
-    for dtype in dtypes:
-        k = next((k for k in free if values[k].dtype == dtype), None)
-        if k is None:
-            out.append(np.empty(shape, dtype))
-        else:
-            free.remove(k)
-            out.append(values[k])
-    return out
+    found = _first_donatable(values, shape, dtypes[0]) if len(dtypes) == 1 else None
+    return [found] if found is not None else [np.empty(shape, dtype) for dtype in dtypes]
 
 
 def ufunc_output(values: list, ufunc: np.ufunc) -> np.ndarray | None:
@@ -65,7 +55,11 @@ def ufunc_output(values: list, ufunc: np.ufunc) -> np.ndarray | None:
         dtype = ufunc.resolve_dtypes(tuple(v.dtype for v in values) + (None,))[-1]
     except (TypeError, ValueError):  # no loop for these dtypes: NumPy names the problem when it runs
         return None
-    k = next((k for k in range(len(values)) if values[k].dtype == dtype and _donatable(values, k, shape)), None)
+    return _first_donatable(values, shape, dtype)
+
+
+def _first_donatable(values: list, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+    k = next((k for k in range(len(values)) if _donatable(values, k, shape) and values[k].dtype == dtype), None)
     return None if k is None else values[k]
 
 

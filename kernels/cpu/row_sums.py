@@ -11,8 +11,8 @@ Rows run in parallel (prange) once there is work for two threads. Where every va
 input may be boolean) and the mapper has an F64x4 form (kernels.cpu.simd), four consecutive elements are
 mapped at once and their last values added to a four-lane accumulator ("wide"). Where the mapper has a lane
 form (kernels.cpu.lanes: its exp or log1p computed for four or eight elements per call of libmvec), that
-many consecutive elements go through it per call, each lane adding into an accumulator of its own;
-otherwise one element at a time. The row sum is therefore reassociated (lanes, then the rest in order), as
+many consecutive elements go through it per call, their summed values added pairwise, then into the row's
+sum; otherwise one element at a time. The row sum is therefore reassociated (lanes, then the rest in order), as
 NumPy's pairwise sum is in its own way: the two agree to rounding, not bit for bit.
 """
 
