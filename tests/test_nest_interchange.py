@@ -29,36 +29,68 @@ SUM = LaneFold(("acc6",), ("np.float64(0.0)",), ("l0",), ("r0",), (Assign("t9", 
 
 
 def _kmeans_like(inner: tuple | None = None, post: tuple | None = None, pre: tuple | None = None,
-                 centroids: int = 8) -> Kernel:
-    """Per point i: for each centroid c, acc6 = sum over j < 4 of (P[i, j] - C[c, j])^2, folded into the
+                 centroids: int = 8, dims: int = 4) -> Kernel:
+    """Per point i: for each centroid c, acc6 = sum over j < dims of (P[i, j] - C[c, j])^2, folded into the
     minimum acc0; the minimum stored."""
     inner = inner if inner is not None else (
         Assign("e1", "in1[i, j]"), Assign("e2", "in0[c, j]"), Assign("t3", "np.float64(((e1 - e2) * (e1 - e2)))"),
         Assign("acc6", "np.float64((acc6 + t3))"))
     pre = pre if pre is not None else (Assign("acc6", "np.float64(0.0)"),)
     post = post if post is not None else (Assign("t4", "np.float64(_minimum(acc0, acc6))"), Assign("acc0", "t4"))
-    per_centroid = Loop("c", centroids, (*pre, Loop("j", 4, inner, (SUM,)), *post))
+    per_centroid = Loop("c", centroids, (*pre, Loop("j", dims, inner, (SUM,)), *post))
     body = (Assign("acc0", "np.float64(np.inf)"), per_centroid, Store("out0", ("i",), "acc0"))
-    params = (Param("in0", (centroids, 4), F64, "input"), Param("in1", (5, 4), F64, "input"),
+    params = (Param("in0", (centroids, dims), F64, "input"), Param("in1", (5, dims), F64, "input"),
               Param("out0", (5,), F64, "output"))
     return Kernel(params, ParallelMap("i", 5, body))
 
 
 def test_the_centroid_loop_runs_innermost_reading_the_transposed_matrix():
-    kernel = interchanged(_kmeans_like())
+    """40 dimensions, more than LLVM unrolls: each dimension's step sweeps the centroids' sums."""
+    kernel = interchanged(_kmeans_like(dims=nest_interchange.UNROLLED + 8))
     buffer, setting, swapped, rest = kernel.outer.body[1:5]
     assert buffer == Buffer("acc6__x", (8,), F64)
     assert setting == Loop("c", 8, (Assign("acc6", "np.float64(0.0)"), Store("acc6__x", ("c",), "acc6")))
-    assert swapped.index == "j" and swapped.extent == 4
+    assert swapped.index == "j" and swapped.extent == nest_interchange.UNROLLED + 8
     (centroids,) = swapped.body
     assert centroids.index == "c" and Assign("e2", "in0__T[j, c__u]") in centroids.body
     assert centroids.extent == "in0__T.shape[1]"  # not a constant: LLVM would unroll it into scalars
     assert Assign("e1", "in1[i, j]") in centroids.body  # no index c: read as it was
+    assert centroids.body[:2] == (Assign("c__u", "np.uint64(c)"), Assign("acc6", "acc6__x[c__u]"))
     assert centroids.body[-1] == Store("acc6__x", ("c__u",), "acc6")
     # the sum read back under a name of its own (the swapped loops assign acc6 too), the rest as it was
     assert rest.body[0] == Assign("acc6__r", "acc6__x[c]")
     assert rest.body[1:] == (Assign("t4", "np.float64(_minimum(acc0, acc6__r))"), Assign("acc0", "t4"))
     assert transposed(kernel) == ["in0"] and transposed(_kmeans_like()) == []
+
+
+@pytest.mark.parametrize("dims", [4, nest_interchange.UNROLLED])
+def test_a_short_inner_loop_stays_innermost_under_the_centroid_loop(dims):
+    """Few dimensions, which LLVM unrolls: each centroid's sum a register, loaded and stored once, the unrolled
+    steps vectorised across the centroids (read from the transposed matrix)."""
+    kernel = interchanged(_kmeans_like(dims=dims))
+    buffer, setting, centroids, rest = kernel.outer.body[1:5]
+    assert buffer == Buffer("acc6__x", (8,), F64)
+    assert setting == Loop("c", 8, (Assign("acc6", "np.float64(0.0)"), Store("acc6__x", ("c",), "acc6")))
+    assert centroids.index == "c" and centroids.extent == "in0__T.shape[1]"
+    head, inner, store = centroids.body[:2], centroids.body[2], centroids.body[3:]
+    assert head == (Assign("c__u", "np.uint64(c)"), Assign("acc6", "acc6__x[c__u]"))
+    assert inner.index == "j" and inner.extent == dims and inner.folds == ()  # in order: the same bits
+    assert inner.body == (Assign("e1", "in1[i, j]"), Assign("e2", "in0__T[j, c__u]"),
+                          Assign("t3", "np.float64(((e1 - e2) * (e1 - e2)))"), Assign("acc6", "np.float64((acc6 + t3))"))
+    assert store == (Store("acc6__x", ("c__u",), "acc6"),)
+    assert rest.body[0] == Assign("acc6__r", "acc6__x[c]")
+
+
+def test_a_short_inner_loop_of_many_statements_is_swapped_outermost():
+    """Beyond UNROLLED_STATEMENTS LLVM would keep the inner loop a loop: a scalar chain per centroid."""
+    def inner(statements: int) -> tuple:
+        scaled = tuple(Assign(f"e{k}", f"np.float64((in1[i, j] * {k + 1}.0))") for k in range(statements - 1))
+        return (*scaled, Assign("acc6", "np.float64((acc6 + (e0 * in0[c, j])))"))
+
+    most = nest_interchange.UNROLLED_STATEMENTS // 4  # four dimensions
+    swapped = interchanged(_kmeans_like(inner=inner(most + 1))).outer.body[3]
+    assert swapped.index == "j" and swapped.body[0].index == "c"
+    assert interchanged(_kmeans_like(inner=inner(most))).outer.body[3].index == "c"  # the control
 
 
 def test_a_value_carried_from_one_inner_iteration_to_the_next_keeps_the_loops_as_they_were():
@@ -203,8 +235,8 @@ def test_a_short_loop_with_no_matrix_to_read_its_trip_count_from_keeps_them(cent
     inner = (Assign("e1", "in1[i, j]"), Assign("e2", "in0[j, c]"), Assign("acc6", "np.float64((acc6 + (e1 * e2)))"))
     kernel = _kmeans_like(inner=inner, centroids=centroids)
     assert (interchanged(kernel) != kernel) == swapped
-    if swapped:
-        assert interchanged(kernel).outer.body[3].body[0].extent == 64
+    if swapped:  # the centroids around the unrolled dimensions
+        assert interchanged(kernel).outer.body[3].extent == 64 and interchanged(kernel).outer.body[3].index == "c"
 
 
 def _two_sums(second: tuple, between: tuple = ()) -> Kernel:
@@ -228,9 +260,11 @@ def test_each_of_several_inner_loops_is_swapped_and_a_later_one_reads_an_earlier
     nodes = kernel.outer.body
     setting, first, later, rest = nodes[3:7]
     assert [b.name for b in nodes[1:3]] == ["acc6__x", "acc7__x"], nodes
-    assert [n.index for n in (first, later)] == ["j", "k"] and later.body[0].extent == "in0__T.shape[1]"
-    assert Assign("acc6", "acc6__x[c__u]") in later.body[0].body  # read, final, not stored
-    assert Store("acc6__x", ("c__u",), "acc6") not in later.body[0].body
+    assert [(n.index, [m.index for m in n.body if isinstance(m, Loop)]) for n in (first, later)] == [
+        ("c", ["j"]), ("c", ["k"])]
+    assert later.extent == "in0__T.shape[1]"
+    assert Assign("acc6", "acc6__x[c__u]") in later.body  # read, final, not stored
+    assert Store("acc6__x", ("c__u",), "acc6") not in later.body
     assert rest.body[-2:] == (Assign("t4", "np.float64(_minimum(acc0, (acc6__r + acc7__r)))"), Assign("acc0", "t4"))
 
 

@@ -13,6 +13,14 @@ at the latency of an add. Swapped, with each centroid's accumulator in a buffer 
     for j < 16: for c < 64: acc_[c] = acc_[c] + (p[j] - C^T[j, c])^2     (independent in c: SIMD)
     for c < 64: acc = acc_[c];  best = min(best, acc)
 
+Where the inner loop is short (a constant trip count LLVM unrolls: sixteen dimensions), it stays innermost
+under the swapped loop instead, each centroid's sum a register loaded and stored once:
+
+    for c < 64:  acc = acc_[c];  for j < 16: acc = acc + (p[j] - C^T[j, c])^2;  acc_[c] = acc
+
+LLVM unrolls the sixteen steps and vectorises the centroid loop around them, where the form above loads and
+stores every centroid's sum at each of the sixteen steps (a store per step bounds it).
+
 Every accumulator still folds its elements in the same order, so the results are the same bits; only the
 order in which independent work is done changes. A matrix the inner statements read as [c, j] is read from
 its transpose, copied once per kernel call, so that consecutive c are consecutive in memory; the inner index
@@ -56,6 +64,10 @@ MAX_EXTENT = 4096
 # and without one to read it from, a loop this short is not swapped (k-means over 32 centroids: 24 ms
 # unswapped, 41 swapped with a constant trip count)
 UNROLLED = 32
+# an inner loop of a constant trip count whose statements, once per iteration, number at most this stays
+# innermost (_around): LLVM unrolls it, and vectorises the outer loop around it; beyond, the loop would stay a
+# loop, its sum a scalar chain per outer iteration (64 dimensions: 12.6 against 3.5 ms swapped)
+UNROLLED_STATEMENTS = 192
 TRANSPOSED = "__T"
 
 _SUBSCRIPT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[([^\[\]]*)\]")
@@ -172,9 +184,9 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | Non
     for m, inner in enumerate(inners):
         inner_reads = reads(inner.body)
         loaded = [a for a in kept if a in own[m] or a in inner_reads]
-        body = [Assign(unsigned, f"np.uint64({index})"), *(Assign(a, f"{kept[a]}[{unsigned}]") for a in loaded)]
-        body += [Assign(n.target, _subscripts(n.expr, index, unsigned, shapes, flipped)) for n in inner.body]
-        bodies.append(body + [Store(kept[a], (unsigned,), a) for a in kept if a in own[m]])
+        head = [Assign(unsigned, f"np.uint64({index})"), *(Assign(a, f"{kept[a]}[{unsigned}]") for a in loaded)]
+        steps = [Assign(n.target, _subscripts(n.expr, index, unsigned, shapes, flipped)) for n in inner.body]
+        bodies.append((head, steps, [Store(kept[a], (unsigned,), a) for a in kept if a in own[m]]))
     # a trip count LLVM cannot see: it vectorises the loop instead of unrolling it into scalars
     extent = f"{min(flipped)}{TRANSPOSED}.shape[1]" if flipped else _shape_read(bodies, unsigned, loop.extent, shapes)
     if extent is None:
@@ -183,7 +195,7 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | Non
             return None
     start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
     start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
-    swapped = [Loop(k.index, k.extent, (Loop(index, extent, tuple(b)),)) for k, b in zip(inners, bodies)]
+    swapped = [_around(k, index, extent, parts) for k, parts in zip(inners, bodies)]
     # the sums are read back under names of their own where nothing after the loop reads them: the swapped
     # loops assign the accumulators too, and nest_lanes would take a name assigned in two loops for one
     # carried between them (and run the loop's tanh or exp per element instead of in vector calls)
@@ -193,6 +205,20 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | Non
     acc_dtypes = {fresh.get(a, a): dtypes[a] for a in kept}
     split = _distributed(Loop(index, loop.extent, rest, loop.folds), acc_dtypes)
     return [*start, *swapped, *(split or [Loop(index, loop.extent, rest, loop.folds)])]
+
+
+def _around(inner: Loop, index: str, extent, parts: tuple[list, list, list]) -> Loop:
+    """The outer loop's sweep of one inner loop's sums: the inner loop innermost where LLVM unrolls it (a
+    constant trip count of at most UNROLLED, UNROLLED_STATEMENTS in all), each accumulator then a register
+    loaded and stored once and the unrolled statements vectorised across the outer iterations; else
+    outermost, each of its steps a vectorised sweep through the accumulators' buffers, a load and a store
+    per accumulator and step. The float64 k-means matrix form's kernel (16 dimensions, 64 centroids, 10^5
+    points) took 2.8 against 6.5 ms written by hand both ways; the whole primal 7.7 -> 3.6 ms. The inner
+    loop's folds are dropped, as in the swapped form: each accumulator folds its elements in order."""
+    head, steps, stores = parts
+    if isinstance(inner.extent, str) or inner.extent > UNROLLED or inner.extent * len(steps) > UNROLLED_STATEMENTS:
+        return Loop(inner.index, inner.extent, (Loop(index, extent, (*head, *steps, *stores)),))
+    return Loop(index, extent, (*head, Loop(inner.index, inner.extent, tuple(steps)), *stores))
 
 
 def _distributed(rest: Loop, acc_dtypes: dict[str, np.dtype]) -> list | None:
@@ -281,7 +307,7 @@ def _balanced(text: str) -> bool:
 def _shape_read(bodies: list, unsigned: str, extent: int, shapes: dict[str, tuple]) -> str | None:
     """The trip count as the length of an input's axis the swapped loop reads it along (a matrix read as
     [row, index], as attention's values are by its weighted sum over their rows), or None where none is."""
-    for node in (n for body in bodies for n in body):
+    for node in (n for parts in bodies for part in parts for n in part):
         for match in _SUBSCRIPT.finditer(node.expr if isinstance(node, Assign) else ""):
             array, parts = match.group(1), match.group(2).split(", ")
             axis = len(parts) - 1
