@@ -64,30 +64,39 @@ def test_the_centroid_loop_runs_innermost_reading_the_transposed_matrix():
 
 
 @pytest.mark.parametrize("dims", [4, nest_interchange.UNROLLED])
-def test_a_short_inner_loop_stays_innermost_under_the_centroid_loop(dims):
-    """Few dimensions, which LLVM unrolls: each centroid's sum a register, loaded and stored once, the unrolled
-    steps vectorised across the centroids (read from the transposed matrix)."""
+def test_a_short_inner_loop_is_written_out_under_the_centroid_loop(dims):
+    """Few dimensions: each centroid's sum a register, loaded and stored once, the steps written out (LLVM
+    vectorises them across the centroids, read from the transposed matrix)."""
     kernel = interchanged(_kmeans_like(dims=dims))
     buffer, setting, centroids, rest = kernel.outer.body[1:5]
     assert buffer == Buffer("acc6__x", (8,), F64)
     assert setting == Loop("c", 8, (Assign("acc6", "np.float64(0.0)"), Store("acc6__x", ("c",), "acc6")))
     assert centroids.index == "c" and centroids.extent == "in0__T.shape[1]"
-    head, inner, store = centroids.body[:2], centroids.body[2], centroids.body[3:]
-    assert head == (Assign("c__u", "np.uint64(c)"), Assign("acc6", "acc6__x[c__u]"))
-    assert inner.index == "j" and inner.extent == dims and inner.folds == ()  # in order: the same bits
-    assert inner.body == (Assign("e1", "in1[i, j]"), Assign("e2", "in0__T[j, c__u]"),
-                          Assign("t3", "np.float64(((e1 - e2) * (e1 - e2)))"), Assign("acc6", "np.float64((acc6 + t3))"))
-    assert store == (Store("acc6__x", ("c__u",), "acc6"),)
+    assert centroids.body[:2] == (Assign("c__u", "np.uint64(c)"), Assign("acc6", "acc6__x[c__u]"))
+    steps = [(Assign("e1", f"in1[i, {j}]"), Assign("e2", f"in0__T[{j}, c__u]"),
+              Assign("t3", "np.float64(((e1 - e2) * (e1 - e2)))"), Assign("acc6", "np.float64((acc6 + t3))"))
+             for j in range(dims)]
+    assert centroids.body[2:-1] == sum(steps, ())  # in order: the same bits
+    assert centroids.body[-1] == Store("acc6__x", ("c__u",), "acc6")
     assert rest.body[0] == Assign("acc6__r", "acc6__x[c]")
 
 
+def test_a_short_inner_loop_over_a_large_matrix_is_swapped_outermost():
+    """Written out, a sweep would read SHORT_AREA / 4 + 1 rows of the transposed matrix side by side, each row
+    as long as the centroid loop (attention's keys: 8 KB apart, one set of the first-level cache)."""
+    rows = nest_interchange.SHORT_AREA // 4
+    assert interchanged(_kmeans_like(centroids=rows)).outer.body[3].index == "c"  # the control
+    swapped = interchanged(_kmeans_like(centroids=rows + 1)).outer.body[3]
+    assert swapped.index == "j" and swapped.body[0].index == "c"
+
+
 def test_a_short_inner_loop_of_many_statements_is_swapped_outermost():
-    """Beyond UNROLLED_STATEMENTS LLVM would keep the inner loop a loop: a scalar chain per centroid."""
+    """Beyond UNROLLED_STATEMENTS in all the steps are not written out (compile time grows with the text)."""
     def inner(statements: int) -> tuple:
         scaled = tuple(Assign(f"e{k}", f"np.float64((in1[i, j] * {k + 1}.0))") for k in range(statements - 1))
         return (*scaled, Assign("acc6", "np.float64((acc6 + (e0 * in0[c, j])))"))
 
-    most = nest_interchange.UNROLLED_STATEMENTS // 4  # four dimensions
+    most = nest_interchange.UNROLLED_STATEMENTS // 4  # four dimensions: Numba compiles each one written out
     swapped = interchanged(_kmeans_like(inner=inner(most + 1))).outer.body[3]
     assert swapped.index == "j" and swapped.body[0].index == "c"
     assert interchanged(_kmeans_like(inner=inner(most))).outer.body[3].index == "c"  # the control
@@ -235,8 +244,9 @@ def test_a_short_loop_with_no_matrix_to_read_its_trip_count_from_keeps_them(cent
     inner = (Assign("e1", "in1[i, j]"), Assign("e2", "in0[j, c]"), Assign("acc6", "np.float64((acc6 + (e1 * e2)))"))
     kernel = _kmeans_like(inner=inner, centroids=centroids)
     assert (interchanged(kernel) != kernel) == swapped
-    if swapped:  # the centroids around the unrolled dimensions
+    if swapped:  # the centroids around the dimensions written out
         assert interchanged(kernel).outer.body[3].extent == 64 and interchanged(kernel).outer.body[3].index == "c"
+        assert Assign("e2", "in0[3, c__u]") in interchanged(kernel).outer.body[3].body
 
 
 def _two_sums(second: tuple, between: tuple = ()) -> Kernel:
@@ -260,8 +270,8 @@ def test_each_of_several_inner_loops_is_swapped_and_a_later_one_reads_an_earlier
     nodes = kernel.outer.body
     setting, first, later, rest = nodes[3:7]
     assert [b.name for b in nodes[1:3]] == ["acc6__x", "acc7__x"], nodes
-    assert [(n.index, [m.index for m in n.body if isinstance(m, Loop)]) for n in (first, later)] == [
-        ("c", ["j"]), ("c", ["k"])]
+    assert [n.index for n in (first, later)] == ["c", "c"]
+    assert Assign("e1", "in1[i, 3]") in first.body and Assign("e8", "in0__T[3, c__u]") in later.body
     assert later.extent == "in0__T.shape[1]"
     assert Assign("acc6", "acc6__x[c__u]") in later.body  # read, final, not stored
     assert Store("acc6__x", ("c__u",), "acc6") not in later.body

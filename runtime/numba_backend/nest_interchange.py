@@ -13,13 +13,15 @@ at the latency of an add. Swapped, with each centroid's accumulator in a buffer 
     for j < 16: for c < 64: acc_[c] = acc_[c] + (p[j] - C^T[j, c])^2     (independent in c: SIMD)
     for c < 64: acc = acc_[c];  best = min(best, acc)
 
-Where the inner loop is short (a constant trip count LLVM unrolls: sixteen dimensions), it stays innermost
-under the swapped loop instead, each centroid's sum a register loaded and stored once:
+Where the inner loop is short and the matrix small (sixteen dimensions, 64 centroids), its steps are
+written out under the swapped loop instead, each centroid's sum a register loaded and stored once:
 
-    for c < 64:  acc = acc_[c];  for j < 16: acc = acc + (p[j] - C^T[j, c])^2;  acc_[c] = acc
+    for c < 64:  acc = acc_[c];  acc = acc + (p[0] - C^T[0, c])^2;  ...;  acc = acc + (p[15] - C^T[15, c])^2;
+                 acc_[c] = acc
 
-LLVM unrolls the sixteen steps and vectorises the centroid loop around them, where the form above loads and
-stores every centroid's sum at each of the sixteen steps (a store per step bounds it).
+LLVM vectorises the centroid loop around the sixteen steps, where the form above loads and stores every
+centroid's sum at each step (a store per step bounds it). The steps are written out rather than left to
+LLVM's unroller, which keeps a loop of 32 steps of four statements a loop (a scalar chain per centroid).
 
 Every accumulator still folds its elements in the same order, so the results are the same bits; only the
 order in which independent work is done changes. A matrix the inner statements read as [c, j] is read from
@@ -64,10 +66,15 @@ MAX_EXTENT = 4096
 # and without one to read it from, a loop this short is not swapped (k-means over 32 centroids: 24 ms
 # unswapped, 41 swapped with a constant trip count)
 UNROLLED = 32
-# an inner loop of a constant trip count whose statements, once per iteration, number at most this stays
-# innermost (_around): LLVM unrolls it, and vectorises the outer loop around it; beyond, the loop would stay a
-# loop, its sum a scalar chain per outer iteration (64 dimensions: 12.6 against 3.5 ms swapped)
+# an inner loop of at most UNROLLED steps is written out under the swapped loop (_around) where its statements
+# number at most UNROLLED_STATEMENTS in all (Numba's compile time grows with the text), and the elements a
+# sweep of the swapped loop reads per step, times the steps, at most SHORT_AREA: the sweep reads a row of the
+# transposed matrix per step side by side, and rows of 2048 float32 (attention's keys, 32 dimensions) lie 8 KB
+# apart, which the first-level cache holds in one set (their sums swept step by step: 9.9 against 14.5 ms).
+# Written out, the float32 Mahalanobis distance (32 x 32) took 2.3 against 4.0 ms swapped (12.9 as a loop of
+# 32 steps LLVM did not unroll), the natural k-means cost (16 dimensions, 64 centroids) 27 against 55
 UNROLLED_STATEMENTS = 192
+SHORT_AREA = 4096
 TRANSPOSED = "__T"
 
 _SUBSCRIPT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[([^\[\]]*)\]")
@@ -195,7 +202,7 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | Non
             return None
     start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
     start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
-    swapped = [_around(k, index, extent, parts) for k, parts in zip(inners, bodies)]
+    swapped = [_around(k, index, extent, loop.extent, parts) for k, parts in zip(inners, bodies)]
     # the sums are read back under names of their own where nothing after the loop reads them: the swapped
     # loops assign the accumulators too, and nest_lanes would take a name assigned in two loops for one
     # carried between them (and run the loop's tanh or exp per element instead of in vector calls)
@@ -207,18 +214,20 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | Non
     return [*start, *swapped, *(split or [Loop(index, loop.extent, rest, loop.folds)])]
 
 
-def _around(inner: Loop, index: str, extent, parts: tuple[list, list, list]) -> Loop:
-    """The outer loop's sweep of one inner loop's sums: the inner loop innermost where LLVM unrolls it (a
-    constant trip count of at most UNROLLED, UNROLLED_STATEMENTS in all), each accumulator then a register
-    loaded and stored once and the unrolled statements vectorised across the outer iterations; else
-    outermost, each of its steps a vectorised sweep through the accumulators' buffers, a load and a store
-    per accumulator and step. The float64 k-means matrix form's kernel (16 dimensions, 64 centroids, 10^5
-    points) took 2.8 against 6.5 ms written by hand both ways; the whole primal 7.7 -> 3.6 ms. The inner
-    loop's folds are dropped, as in the swapped form: each accumulator folds its elements in order."""
+def _around(inner: Loop, index: str, extent, sweep: int, parts: tuple[list, list, list]) -> Loop:
+    """The outer loop's sweep (`sweep` iterations) of one inner loop's sums. Where the inner loop is short
+    (UNROLLED steps, UNROLLED_STATEMENTS statements in all) and what a sweep reads small (SHORT_AREA), its
+    steps are written out under the outer loop: each accumulator a register, loaded and stored once, the
+    steps vectorised across the outer iterations. Otherwise the inner loop runs outermost, each of its steps
+    a vectorised sweep through the accumulators' buffer (a load and a store per accumulator and step). The
+    inner loop's folds are dropped either way: each accumulator folds its elements in order."""
     head, steps, stores = parts
-    if isinstance(inner.extent, str) or inner.extent > UNROLLED or inner.extent * len(steps) > UNROLLED_STATEMENTS:
+    if (isinstance(inner.extent, str) or inner.extent > UNROLLED or inner.extent * len(steps) > UNROLLED_STATEMENTS
+            or inner.extent * sweep > SHORT_AREA):
         return Loop(inner.index, inner.extent, (Loop(index, extent, (*head, *steps, *stores)),))
-    return Loop(index, extent, (*head, Loop(inner.index, inner.extent, tuple(steps)), *stores))
+    unrolled = [Assign(n.target, substitute(n.expr, lambda name, k=k: str(k) if name == inner.index else name))
+                for k in range(inner.extent) for n in steps]
+    return Loop(index, extent, (*head, *unrolled, *stores))
 
 
 def _distributed(rest: Loop, acc_dtypes: dict[str, np.dtype]) -> list | None:
