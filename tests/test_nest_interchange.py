@@ -28,6 +28,14 @@ F64 = np.dtype(np.float64)
 SUM = LaneFold(("acc6",), ("np.float64(0.0)",), ("l0",), ("r0",), (Assign("t9", "np.float64((l0 + r0))"),), ("t9",))
 
 
+@pytest.fixture(autouse=True)
+def written_out_at_any_size(monkeypatch):
+    """Short inner loops written out at these tests' sizes, as they are from WRITTEN_MIN_ITERATIONS steps per
+    kernel call on (lowered to 0, with the compiled kernels of the same nests set aside)."""
+    monkeypatch.setattr(nest_interchange, "WRITTEN_MIN_ITERATIONS", 0)
+    monkeypatch.setattr(loop_nests, "_compiled", weakref.WeakKeyDictionary())
+
+
 def _kmeans_like(inner: tuple | None = None, post: tuple | None = None, pre: tuple | None = None,
                  centroids: int = 8, dims: int = 4) -> Kernel:
     """Per point i: for each centroid c, acc6 = sum over j < dims of (P[i, j] - C[c, j])^2, folded into the
@@ -79,6 +87,16 @@ def test_a_short_inner_loop_is_written_out_under_the_centroid_loop(dims):
     assert centroids.body[2:-1] == sum(steps, ())  # in order: the same bits
     assert centroids.body[-1] == Store("acc6__x", ("c__u",), "acc6")
     assert rest.body[0] == Assign("acc6__r", "acc6__x[c]")
+
+
+def test_a_short_inner_loop_of_a_small_kernel_is_swapped_outermost(monkeypatch):
+    """Below WRITTEN_MIN_ITERATIONS steps per call the compile time of the copies would not be won back: 5
+    points x 8 centroids x 4 dimensions here, and the control at exactly that many."""
+    monkeypatch.setattr(nest_interchange, "WRITTEN_MIN_ITERATIONS", 5 * 8 * 4 + 1)
+    swapped = interchanged(_kmeans_like()).outer.body[3]
+    assert swapped.index == "j" and swapped.body[0].index == "c"
+    monkeypatch.setattr(nest_interchange, "WRITTEN_MIN_ITERATIONS", 5 * 8 * 4)
+    assert interchanged(_kmeans_like()).outer.body[3].index == "c"
 
 
 def test_a_short_inner_loop_over_a_large_matrix_is_swapped_outermost():
@@ -176,11 +194,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("written", [True, False], ids=["written-out", "swapped"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_swapped_kernels_give_the_unswapped_results_bit_for_bit(case, monkeypatch):
+def test_swapped_kernels_give_the_unswapped_results_bit_for_bit(case, written, monkeypatch):
+    if not written:
+        monkeypatch.setattr(nest_interchange, "WRITTEN_MIN_ITERATIONS", 2 ** 62)
     f, make = CASES[case]
     args = make()
-    assert "__T = np.ascontiguousarray(" in _sources(f, *args)
+    source = _sources(f, *args)
+    assert "__T = np.ascontiguousarray(" in source
+    assert bool(re.search(r"__T\[\d+, ", source)) == written  # a step written out reads a literal row
     got = fold.jit(f, backend="numba")(*args)
     plain = _unswapped(monkeypatch, f, *args)
     want = fold.jit(f, backend="numpy")(*args)

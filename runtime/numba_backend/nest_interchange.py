@@ -75,6 +75,10 @@ UNROLLED = 32
 # 32 steps LLVM did not unroll), the natural k-means cost (16 dimensions, 64 centroids) 27 against 55
 UNROLLED_STATEMENTS = 192
 SHORT_AREA = 4096
+# the fewest steps of the inner loop per kernel call (times the swapped loop's and the loops' around it) for
+# which its steps are written out: Numba compiles each copy (the Mahalanobis distance's Hessian-vector
+# product, three sums of 32 steps: first call 1.8 -> 3.3 s), which a small program would never win back
+WRITTEN_MIN_ITERATIONS = 2 ** 20
 TRANSPOSED = "__T"
 
 _SUBSCRIPT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[([^\[\]]*)\]")
@@ -89,7 +93,7 @@ def interchanged(kernel: Kernel) -> Kernel:
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge) \
         if isinstance(outer, ParallelFold) else Counter()
     shapes = {p.name: tuple(p.shape) for p in kernel.inputs}
-    swapped = _block(body, reads(body) + outside, shapes)
+    swapped = _block(body, reads(body) + outside, shapes, outer.extent)
     if swapped == body:
         return kernel
     changed = (dataclasses.replace(outer, body=swapped) if isinstance(outer, ParallelMap)
@@ -114,20 +118,22 @@ def transposed(kernel: Kernel) -> list[str]:
     return sorted(found)
 
 
-def _block(nodes: tuple, total: Counter, shapes: dict[str, tuple]) -> tuple:
+def _block(nodes: tuple, total: Counter, shapes: dict[str, tuple], runs: int) -> tuple:
+    """`nodes` (run `runs` times per kernel call) with every loop that qualifies swapped."""
     out: list = []
     for node in nodes:
         if isinstance(node, Loop):
-            node = dataclasses.replace(node, body=_block(node.body, total, shapes))
-            out += _swapped(node, total, shapes) or [node]
+            trips = 1 if isinstance(node.extent, str) else node.extent  # a dynamic one: at least once
+            node = dataclasses.replace(node, body=_block(node.body, total, shapes, runs * trips))
+            out += _swapped(node, total, shapes, runs) or [node]
         elif isinstance(node, If):
-            out.append(dataclasses.replace(node, body=_block(node.body, total, shapes)))
+            out.append(dataclasses.replace(node, body=_block(node.body, total, shapes, runs)))
         else:
             out.append(node)
     return tuple(out)
 
 
-def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | None:
+def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple], runs: int) -> list | None:
     """The loop as (accumulators set, each inner loop swapped, the rest per outer iteration), or None."""
     if isinstance(loop.extent, str) or not MIN_EXTENT <= loop.extent <= MAX_EXTENT:
         return None
@@ -202,7 +208,7 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | Non
             return None
     start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
     start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
-    swapped = [_around(k, index, extent, loop.extent, parts) for k, parts in zip(inners, bodies)]
+    swapped = [_around(k, index, extent, loop.extent, runs, parts) for k, parts in zip(inners, bodies)]
     # the sums are read back under names of their own where nothing after the loop reads them: the swapped
     # loops assign the accumulators too, and nest_lanes would take a name assigned in two loops for one
     # carried between them (and run the loop's tanh or exp per element instead of in vector calls)
@@ -214,16 +220,17 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple]) -> list | Non
     return [*start, *swapped, *(split or [Loop(index, loop.extent, rest, loop.folds)])]
 
 
-def _around(inner: Loop, index: str, extent, sweep: int, parts: tuple[list, list, list]) -> Loop:
-    """The outer loop's sweep (`sweep` iterations) of one inner loop's sums. Where the inner loop is short
-    (UNROLLED steps, UNROLLED_STATEMENTS statements in all) and what a sweep reads small (SHORT_AREA), its
-    steps are written out under the outer loop: each accumulator a register, loaded and stored once, the
-    steps vectorised across the outer iterations. Otherwise the inner loop runs outermost, each of its steps
+def _around(inner: Loop, index: str, extent, sweep: int, runs: int, parts: tuple[list, list, list]) -> Loop:
+    """The outer loop's sweep (`sweep` iterations, the loop run `runs` times per kernel call) of one inner
+    loop's sums. Where the inner loop is short (UNROLLED steps, UNROLLED_STATEMENTS statements in all), what
+    a sweep reads small (SHORT_AREA) and the kernel long enough to win back the compile time
+    (WRITTEN_MIN_ITERATIONS), its steps are written out under the outer loop: each accumulator a register,
+    loaded and stored once, the steps vectorised across the outer iterations. Otherwise the inner loop runs outermost, each of its steps
     a vectorised sweep through the accumulators' buffer (a load and a store per accumulator and step). The
     inner loop's folds are dropped either way: each accumulator folds its elements in order."""
     head, steps, stores = parts
     if (isinstance(inner.extent, str) or inner.extent > UNROLLED or inner.extent * len(steps) > UNROLLED_STATEMENTS
-            or inner.extent * sweep > SHORT_AREA):
+            or inner.extent * sweep > SHORT_AREA or runs * sweep * inner.extent < WRITTEN_MIN_ITERATIONS):
         return Loop(inner.index, inner.extent, (Loop(index, extent, (*head, *steps, *stores)),))
     unrolled = [Assign(n.target, substitute(n.expr, lambda name, k=k: str(k) if name == inner.index else name))
                 for k in range(inner.extent) for n in steps]
