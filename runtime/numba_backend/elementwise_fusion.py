@@ -219,6 +219,10 @@ def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False,
     dimensions (see row_sum_of) joins the run, which then stores its other values as before (the summed
     one too, if anything else reads it) and sums that one row by row."""
     uses = use_counts(program)
+    readers: dict[Var, list[Let]] = {}
+    for s in program.stmts:
+        for a in {a for a in s.args if isinstance(a, Var)}:
+            readers.setdefault(a, []).append(s)
     stmts: list[Let] = []
     members: list[Let] = []
     produced: set[Var] = set()
@@ -285,11 +289,20 @@ def fuse_elementwise(program: Program, min_size: int = 0, scalars: bool = False,
     def reads(stmt: Let, values: set[Var]) -> bool:
         return any(isinstance(a, Var) and a in values for a in stmt.args)
 
+    def read_after_what_waits(stmt: Let) -> bool:
+        """Whether `stmt` reads nothing of the open run and a reader of its value reads what waits for the run
+        to end: that reader runs after the run, in a run of its own, so `stmt` joining this run would write
+        its value only for that one to read back (batch normalisation's X - mu, beside the variance's run);
+        it opens the next run instead, where its reader fuses with it."""
+        return (not reads(stmt, produced) and bool(waiting_outs)
+                and any(reads(r, waiting_outs) for o in stmt.outs for r in readers.get(o, ())))
+
     for stmt in program.stmts:
         shape = _shape(stmt, scalars)
         if shape is not None and math.prod(shape) < min_size:
             shape = None
-        if shape is not None and members and shape == members[0].outs[0].aval.shape and not reads(stmt, waiting_outs):
+        if (shape is not None and members and shape == members[0].outs[0].aval.shape and not reads(stmt, waiting_outs)
+                and not read_after_what_waits(stmt)):
             members.append(stmt)
             produced.update(stmt.outs)
         elif shape is not None:
