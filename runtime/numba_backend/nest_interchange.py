@@ -225,9 +225,10 @@ def _around(inner: Loop, index: str, extent, sweep: int, runs: int, parts: tuple
     loop's sums. Where the inner loop is short (UNROLLED steps, UNROLLED_STATEMENTS statements in all), what
     a sweep reads small (SHORT_AREA) and the kernel long enough to win back the compile time
     (WRITTEN_MIN_ITERATIONS), its steps are written out under the outer loop: each accumulator a register,
-    loaded and stored once, the steps vectorised across the outer iterations. Otherwise the inner loop runs outermost, each of its steps
-    a vectorised sweep through the accumulators' buffer (a load and a store per accumulator and step). The
-    inner loop's folds are dropped either way: each accumulator folds its elements in order."""
+    loaded and stored once, the steps vectorised across the outer iterations. Otherwise the inner loop runs
+    outermost, each of its steps a vectorised sweep through the accumulators' buffer (a load and a store per
+    accumulator and step). The inner loop's folds are dropped either way: each accumulator folds its
+    elements in order."""
     head, steps, stores = parts
     if (isinstance(inner.extent, str) or inner.extent > UNROLLED or inner.extent * len(steps) > UNROLLED_STATEMENTS
             or inner.extent * sweep > SHORT_AREA or runs * sweep * inner.extent < WRITTEN_MIN_ITERATIONS):
@@ -323,7 +324,7 @@ def _balanced(text: str) -> bool:
 def _shape_read(bodies: list, unsigned: str, extent: int, shapes: dict[str, tuple]) -> str | None:
     """The trip count as the length of an input's axis the swapped loop reads it along (a matrix read as
     [row, index], as attention's values are by its weighted sum over their rows), or None where none is."""
-    for node in (n for parts in bodies for part in parts for n in part):
+    for node in (n for pieces in bodies for piece in pieces for n in piece):
         for match in _SUBSCRIPT.finditer(node.expr if isinstance(node, Assign) else ""):
             array, parts = match.group(1), match.group(2).split(", ")
             axis = len(parts) - 1
