@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import fold
 from fold.kernels.cpu import vector_math
 from fold.runtime.loops import LoopNest, describe, kernel_of
-from fold.runtime.loops.nest import Buffer, buffers
+from fold.runtime.loops.nest import Buffer, ParallelFold, buffers
 from fold.runtime.numba_backend.passes import prepare
 from natural_programs import (gmm_objective, kmeans_cost, min_pairwise_distance, ordered_fold, periodic_stencil_energy,
                               three_deep)
@@ -258,6 +258,31 @@ def test_a_sum_over_rows_of_scalars_folds_one_scalar_state():
     assert [s.shape for s in kernels[0].outer.states] == [()]
     got, want = _both(f, X)
     _close(got, want, 1e-12)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_rows_scaled_by_their_cotangent_and_summed_add_into_a_row_state(dtype, rtol):
+    """The gradient of a per-class logsumexp of scores x.w with respect to w: sum over the rows of x times
+    the row's cotangent, a map of a vector times a scalar summed over its axis. Before, no nest took that map
+    (its body maps no map and folds nothing) and it wrote its (n, d) rows to be summed after."""
+    X = rng.normal(size=(3000, 7)).astype(dtype)
+    w = rng.normal(size=7).astype(dtype)
+    labels = rng.integers(0, 5, 3000)
+
+    def loss(w, X, labels):
+        scores = fold.map(lambda x: fold.sum(x * w), X)
+        return fold.sum(fold.reduce_by_index(M.logaddexp, 5, labels, scores))
+
+    g = fold.grad(loss)
+    program, kernels = _nests(g, w, X, labels)
+    assert not [v for s in program.stmts for v in s.outs if v.aval.shape == X.shape], program
+    assert any([s.shape for s in k.outer.states] == [(7,)] for k in kernels if isinstance(k.outer, ParallelFold))
+    got, want = _both(g, w, X, labels)
+    _close(got, want, rtol)
+    scores = X.astype(np.float64) @ w.astype(np.float64)
+    per_class = np.array([np.logaddexp.reduce(scores[labels == c]) for c in range(5)])
+    softmax = np.exp(scores - per_class[labels])  # each row's weight within its class
+    _close(got, X.T.astype(np.float64) @ softmax, 1e3 * rtol)
 
 
 def _chain_source_length(n: int) -> int:

@@ -98,7 +98,7 @@ def no_products(body: Program) -> bool:
 
 
 def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
-               products: Callable[[Program], bool] = no_products) -> bool:
+               products: Callable[[Program], bool] = no_products, summed: bool = False) -> bool:
     """A map the nest takes: one whose body nests a map and folds somewhere (a map of a map of a reduce), one
     whose body maps rows that are arrays and folds nothing (`_maps_rows_of_arrays`), one whose body is long,
     (`folded`: a reduce folds its results) one of scalars, or (`row_folds`) one whose body
@@ -115,7 +115,9 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     results a histogram bins (`binned`) streams into the bins whatever its body, but for a matrix product
     beside a gather that `products` leaves to the backend: the one-hot rewrite's form of k-means' matrix
     gradient (a row of the centroids gathered at the nearest one), which the product kernel runs in
-    registers."""
+    registers. A map whose results are summed over its axis (`summed`) and that multiplies no matrix is a
+    nest too: its rows are added into the state as they are made (a gradient's sum over the rows of each
+    row times its cotangent, `x * g` per row, would otherwise be stored whole and summed after)."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
@@ -125,6 +127,7 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
                           or _products_of_rows_only(stmt.prim)))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
+                 or (summed and not _folds(body, (MatMul,)))
                  or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
                  or any(isinstance(s.prim, (Loop, LoopSaving)) for s in body.stmts))
             and nestable(body) is None)
@@ -322,7 +325,8 @@ def _fuse(program: Program, folds_of_scalar_maps: bool, row_folds: bool, histogr
         folding = None if consumers is None else _as_reduces(consumers)
         folded = folds_of_scalar_maps and folding is not None and isinstance(folding[0].prim, Reduce)
         binned = consumers is not None and isinstance(consumers[-1].prim, ReduceByIndex)
-        if not _candidate(stmt, folded, row_folds, binned, products):
+        summed = consumers is not None and all(isinstance(c.prim, SumAxes) for c in consumers)
+        if not _candidate(stmt, folded, row_folds, binned, products, summed):
             stmts.append(stmt)
             continue
         consumers = consumers or []
