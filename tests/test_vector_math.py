@@ -241,44 +241,37 @@ def _swapped_registered(offset: int, width: int):
     return mapper
 
 
-@by_width
-@pytest.mark.parametrize("parallel", [False, True])
-@pytest.mark.parametrize("shape", [(3, 0), (2, 3), (5, 9), (7, 16), (300, 257)])
-def test_map_with_row_sums_maps_width_columns_per_lane_form_call(shape, parallel, width):
-    """Each row's first width * (columns // width) elements go through the lane form (marked: 1000 more), the
-    stored result and the summed one alike; the rest one at a time through the mapper."""
-    rows, cols = shape
-    x = np.random.default_rng(cols).integers(-50, 50, (cols, rows)).T  # a transposed view
-    vectored = width * (cols // width)
-    stored, sums = kc.map_with_row_sums(FORMS[width][1], 1, 1, [x], parallel=parallel)
-    np.testing.assert_array_equal(stored[0][:, :vectored], 3 * x[:, :vectored] + 1001)
-    np.testing.assert_array_equal(stored[0][:, vectored:], 3 * x[:, vectored:] + 1)
-    np.testing.assert_array_equal(sums, (x * x).sum(axis=1))
-    stored, sums = kc.map_with_row_sums(_swapped_registered(1000, width), 1, 1, [x], parallel=parallel)
-    np.testing.assert_array_equal(stored[0], x * x)
-    np.testing.assert_array_equal(sums, (3 * x + 1).sum(axis=1) + 1000 * vectored)
-    stored, sums = kc.map_with_row_sums(_swapped_registered(0, width), 1, 1, [x], parallel=parallel)
-    np.testing.assert_array_equal(sums, (3 * x + 1).sum(axis=1))
+# the summing maps, each with the options that choose how it splits its rows: (kernel, axis summed, options)
+SUMMING_MAPS = {
+    "row sums, serial": ("map_with_row_sums", 1, {"parallel": False}),
+    "row sums, parallel": ("map_with_row_sums", 1, {"parallel": True}),
+    **{f"column sums, {c} chunks": ("map_with_column_sums", 0, {"chunks": c}) for c in (1, 2, 3)},
+}
 
 
 @by_width
-@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("kind", sorted(SUMMING_MAPS))
 @pytest.mark.parametrize("shape", [(3, 0), (2, 3), (5, 9), (7, 16), (300, 257)])
-def test_map_with_column_sums_maps_width_columns_per_lane_form_call(shape, chunks, width):
+def test_summing_maps_map_width_columns_per_lane_form_call(shape, kind, width):
     """Along each row the first width * (columns // width) elements go through the lane form (marked: 1000
-    more), stored and summed alike; the columns' sums add every row, whatever the chunks."""
+    more), the stored result and the summed one alike; the rest one at a time through the mapper. The sums
+    (over each row, or down each column whatever the chunks) add exactly those."""
+    name, axis, options = SUMMING_MAPS[kind]
+    summing = getattr(kc, name)
     rows, cols = shape
     x = np.random.default_rng(cols).integers(-50, 50, (cols, rows)).T  # a transposed view
     vectored = width * (cols // width)
-    stored, sums = kc.map_with_column_sums(FORMS[width][1], 1, 1, [x], chunks=chunks)
+    marks = np.zeros(shape, np.int64)
+    marks[:, :vectored] = 1000
+    stored, sums = summing(FORMS[width][1], 1, 1, [x], **options)
     np.testing.assert_array_equal(stored[0][:, :vectored], 3 * x[:, :vectored] + 1001)
     np.testing.assert_array_equal(stored[0][:, vectored:], 3 * x[:, vectored:] + 1)
-    np.testing.assert_array_equal(sums, (x * x).sum(axis=0))
-    stored, sums = kc.map_with_column_sums(_swapped_registered(1000, width), 1, 1, [x], chunks=chunks)
+    np.testing.assert_array_equal(sums, (x * x).sum(axis=axis))
+    stored, sums = summing(_swapped_registered(1000, width), 1, 1, [x], **options)
     np.testing.assert_array_equal(stored[0], x * x)
-    want = (3 * x + 1).sum(axis=0)
-    want[:vectored] += 1000 * rows
-    np.testing.assert_array_equal(sums, want)
+    np.testing.assert_array_equal(sums, (3 * x + 1 + marks).sum(axis=axis))
+    stored, sums = summing(_swapped_registered(0, width), 1, 1, [x], **options)
+    np.testing.assert_array_equal(sums, (3 * x + 1).sum(axis=axis))
 
 
 @pytest.mark.parametrize("chunks", [1, 2, 3])
