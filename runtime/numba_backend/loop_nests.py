@@ -23,6 +23,7 @@ from fold.runtime.loops import text
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
 from . import nest_interchange, nest_lanes, nest_parts, nest_reuse, nest_tiles, scalar_helpers
+from .extremum_loops import vectorised_extrema
 from .lowering import numba_impls
 
 # chunks of a fold per thread: enough that uneven rows even out, few enough that merging them costs nothing
@@ -93,6 +94,7 @@ def kernel_module(kernel: Kernel, parallel: bool = True) -> tuple[str, dict[str,
         "import numpy as np",
         "from numba import prange",
         f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
+        f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.VECTORISED_HELPERS)}",
         f"from fold.kernels.cpu.vector_math import {', '.join(nest_lanes.IMPORTS)}",
         f"# vector math {file_digest(vector_math)} available: {vector_math.AVAILABLE}",
         "", "", *[text + "\n\n" for text in parts.sources], *lines, ""]), \
@@ -122,10 +124,12 @@ def _with_lanes(outer, arrays: dict[str, np.dtype]) -> tuple[Any, bool]:
     that pays (nest_lanes), or a fold's rows in tiles (nest_tiles), and whether its body is now a whole chunk
     (its chunk's loop run in lanes). `arrays`: the kernel's arrays' dtypes."""
     if isinstance(outer, ParallelMap):
+        outer = ParallelMap(outer.index, outer.extent, vectorised_extrema(outer.body))
         chunk = nest_lanes.outer_in_lanes(outer, Counter())
         if chunk is not None:
             return ParallelMap(outer.index, outer.extent, chunk), True
         return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body, runs=outer.extent)), False
+    outer = replace(outer, step=vectorised_extrema(outer.step))
     # the states are read after the traversal: they count as read outside any loop of the step
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge)
     chunk = (nest_lanes.outer_in_lanes(outer, outside) or nest_lanes.chunk_in_lanes(outer, outside)
