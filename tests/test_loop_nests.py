@@ -1345,8 +1345,9 @@ def _kernel_lines(text: str) -> str:
 def test_a_rows_minimum_and_its_first_index_are_loops_llvm_vectorises(dtype):
     """k-means' gradient per point: the minimum of its 64 distances, then the first index holding it (an
     int64 fold). Each is a loop of one accumulator calling LLVM's NaN-propagating minimum, with a trip count
-    LLVM cannot see (extremum_loops.py); 63 distances stay in lanes of selects. Ties give the numpy backend's gradient (the first of the tied
-    centroids takes the cotangent); a NaN distance makes the cost NaN, an infinite one is never the minimum."""
+    LLVM cannot see (extremum_loops.py); 63 distances stay in lanes of selects. Ties give the numpy
+    backend's gradient (the first of the tied centroids takes the cotangent); a NaN distance makes the cost
+    NaN, an infinite one is never the minimum."""
     def cost(C, P):
         return fold.sum(fold.map(lambda p: fold.reduce(M.min, fold.map(lambda c: fold.sum((p - c) * (p - c)), C)), P))
 

@@ -93,8 +93,8 @@ def kernel_module(kernel: Kernel, parallel: bool = True) -> tuple[str, dict[str,
         "import math",
         "import numpy as np",
         "from numba import prange",
-        f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.HELPERS)}",
-        f"from fold.runtime.numba_backend.scalar_helpers import {', '.join(scalar_helpers.VECTORISED_HELPERS)}",
+        "from fold.runtime.numba_backend.scalar_helpers import "
+        + ", ".join(scalar_helpers.HELPERS + scalar_helpers.VECTORISED_HELPERS),
         f"from fold.kernels.cpu.vector_math import {', '.join(nest_lanes.IMPORTS)}",
         f"# vector math {file_digest(vector_math)} available: {vector_math.AVAILABLE}",
         "", "", *[text + "\n\n" for text in parts.sources], *lines, ""]), \

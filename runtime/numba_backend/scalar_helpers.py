@@ -134,8 +134,8 @@ _NUMBERS = (types.Float, types.Integer, types.Boolean)
 def _vector_extremum(float_intrinsic: str, predicate: str):
     @intrinsic
     def extremum(typingctx, a, b):
-        result = typingctx.unify_pairs(a, b)
-        if not (isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS) and isinstance(result, _NUMBERS)):
+        result = typingctx.unify_pairs(a, b) if isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS) else None
+        if not isinstance(result, _NUMBERS):
             return None
 
         def codegen(context, builder, signature, args):
