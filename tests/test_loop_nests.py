@@ -1201,6 +1201,29 @@ def test_a_sum_over_a_one_hot_axis_reads_its_one_index():
     _close(*_both(f, X, i), 1e-12)
 
 
+def test_one_value_scattered_into_zeros_is_read_at_its_one_index():
+    """A histogram adding one value into zeros (x.at[i].add(v) on zeros; a min or max gradient written as a
+    scatter) is one-hot: the sum of its products with a row, and a sum over a map of its elements, read the
+    one index (nothing where it is out of range), as for where(iota == i, v, 0). Its gradient too."""
+    from fold.runtime.numba_backend import loop_nests
+
+    X, C = rng.normal(size=(50, 40)), rng.normal(size=(40, 6))
+    i, v = rng.integers(-2, 42, 50), rng.normal(size=50)
+
+    def f(X, C, v, i):
+        def row(r, a, j):
+            h = fold.reduce_by_index(M.sum, 40, j.reshape(1), (2.0 * a).reshape(1))
+            return fold.sum(h * r), fold.sum(fold.map(lambda c, e: e * fold.sin(c), C, h), axis=0)
+        return fold.map(row, X, v, i)
+
+    _, (kernel,) = _nests(f, X, C, v, i)
+    # per row: 75 statements; adding up all 40 elements, 40 x 4 for the row's sum and 6 x 40 x 5 for the map's
+    assert loop_nests.work(kernel) < 50 * 100, describe(kernel)
+    _close(*_both(f, X, C, v, i), 1e-12)
+    loss = lambda *a: fold.sum(f(*a)[0]) + fold.sum(fold.sin(f(*a)[1]))  # noqa: E731
+    _close(*_both(fold.grad(loss, argnums=(0, 1, 2)), X, C, v, i), 1e-12)
+
+
 def test_a_statement_between_a_map_and_its_fold_that_reads_a_kept_result_runs_after_the_nest():
     """A map whose first result the program keeps and whose second a sum folds: a statement between them
     reading the first runs after the nest; a fold that reads such a statement cannot join the nest."""

@@ -39,7 +39,7 @@ from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, 
 from fold.rules import RuleTable
 
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
-from .facts import broadcast_facts, elementwise_facts, reshape_facts, with_facts
+from .facts import broadcast_facts, elementwise_facts, is_zero, reshape_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 from .scattered_states import scattered_states
 from .text import defined, names, pure as is_pure, statement_lines
@@ -858,6 +858,9 @@ def _histogram_of_row(w: Writer, prim: ReduceByIndex, args: list[Value], out_ava
     """A histogram inside a row (a gather's cotangent scattered back: one value, or one row, at the label's
     index): bins in buffers started at the identity, each element folded into its bin in order (`bin_into`)."""
     k, nc = prim.num_leaves, prim.num_consts
+    one_entry = _one_entry_into_zeros(w, prim, args, out_avals)
+    if one_entry is not None:
+        return [one_entry]
     identity = args[nc: nc + k]
     dtypes = [np.dtype(a.dtype) for a in out_avals]
     bins = [Stored(w.fresh("b"), tuple(a.shape), d) for a, d in zip(out_avals, dtypes, strict=True)]
@@ -867,6 +870,22 @@ def _histogram_of_row(w: Writer, prim: ReduceByIndex, args: list[Value], out_ava
             Store(b.name, idx, cast(w.element(start, idx[1:]), b.dtype, start.dtype))))
     bin_into(w, prim, args[:nc], bins, args[nc + k], args[nc + k + 1:])
     return bins
+
+
+def _one_entry_into_zeros(w: Writer, prim: ReduceByIndex, args: list[Value], out_avals) -> Pull | None:
+    """One value added into zeros at one index (a scatter of one element, as `x.at[i].add(v)` on zeros
+    makes): an array one-hot at that index, computed where it is read, so that a consumer adding it up
+    reads the one element (facts.py). None where the histogram is another."""
+    out = out_avals[0]
+    if (prim.num_leaves, prim.num_consts, out.ndim) != (1, 0, 1) or args[1].shape != (1,) \
+            or recognize_binary_op(prim.body, 0) != "add" or not is_zero(args[0]):
+        return None
+    dtype, indices, value = np.dtype(out.dtype), args[1], args[2]
+    at = w.assign(f"np.int64({w.element(indices, ('0',))})", "h")
+    v = w.assign(cast(w.element(value, ('0',)), dtype, np.dtype(value.dtype)))
+    zero = literal(0, dtype)
+    return Pull((prim.n,), dtype, lambda w, idx: f"({v} if {idx[0]} == {at} else {zero})", False,
+                onehot=(0, at))
 
 
 def bin_into(w: Writer, prim: ReduceByIndex, consts: Sequence[Value], bins: Sequence[Stored], indices: Value,

@@ -7,8 +7,9 @@ an array element by element would do k times the work it needs. These facts let 
 - `index_axis`: the element at idx is idx[axis] (an iota, broadcast or reshaped);
 - `splat`: every element is one scalar (a broadcast scalar);
 - `equals`: the element at idx is (idx[axis] == s), from comparing the two above;
-- `onehot`: the element at idx is 0 unless idx[axis] == s: `where(equals, x, 0)`, kept by products, negation,
-  conversion, and by a map whose rows vanish with such a row;
+- `onehot`: the element at idx is 0 unless idx[axis] == s: `where(equals, x, 0)` or one value added into
+  zeros at s (a histogram of one entry, build.py), kept by products, negation, conversion, and by a map
+  whose rows vanish with such a row;
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
   what products and sums of such rows make;
 - `bounds`: an integer value's elements lie in [low, high] (an end None where it is not known): an iota's, a
