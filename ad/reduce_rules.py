@@ -59,16 +59,21 @@ def _prod_vjp(prim, consts, identity, xs, ys, cts):
     return [others * ct]
 
 
-# y = max_i a_i (min alike):  abar_i = ybar at the lowest index i with a_i == y, 0 elsewhere
+# y = max_i a_i (min alike):  abar_i = ybar at the lowest index i with a_i == y, 0 elsewhere. The first index
+#   is one fold (given y); a row's cotangent is one value scattered into zeros there, which a backend reads as
+#   (index, value) instead of a row of mostly zeros. Along the first axis of an array (an extremum per
+#   column), a mask over the whole array: elementwise, where a scatter would be a histogram of every column
 def _extremum_vjp(prim, consts, identity, xs, ys, cts):
     (x,), (y,), (ct,) = xs, ys, cts
     n = aval_of(x).shape[0]
     positions = ops.broadcast_to(ops.reshape(ops.iota(n), (n,) + (1,) * (x.ndim - 1)), aval_of(x).shape)
     candidates = ops.where(x == y, positions, n)
     from fold import monoids
-    from fold.combinators import reduce as fold_reduce
+    from fold.combinators import reduce as fold_reduce, reduce_by_index
 
     first = fold_reduce(monoids.min, candidates)
+    if x.ndim == 1:
+        return [reduce_by_index(monoids.sum, n, ops.reshape(first, (1,)), ops.reshape(ct, (1,)).astype(x.dtype))]
     return [ops.where(positions == first, ct, 0.0).astype(x.dtype)]
 
 

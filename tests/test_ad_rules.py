@@ -239,6 +239,23 @@ def test_reduce_ties_go_to_the_lowest_index(rule: str, kind: str) -> None:
     assert float(fold.jvp(f, (x,), (np.arange(1.0, 7.0),))[1]) == 2.0
 
 
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_a_rows_extremum_gradient_is_one_value_scattered_at_the_first_index(kind: str) -> None:
+    """The min/max rule's cotangent of a row is a histogram of one entry (the first index, the cotangent),
+    not a mask as long as the row; a row holding NaN (its extremum NaN, equal to nothing) gets none."""
+    from fold.primitives import Elementwise, ReduceByIndex
+
+    f = lambda v: fold.reduce(getattr(fold.monoids, kind), v)  # noqa: E731
+    x = TIED if kind == "max" else TIED_MIN
+    program = fold.trace(lambda v: fold.vjp(f, v)[1](np.array(2.5)), x)
+    (scatter,) = [s for s in program.stmts if isinstance(s.prim, ReduceByIndex)]
+    assert scatter.args[-1].aval.shape == (1,) and scatter.outs[0].aval.shape == (6,)
+    assert not any(isinstance(s.prim, Elementwise) and s.prim.op == "where" and s.args[1].aval.dtype.kind == "f"
+                   for s in program.stmts), program
+    (ct,) = fold.vjp(f, np.where(np.arange(6) == 2, np.nan, x))[1](np.array(2.5))
+    np.testing.assert_array_equal(ct, np.zeros(6))
+
+
 @pytest.mark.parametrize("rule", ["auto", "generic"])
 def test_reduce_ties_per_column(rule: str) -> None:
     x = np.array([[1.0, 5.0], [2.0, 5.0], [2.0, 4.0], [0.0, 5.0]])

@@ -65,25 +65,36 @@ def test_gradient_of_a_row_maximum_for_the_matrix_and_the_rows():
 K = 7
 
 
-def _hand_written(i, v, a, x):
+def _mask(i, v):
+    return fold.where(fold.iota(K) == i, v, 0.0)
+
+
+def _scatter(i, v):  # as ad/reduce_rules.py writes a min or max gradient's row
+    return fold.reduce_by_index(fold.monoids.sum, K, fold.reshape(i, (1,)), fold.reshape(v, (1,)))
+
+
+def _hand_written(i, v, a, x, one_hot=_mask):
     """Per row: a one-hot at i (possibly outside [0, K)) with value v, read by a product with a, by a sum,
     and output; its negation scaled, stacked, summed and multiplied at the top level."""
     def row(i, v):
-        h = fold.where(fold.iota(K) == i, v, 0.0)
+        h = one_hot(i, v)
         column = fold.reshape(-2.0 * h, (K, 1))
         return fold.matmul(a, column)[:, 0] + fold.sum(h), h, 3.0 * h
     through, hots, scaled = fold.map(row, i, v)
     return through, fold.sum(hots, axis=0), fold.matmul(fold.transpose(scaled), x), hots * 2.0 + 1.0
 
 
+@pytest.mark.parametrize("one_hot", [_mask, _scatter])
 @pytest.mark.parametrize("low,high", [(0, K), (-2, K + 3)])
-def test_hand_written_one_hots_with_indices_in_and_out_of_range(low, high):
+def test_hand_written_one_hots_with_indices_in_and_out_of_range(low, high, one_hot):
+    """Written as a mask, where(iota == i, v, 0), or as one value scattered into zeros."""
     n = 500
     i = rng.integers(low, high, n)
     v, a, x = rng.normal(size=n), rng.normal(size=(4, K)), rng.normal(size=(n, 3))
-    numpy_result, numba_result = both(_hand_written, i, v, a, x)
+    f = lambda *args: _hand_written(*args, one_hot=one_hot)  # noqa: E731
+    numpy_result, numba_result = both(f, i, v, a, x)
     assert_same(numpy_result, numba_result)
-    program = fold.trace(_hand_written, i, v, a, x)
+    program = fold.trace(f, i, v, a, x)
     sparse = sparse_one_hots(program)
     # the product of the scaled one-hots is a scatter; `hots` is also read elementwise, so it stays dense and
     # so does its sum (an output is rewritten only where every reader is)

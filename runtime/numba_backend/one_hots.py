@@ -3,7 +3,8 @@
 The gradient of a min or max reduction inside a map puts the cotangent at one index (the first where the
 row attains its extremum) and zeros elsewhere. k-means' gradient, for each point p:
 
-    mask = iota(K) == broadcast(i);  h = where(mask, broadcast(v), 0.0)     (i the nearest centroid)
+    h = reduce_by_index(+, K, [i], [v])     (i the nearest centroid; ad/reduce_rules.py: one value
+                                              scattered into zeros; a user's where(iota(K) == i, v, 0) alike)
     dp   = C^T reshape(-2 h, (K, 1)) + ...                                   (a matrix-vector product)
     outputs -2 h and h: (points, K) arrays that the top level sums over the points, and multiplies by
     the points ((K, points) @ (points, d))
@@ -34,7 +35,8 @@ from typing import Any, Callable
 import fold
 from fold.inline import spliced
 from fold.ir import Let, Lit, Program, Var, flat_program
-from fold.primitives import BroadcastTo, Elementwise, Iota, Map, MatMul, Reshape, SumAxes, Transpose
+from fold.primitives import BroadcastTo, Elementwise, Iota, Map, MatMul, ReduceByIndex, Reshape, SumAxes, Transpose
+from fold.recognize import recognize_binary_op
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
     iotas: dict[Var, int] = {}
     scalars: dict[Var, Any] = {}  # broadcasts of a scalar
     masks: dict[Var, tuple[Any, int]] = {}
+    units: dict[Var, Any] = {}  # (1,)-shaped reshapes of a scalar
     hots: dict[Var, OneHot] = {}
     rename: dict[Var, Any] = {}
     sub = _renaming(rename)
@@ -92,6 +95,13 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
             for iota, other in ((a, b), (b, a)):
                 if iota in iotas and other in scalars and scalars[other].aval.dtype.kind in "iu":
                     masks[out] = (scalars[other], iotas[iota])
+        elif isinstance(prim, Reshape) and _scalar(args[0]) and out.aval.shape == (1,):
+            units[out] = args[0]
+        elif isinstance(prim, ReduceByIndex) and _one_entry(prim, args, units, out):
+            size = out.aval.shape[0]
+            made, (value,) = spliced(lambda i, v: fold.where((i >= 0) & (i < size), v, 0.0), [units[args[1]], units[args[2]]])
+            stmts += made
+            hots[out] = OneHot(units[args[1]], value, size, out.aval.shape)
         elif isinstance(prim, Elementwise) and prim.op == "where" and args[0] in masks and _is_zero(args[2]):
             value = scalars.get(args[1]) if isinstance(args[1], Var) else (args[1] if _scalar(args[1]) else None)
             if value is not None and out.aval.dtype.kind == "f" and value.aval.dtype == out.aval.dtype:
@@ -128,6 +138,16 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
                 stmts += made
                 rename[out] = value
     return stmts, rename, hots
+
+
+def _one_entry(prim: ReduceByIndex, args, units: dict[Var, Any], out: Var) -> bool:
+    """Whether the histogram adds one scalar into zeros at one scalar index (a scatter of one element)."""
+    if prim.num_consts or prim.num_leaves != 1 or out.aval.ndim != 1 or not _is_zero(args[0]):
+        return False
+    index, value = (units.get(a) if isinstance(a, Var) else None for a in args[1:3])
+    return (index is not None and value is not None and index.aval.dtype.kind in "iu"
+            and value.aval.dtype == out.aval.dtype and out.aval.dtype.kind == "f"
+            and recognize_binary_op(prim.body, 0) == "add")
 
 
 def _shapes(size: int) -> tuple[tuple[int, ...], ...]:

@@ -49,8 +49,9 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
         program = fuse_loop_nests(program, products=nest_takes_products) if nests else program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         sparse = sparse_one_hots(program)
-        # one-hot rows read as (index, value) make histograms of a map's results, which a nest bins as the
-        # map computes them (until ad emits min/max cotangents as such pairs itself, issue 39)
+        # one-hot rows that a matrix product reads (k-means' matrix form in float64, which the nest leaves
+        # to the product kernel) read as (index, value) make histograms of a map's results, which a nest
+        # bins as the map computes them
         program = fuse_loop_nests(sparse, products=nest_takes_products) if nests and sparse is not program else sparse
         staged = hoist_scales(unnest_maps(fuse_map_scans(fuse_scan_pairs(program))))
         found = _whole_array_fusions(staged) if whole_arrays else _body_fusions(staged)
