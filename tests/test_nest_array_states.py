@@ -94,37 +94,40 @@ def test_the_gradient_of_a_loop_over_vectors_saves_its_states_in_the_nest_and_ag
         np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
 
 
-def _binned_each_step(W, L, scale_by_state: bool = False):
-    """Per row, a histogram of K bins gaining one value a step at that step's label (which may lie outside
-    the bins: ignored), its squares summed; `scale_by_state`: the value also reads the histogram so far."""
+def _binned_each_step(W, L, scale_by_state: bool = False, entries: int = 1):
+    """Per row, a histogram of K bins gaining a value a step at that step's label (which may lie outside
+    the bins: ignored), `entries` times, its squares summed; `scale_by_state`: the value also reads the
+    histogram so far."""
     K = 6
 
     def row(w, labels):
         def step(t, h):
             value = w[t] * w[t] * (1.0 + 0.1 * fold.sum(h) if scale_by_state else 1.0)
-            return h + fold.reduce_by_index(fold.monoids.sum, K, fold.reshape(labels[t], (1,)),
-                                            fold.reshape(value, (1,)))
+            return h + fold.reduce_by_index(fold.monoids.sum, K, fold.broadcast_to(labels[t], (entries,)),
+                                            fold.broadcast_to(value, (entries,)))
         return fold.sum(fold.loop(step, w[:K] * 0.0, w.shape[0]) ** 2)
 
     return fold.sum(fold.map(row, W, L))
 
 
+@pytest.mark.parametrize("entries", [1, 2])
 @pytest.mark.parametrize("scale_by_state", [False, True])
-def test_a_histogram_added_to_a_loop_state_each_step_is_binned_into_the_state(scale_by_state):
+def test_a_histogram_added_to_a_loop_state_each_step_is_binned_into_the_state(scale_by_state, entries):
     """A loop state that gains a histogram each step (scattered_states.py) and that nothing else reads is
     binned into in place: the nest holds the state and no histogram of its size. Labels outside the bins are
-    ignored, as reduce_by_index does; where the step also reads the state, the histogram is made apart."""
+    ignored, as reduce_by_index does; where the step also reads the state, a histogram of two entries is
+    made apart, and one of one entry is one-hot, added to the state element by element (no buffer)."""
     W, L = rng.normal(size=(50, 9)), rng.integers(-1, 7, (50, 9))
-    f = lambda W, L: _binned_each_step(W, L, scale_by_state)  # noqa: E731
+    f = lambda W, L: _binned_each_step(W, L, scale_by_state, entries)  # noqa: E731
     (kernel,) = _nested(f, (W, L))
-    assert [b.shape for b in buffers(kernel.outer.step)].count((6,)) == (2 if scale_by_state else 1)
+    assert [b.shape for b in buffers(kernel.outer.step)].count((6,)) == (2 if scale_by_state and entries == 2 else 1)
     np.testing.assert_allclose(fold.jit(f, backend="numba")(W, L), fold.jit(f, backend="numpy")(W, L), rtol=1e-12)
     want = 0.0
     for w, labels in zip(W, L):
         h = np.zeros(6)
         for x, label in zip(w, labels):
             if 0 <= label < 6:
-                h[label] += x * x * (1.0 + 0.1 * h.sum() if scale_by_state else 1.0)
+                h[label] += entries * x * x * (1.0 + 0.1 * h.sum() if scale_by_state else 1.0)
         want += np.sum(h ** 2)
     np.testing.assert_allclose(fold.jit(f, backend="numba")(W, L), want, rtol=1e-12)
     grad = fold.grad(f)

@@ -44,7 +44,7 @@ import fold
 
 from fold.ir import Let, Primitive, Program, Var, depends_on, use_counts
 from fold.pytree import tree_flatten
-from fold.primitives import Gather, Iota, Loop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
+from fold.primitives import Iota, Loop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
 from fold.recognize import recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
@@ -113,9 +113,9 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     neighbours; read by a reduce, the nest's
     outer fold does the same in lanes (a backend's choice, ParallelFold.folds) and stores nothing. A map whose
     results a histogram bins (`binned`) streams into the bins whatever its body, but for a matrix product
-    beside a gather that `products` leaves to the backend: the one-hot rewrite's form of k-means' matrix
-    gradient (a row of the centroids gathered at the nearest one), which the product kernel runs in
-    registers. A map whose results are summed over its axis (`summed`) and that multiplies no matrix is a
+    that `products` leaves to the backend: k-means' matrix gradient in float64, whose one-hot cotangents the
+    numba backend reads as (index, value) first (one_hots.py: a row of the centroids gathered at the nearest
+    one) and whose product its product kernel runs in registers. A map whose results are summed over its axis (`summed`) and that multiplies no matrix is a
     nest too: its rows are added into the state as they are made (a gradient's sum over the rows of each
     row times its cotangent, `x * g` per row, would otherwise be stored whole and summed after)."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
@@ -128,7 +128,7 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
                  or (summed and not _folds(body, (MatMul,)))
-                 or (binned and (not (_folds(body, (MatMul,)) and _gathers(body)) or products(body)))
+                 or (binned and (not _folds(body, (MatMul,)) or products(body)))
                  or any(isinstance(s.prim, (Loop, LoopSaving)) for s in body.stmts))
             and nestable(body) is None)
 
@@ -156,11 +156,6 @@ def _products_of_rows_only(prim: Map) -> bool:
     of_row = depends_on(list(body.stmts), set(body.inputs[prim.num_consts:]))
     products = [s for s in body.stmts if isinstance(s.prim, MatMul)]
     return bool(products) and all(isinstance(a, Var) and a in of_row for s in products for a in s.args)
-
-
-def _gathers(program: Program) -> bool:
-    """Whether a gather stands anywhere in `program`."""
-    return any(isinstance(s.prim, Gather) or any(_gathers(b) for b in s.prim.bodies()) for s in program.stmts)
 
 
 def _maps_rows_of_arrays(program: Program) -> bool:
