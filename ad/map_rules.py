@@ -17,7 +17,7 @@ from fold.pytree import LEAF, TreeDef
 from fold.tracing import bind
 
 from .jvp import jvp_program, jvp_rules
-from .vjp import arg_activity, vjp_program, vjp_rules
+from .vjp import arg_activity, rows_of_a_map, vjp_program, vjp_rules
 from .zeros import Zero, aval_of, is_zero
 
 
@@ -49,7 +49,8 @@ def _map_jvp(prim: Map, primals, tangents):
 def _map_vjp(prim: Map, args, outs, residual, cts):
     nc = prim.num_consts
     ct_mask = [not is_zero(c) for c in cts]
-    body, in_mask = vjp_program(prim.body, ct_mask, wrt=arg_activity(len(args)))
+    with rows_of_a_map():
+        body, in_mask = vjp_program(prim.body, ct_mask, wrt=arg_activity(len(args)))
     owners = [i for i, m in enumerate(in_mask) if m]  # the body's output j is the cotangent of args[owners[j]]
     body, products = _defer_row_products(body, [j for j, i in enumerate(owners) if i < nc])
     results = bind(Map(body, nc), *args, *[c for c in cts if not is_zero(c)])

@@ -21,7 +21,7 @@ from fold.tracing import bind
 
 from .fn_vjp import active_captures, vjp_of_application, vjp_of_function
 from .monoid_d import call_d, check_d_result, row_aval
-from .vjp import arg_activity, current_reduce_rule, vjp_rules
+from .vjp import arg_activity, current_reduce_rule, vjp_rules, within_a_map
 from .zeros import Zero, aval_of
 
 
@@ -60,9 +60,10 @@ def _prod_vjp(prim, consts, identity, xs, ys, cts):
 
 
 # y = max_i a_i (min alike):  abar_i = ybar at the lowest index i with a_i == y, 0 elsewhere. The first index
-#   is one fold (given y); a row's cotangent is one value scattered into zeros there, which a backend reads as
-#   (index, value) instead of a row of mostly zeros. Along the first axis of an array (an extremum per
-#   column), a mask over the whole array: elementwise, where a scatter would be a histogram of every column
+#   is one fold (given y). In a map's body, a row's cotangent is one value scattered into zeros there, which
+#   a backend reads as (index, value) instead of a row of mostly zeros. A whole program's array (and one
+#   reduced along its first axis, an extremum per column) gets a mask: elementwise, it joins the gradient's
+#   other elementwise work over the array (a logsumexp's softmax), where a scatter would be one pass more
 def _extremum_vjp(prim, consts, identity, xs, ys, cts):
     (x,), (y,), (ct,) = xs, ys, cts
     n = aval_of(x).shape[0]
@@ -72,7 +73,7 @@ def _extremum_vjp(prim, consts, identity, xs, ys, cts):
     from fold.combinators import reduce as fold_reduce, reduce_by_index
 
     first = fold_reduce(monoids.min, candidates)
-    if x.ndim == 1:
+    if x.ndim == 1 and within_a_map():
         return [reduce_by_index(monoids.sum, n, ops.reshape(first, (1,)), ops.reshape(ct, (1,)).astype(x.dtype))]
     return [ops.where(positions == first, ct, 0.0).astype(x.dtype)]
 

@@ -43,6 +43,16 @@ def current_gemm_rule() -> str:
     return getattr(_config, "gemm_rule", GEMM_RULES[0])
 
 
+def within_a_map() -> bool:
+    """Whether the program being differentiated is a map's body (its arrays a row's), not a whole program."""
+    return getattr(_config, "within_a_map", False)
+
+
+def rows_of_a_map() -> contextlib.AbstractContextManager[None]:
+    """A map's body differentiated for the duration (`within_a_map`)."""
+    return _temporarily("within_a_map", True, False)
+
+
 @contextlib.contextmanager
 def _temporarily(name: str, value: Any, default: Any = None) -> Iterator[None]:
     """`name` set to `value` in this thread for the duration, then restored."""
@@ -166,7 +176,7 @@ def vjp_program(
         ct_mask = [differentiable(a.aval) for a in program.outputs]
     ct_mask = tuple(bool(m) and differentiable(a.aval) for m, a in zip(ct_mask, program.outputs, strict=True))
     wrt = tuple(bool(m) for m in wrt) if wrt is not None else (True,) * len(program.inputs)
-    key = (ct_mask, wrt, with_primal_outputs, current_reduce_rule(), current_gemm_rule())
+    key = (ct_mask, wrt, with_primal_outputs, current_reduce_rule(), current_gemm_rule(), within_a_map())
     per_program = _cache.setdefault(program, {})
     if key in per_program:
         return per_program[key]

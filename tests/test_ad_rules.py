@@ -239,21 +239,36 @@ def test_reduce_ties_go_to_the_lowest_index(rule: str, kind: str) -> None:
     assert float(fold.jvp(f, (x,), (np.arange(1.0, 7.0),))[1]) == 2.0
 
 
+def _statements(program):
+    for s in program.stmts:
+        yield s
+        for body in s.prim.bodies():
+            yield from _statements(body)
+
+
 @pytest.mark.parametrize("kind", ["max", "min"])
 def test_a_rows_extremum_gradient_is_one_value_scattered_at_the_first_index(kind: str) -> None:
-    """The min/max rule's cotangent of a row is a histogram of one entry (the first index, the cotangent),
-    not a mask as long as the row; a row holding NaN (its extremum NaN, equal to nothing) gets none."""
+    """In a map's body the min/max rule's cotangent of a row is a histogram of one entry (the first index,
+    the cotangent), not a mask as long as the row; a row holding NaN (its extremum NaN, equal to nothing)
+    gets none. A whole program's array keeps the mask, elementwise with the rest of its gradient."""
     from fold.primitives import Elementwise, ReduceByIndex
 
-    f = lambda v: fold.reduce(getattr(fold.monoids, kind), v)  # noqa: E731
-    x = TIED if kind == "max" else TIED_MIN
-    program = fold.trace(lambda v: fold.vjp(f, v)[1](np.array(2.5)), x)
-    (scatter,) = [s for s in program.stmts if isinstance(s.prim, ReduceByIndex)]
+    def masks(program):
+        return [s for s in _statements(program)
+                if isinstance(s.prim, Elementwise) and s.prim.op == "where" and s.args[1].aval.dtype.kind == "f"]
+
+    row = lambda v: fold.reduce(getattr(fold.monoids, kind), v)  # noqa: E731
+    rows = lambda X: fold.sum(fold.map(row, X))  # noqa: E731
+    X = np.stack([TIED if kind == "max" else TIED_MIN, np.where(np.arange(6) == 2, np.nan, TIED)])
+    program = fold.trace(lambda X: fold.vjp(rows, X)[1](np.array(2.5)), X)
+    (scatter,) = [s for s in _statements(program) if isinstance(s.prim, ReduceByIndex)]
     assert scatter.args[-1].aval.shape == (1,) and scatter.outs[0].aval.shape == (6,)
-    assert not any(isinstance(s.prim, Elementwise) and s.prim.op == "where" and s.args[1].aval.dtype.kind == "f"
-                   for s in program.stmts), program
-    (ct,) = fold.vjp(f, np.where(np.arange(6) == 2, np.nan, x))[1](np.array(2.5))
-    np.testing.assert_array_equal(ct, np.zeros(6))
+    assert not masks(program), program
+    for backend in ("numpy", "numba"):
+        (ct,) = fold.jit(lambda X: fold.vjp(rows, X)[1](np.array(2.5)), backend=backend)(X)
+        np.testing.assert_array_equal(ct, [[0.0, 2.5, 0.0, 0.0, 0.0, 0.0], np.zeros(6)])
+    whole = fold.trace(lambda v: fold.vjp(row, v)[1](np.array(2.5)), X[0])
+    assert masks(whole) and not any(isinstance(s.prim, ReduceByIndex) for s in _statements(whole))
 
 
 @pytest.mark.parametrize("rule", ["auto", "generic"])
