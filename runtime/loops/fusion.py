@@ -115,9 +115,10 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     results a histogram bins (`binned`) streams into the bins whatever its body, but for a matrix product
     that `products` leaves to the backend: k-means' matrix gradient in float64, whose one-hot cotangents the
     numba backend reads as (index, value) first (one_hots.py: a row of the centroids gathered at the nearest
-    one) and whose product its product kernel runs in registers. A map whose results are summed over its axis (`summed`) and that multiplies no matrix is a
-    nest too: its rows are added into the state as they are made (a gradient's sum over the rows of each
-    row times its cotangent, `x * g` per row, would otherwise be stored whole and summed after)."""
+    one) and whose product its product kernel runs in registers. A map whose results are summed over its
+    axis (`summed`) and that multiplies no matrix is a nest too: its rows are added into the state as they
+    are made (a gradient's sum over the rows of each row times its cotangent, `x * g` per row, would
+    otherwise be stored whole and summed after)."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))

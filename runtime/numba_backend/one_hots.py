@@ -98,17 +98,12 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
         elif isinstance(prim, Reshape) and _scalar(args[0]) and out.aval.shape == (1,):
             units[out] = args[0]
         elif isinstance(prim, ReduceByIndex) and _one_entry(prim, args, units, out):
-            size = out.aval.shape[0]
-            made, (value,) = spliced(lambda i, v: fold.where((i >= 0) & (i < size), v, 0.0), [units[args[1]], units[args[2]]])
-            stmts += made
-            hots[out] = OneHot(units[args[1]], value, size, out.aval.shape)
+            hots[out] = _in_range(stmts, units[args[1]], units[args[2]], out.aval.shape[0], out.aval.shape)
         elif isinstance(prim, Elementwise) and prim.op == "where" and args[0] in masks and _is_zero(args[2]):
             value = scalars.get(args[1]) if isinstance(args[1], Var) else (args[1] if _scalar(args[1]) else None)
             if value is not None and out.aval.dtype.kind == "f" and value.aval.dtype == out.aval.dtype:
                 index, size = masks[args[0]]
-                made, (value,) = spliced(lambda i, v: fold.where((i >= 0) & (i < size), v, 0.0), [index, value])
-                stmts += made  # an index outside [0, K): an all-zero vector, whose value is 0
-                hots[out] = OneHot(index, value, size, out.aval.shape)
+                hots[out] = _in_range(stmts, index, value, size, out.aval.shape)
         elif isinstance(prim, Elementwise) and prim.op == "neg" and args[0] in hots:
             hot = hots[args[0]]
             made, (value,) = spliced(lambda v: -v, [hot.value])
@@ -138,6 +133,14 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
                 stmts += made
                 rename[out] = value
     return stmts, rename, hots
+
+
+def _in_range(stmts: list[Let], index, value, size: int, shape: tuple[int, ...]) -> OneHot:
+    """The one-hot at `index` with `value`, its value taken as 0 where the index lies outside [0, size) (an
+    all-zero vector, as both the mask and reduce_by_index make); the statements computing it appended."""
+    made, (value,) = spliced(lambda i, v: fold.where((i >= 0) & (i < size), v, 0.0), [index, value])
+    stmts += made
+    return OneHot(index, value, size, shape)
 
 
 def _one_entry(prim: ReduceByIndex, args, units: dict[Var, Any], out: Var) -> bool:
