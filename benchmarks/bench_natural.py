@@ -34,7 +34,7 @@ import numpy as np
 
 from .bench_gemm import _current_rss_bytes, _peak_rss_bytes, _reset_peak_rss
 from . import numpy_style
-from .common import RESULTS_DIR, machine, plot_ratios, write_json
+from .common import RESULTS_DIR, machine, plot_ratios, warm_up, write_json
 
 MODES = ("primal", "grad", "hvp")
 # asked for with --modes: the gradient with respect to every floating argument (k-means' points and centroids), and the
@@ -554,9 +554,7 @@ def worker(spec: dict) -> dict:
     call = program(spec["case"], spec["impl"], spec["mode"], args)
     if call is None:
         return {"skipped": "no such form"}
-    start = time.perf_counter()
-    result = call()
-    first = time.perf_counter() - start
+    first = warm_up(call)
     samples = []
     for _ in range(spec["repeats"]):
         start = time.perf_counter()
@@ -590,7 +588,7 @@ def run_worker(spec: dict, timeout: float) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_natural", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--only", default="", help="comma-separated cases")
     parser.add_argument("--set", default="natural", choices=tuple(SETS),
                         help="the issue's cases, or programs written after the mechanisms (untuned_sizes, fresh_sizes)")

@@ -33,6 +33,25 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(samples), samples
 
 
+# A fresh process's first calls after the first can run several times slower than later ones, for reasons
+# outside the program. bench_natural's logsumexp HVP in a fresh worker (FOLD_KEEP_FREED_MEMORY=0,
+# MALLOC_MMAP_THRESHOLD_=65536) on the 2-core Firecracker VM: calls 2-7 took 85-112 ms, the later ones 20-35
+# ms, with the same 19 huge-page faults in each call; the slow calls spent 65-93 ms in the kernel against 4-20
+# (most likely the host backing the guest's memory as it is first touched).
+WARM_SECONDS = 1.0
+
+
+def warm_up(fn: Callable[[], Any], seconds: float = WARM_SECONDS) -> float:
+    """Call `fn` once, then again until `seconds` have passed, so that the calls timed next run in the steady
+    state a long-running program sees; the first call's seconds (tracing and compiling included)."""
+    start = time.perf_counter()
+    fn()
+    warm = time.perf_counter()
+    while time.perf_counter() - warm < seconds:
+        fn()
+    return warm - start
+
+
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
     """Time every callable once per round, in a fixed order, for `repeats` rounds: the samples of each.
 
