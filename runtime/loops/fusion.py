@@ -51,6 +51,7 @@ from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
 from .broadcast_maps import maps_of_broadcasts
 from .loop_maps import loops_as_maps
+from .one_hot_products import one_hot_products
 from .outer_sums import outer_products_as_sums
 from .build import NotNestable, Pull, Scalar, Stored, Writer, cast, fold_into, lane_fold, map_row, nestable, store_rows
 from .nest import Assign, Buffer, Kernel, Param, ParallelFold, ParallelMap, State, Store
@@ -118,7 +119,11 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     one) and whose product its product kernel runs in registers. A map whose results are summed over its
     axis (`summed`) and that multiplies no matrix is a nest too: its rows are added into the state as they
     are made (a gradient's sum over the rows of each row times its cotangent, `x * g` per row, would
-    otherwise be stored whole and summed after)."""
+    otherwise be stored whole and summed after). So is one whose products `products` gives the nest and
+    that reach its results only through folds, but for those with a one-hot operand (one_hot_products.py),
+    which cost a row each: k-means' matrix form's gradient in float32, whose centroids' cotangent, the
+    rows' outer products (outer_sums.py), adds each point at its nearest centroid's row alone (10^5 points:
+    13-14 against 7-9 ms); not a layer's, whose dense products BLAS runs 2-3x faster batched."""
     body = stmt.prim.body if isinstance(stmt.prim, Map) else None
     return (body is not None and stmt.outs[0].aval.shape[0] > 0
             and ((_nests_a_map(body) and _folds(body, _ARRAY_FOLDS))
@@ -128,7 +133,8 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
                           or _products_of_rows_only(stmt.prim)))
                  or _statement_count(body) > LONG_BODY
                  or (folded and _of_scalars(body))
-                 or (summed and not _folds(body, (MatMul,)))
+                 or (summed and (not _folds(body, (MatMul,))
+                                 or (products(body) and _products_folded(body, one_hot_products(body)))))
                  or (binned and (not _folds(body, (MatMul,)) or products(body)))
                  or any(isinstance(s.prim, (Loop, LoopSaving)) for s in body.stmts))
             and nestable(body) is None)
@@ -138,11 +144,12 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
 _FOLDING = (Reduce, SumAxes, ReduceByIndex)
 
 
-def _products_folded(body: Program) -> bool:
+def _products_folded(body: Program, cheap: set[int] = frozenset()) -> bool:
     """Whether every matrix product in a map's `body` reaches its results only through a fold (k-means' HVP
     with respect to the points: the distances' minimum and its first position, then a row of the gradient):
-    the nest then stores nothing of a product's size per row, where batched products would write them all."""
-    unfolded = {s.outs[0] for s in body.stmts if isinstance(s.prim, MatMul)}
+    the nest then stores nothing of a product's size per row, where batched products would write them all.
+    The products of `cheap` (ids) are not asked about."""
+    unfolded = {s.outs[0] for s in body.stmts if isinstance(s.prim, MatMul) and id(s) not in cheap}
     for s in body.stmts:
         if not isinstance(s.prim, _FOLDING) and any(a in unfolded for a in s.args):
             unfolded.update(s.outs)
@@ -190,22 +197,41 @@ def _consumers(stmt: Let, readers: dict, uses: Counter, histograms: bool) -> tup
     found = None
     if sums:
         summed = {r.args[0] for r in sums}
-        found = sums, [v for v in used if v not in summed]
+        binned = _binning([v for v in alone if v not in summed], readers, uses) if histograms else None
+        folds, read = (sums, summed) if binned is None else (sums + binned[0], summed | set(binned[1]))
+        found = folds, [v for v in used if v not in read]
     for reader in () if sums else dict.fromkeys(readers[v] for v in alone):
         read = [v for v in alone if readers[v] is reader]
         binned = histograms and isinstance(reader.prim, ReduceByIndex) and _bins(reader, read)
         if binned or (isinstance(reader.prim, Reduce) and _folds_exactly(reader, read)):
             found = [reader], [v for v in used if v not in read]
             break
-    flattened = _flattened(alone, readers, uses) if histograms and found is None else {}
-    for reader in dict.fromkeys(readers[f.outs[0]] for f in flattened.values()):
-        read = [v for v in alone if v in flattened and readers[flattened[v].outs[0]] is reader]
-        if isinstance(reader.prim, ReduceByIndex) and _bins(reader, [flattened[v].outs[0] for v in read], rows=True):
-            found = [flattened[v] for v in read] + [reader], [v for v in used if v not in read]
-            break
+    binned = _binned_rows(alone, readers, uses) if histograms and found is None else None
+    if binned is not None:
+        found = binned[0], [v for v in used if v not in binned[1]]
     if found is not None and found[1] and _of_scalars(stmt.prim.body):
         return None
     return found
+
+
+def _binning(results: list[Var], readers: dict, uses: Counter) -> tuple[list[Let], list[Var]] | None:
+    """(the statements binning some of the map's `results` into one histogram: the histogram, after the
+    reshapes flattening its rows where it bins rows; the results it reads), or None."""
+    for reader in dict.fromkeys(readers[v] for v in results):
+        read = [v for v in results if readers[v] is reader]
+        if isinstance(reader.prim, ReduceByIndex) and _bins(reader, read):
+            return [reader], read
+    return _binned_rows(results, readers, uses)
+
+
+def _binned_rows(results: list[Var], readers: dict, uses: Counter) -> tuple[list[Let], list[Var]] | None:
+    """As `_binning`, for a histogram of the map's rows flattened."""
+    flattened = _flattened(results, readers, uses)
+    for reader in dict.fromkeys(readers[f.outs[0]] for f in flattened.values()):
+        read = [v for v in results if v in flattened and readers[flattened[v].outs[0]] is reader]
+        if isinstance(reader.prim, ReduceByIndex) and _bins(reader, [flattened[v].outs[0] for v in read], rows=True):
+            return [flattened[v] for v in read] + [reader], read
+    return None
 
 
 def _folds_exactly(reader: Let, read: list[Var]) -> bool:
@@ -465,14 +491,32 @@ def _build(program: Program) -> tuple[Kernel, dict]:
     kept = [v for v in program.outputs if v in by_var]
     store_rows(w, outputs[: len(kept)], [by_var[v] for v in kept], (index,))
     folded = outputs[len(kept):]
-    if isinstance(readers[0].prim, SumAxes):
-        outer = _sums(w, readers, map_stmt, rows, folded, index, n)
-    elif isinstance(readers[-1].prim, ReduceByIndex):
-        flattened = {r.outs[0]: r.args[0] for r in readers[:-1]}  # the map's rows flattened (_flattened)
-        outer = _histogram(w, readers[-1], map_stmt, rows, env, folded, index, n, flattened)
-    else:
-        outer = _fold(w, readers[0], map_stmt, rows, env, folded, index, n)
+    sums = list(itertools.takewhile(lambda r: isinstance(r.prim, SumAxes), readers))
+    rest = readers[len(sums):]
+    # each fold's statements go into the one step; its states, their start and their merge are its own
+    parts = [_sums(w, sums, by_var, folded[: len(sums)])] if sums else []
+    if rest and isinstance(rest[-1].prim, ReduceByIndex):
+        flattened = {r.outs[0]: r.args[0] for r in rest[:-1]}  # the map's rows flattened (_flattened)
+        parts.append(_histogram(w, rest[-1], by_var, env, folded[len(sums):], index, flattened))
+    elif rest:
+        parts.append(_fold(w, rest[0], by_var, env, folded[len(sums):]))
+    step = tuple(w.blocks.pop())
+    outer = ParallelFold(index, n, tuple(st for part in parts for st in part.states),
+                         tuple(node for part in parts for node in part.init), step,
+                         tuple(node for part in parts for node in part.merge),
+                         folds=tuple(f for part in parts for f in part.folds) if len(parts) == 1 else ())
     return prune(_checked(Kernel(tuple(params), outer), w)), constants
+
+
+@dataclass(frozen=True)
+class _FoldPart:
+    """One fold of a nest's outer loop: its states, the statements starting them in each chunk and merging
+    the chunks' partial states, and (a lone commutative reduce) its lanes (ParallelFold.folds)."""
+
+    states: tuple
+    init: tuple
+    merge: tuple
+    folds: tuple = ()
 
 
 def _checked(kernel: Kernel, w: Writer) -> Kernel:
@@ -480,9 +524,8 @@ def _checked(kernel: Kernel, w: Writer) -> Kernel:
     return dataclasses.replace(kernel, checked=tuple((name, low, high) for name, (low, high) in w.required.items()))
 
 
-def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: list[str], index: str, n: int):
-    """The ParallelFold of sums over the map's axis, one per result: each state is one row, added to."""
-    by_var = dict(zip(map_stmt.outs, rows, strict=True))
+def _sums(w: Writer, readers: list[Let], by_var: dict, outputs: list[str]) -> _FoldPart:
+    """Sums over the map's axis, one per result: each state is one row, added to."""
     states, init, merge = [], [], []
     for reader, output in zip(readers, outputs, strict=True):
         row, aval = by_var[reader.args[0]], reader.outs[0].aval
@@ -497,24 +540,21 @@ def _sums(w: Writer, readers: list[Let], map_stmt: Let, rows: list, outputs: lis
             state.name, idx, f"np.{dt}({_at(state.name, idx)} + {_at('partial_' + state.name, ('chunk',) + (idx or ('0',)))})")))
         w.blocks.pop()
         states.append(state)
-    step = tuple(w.blocks.pop())
-    return ParallelFold(index, n, tuple(states), tuple(init), step, tuple(merge))
+    return _FoldPart(tuple(states), tuple(init), tuple(merge))
 
 
-def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs: list[str], index: str, n: int):
-    """The ParallelFold of `reader` over the map's rows: step already holds the row's computation."""
+def _fold(w: Writer, reader: Let, by_var: dict, env: dict, outputs: list[str]) -> _FoldPart:
+    """The reduce `reader` over the map's rows."""
     red = reader.prim
     k, nc = red.num_leaves, red.num_consts
     values = [w.value(a, env) for a in reader.args[: nc + k]]
     consts, identity, leaves = values[:nc], values[nc:], reader.args[nc + k:]
-    by_var = dict(zip(map_stmt.outs, rows, strict=True))
     # float32 folds carried in float64 and rounded once, as the backends' other folds (wide_operators.py)
     operator, carried = carried_operator(red.body, nc, [a.aval.dtype for a in reader.outs])
     dtypes = list(carried or [a.aval.dtype for a in reader.outs])
     states = tuple(State(w.fresh("state"), (), d, out) for d, out in zip(dtypes, outputs, strict=True))
     elements = [by_var[v] for v in leaves]
     _combine(w, operator, consts, states, elements)
-    step = tuple(w.blocks.pop())
     init_parts: list = []
     w.blocks.append(init_parts)
     identities = [w.element(e, ()) if e.dtype == s.dtype else f"np.{s.dtype.name}({w.element(e, ())})"
@@ -528,12 +568,12 @@ def _fold(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs:
     w.blocks.pop()
     commutative = red.monoid is not None and red.monoid.commutative
     folds = (lane_fold(w, operator, consts, [s.name for s in states], identities, dtypes),) if commutative else ()
-    return ParallelFold(index, n, states, tuple(init_parts), step, tuple(merge_parts), folds=folds)
+    return _FoldPart(states, tuple(init_parts), tuple(merge_parts), folds)
 
 
-def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, outputs: list[str], index: str,
-               n: int, flattened: dict | None = None) -> ParallelFold:
-    """The ParallelFold of the histogram `reader` of the map's rows: each state is the bins of one leaf,
+def _histogram(w: Writer, reader: Let, by_var: dict, env: dict, outputs: list[str], index: str,
+               flattened: dict | None = None) -> _FoldPart:
+    """The histogram `reader` of the map's rows: each state is the bins of one leaf,
     (bins,) + the element's shape; an index outside the bins is ignored, as reduce_by_index says. Where the
     histogram reads the rows flattened (`flattened`: the reshape's result -> the map's), each row's
     elements are binned in order."""
@@ -541,8 +581,7 @@ def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, out
     k, nc = rbi.num_leaves, rbi.num_consts
     values = [w.value(a, env) for a in reader.args[: nc + k]]
     consts, identity = values[:nc], values[nc:]
-    by_var = dict(zip(map_stmt.outs, rows, strict=True))
-    by_var.update({flat: by_var[v] for flat, v in (flattened or {}).items()})
+    by_var = dict(by_var) | {flat: by_var[v] for flat, v in (flattened or {}).items()}
     at = reader.args[nc + k]
     leaves = [by_var[v] for v in reader.args[nc + k + 1:]]
     dtypes = [a.aval.dtype for a in reader.outs]
@@ -562,7 +601,6 @@ def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, out
         w.loop(where.shape[0], lambda j: bin_one((j,), [_element_of(w, leaf, j) for leaf in leaves]))
     else:
         bin_one(() if at in by_var else (index,), leaves)
-    step = tuple(w.blocks.pop())
     init = tuple(node for s, e, d in zip(states, identity, dtypes, strict=True)
                  for node in _fill(w, s, lambda idx, s=s, e=e, d=d: cast(w.element(e, idx[1:]), s.dtype, d)))
     merge: list = []
@@ -570,7 +608,7 @@ def _histogram(w: Writer, reader: Let, map_stmt: Let, rows: list, env: dict, out
     partials = [_bin_view(f"partial_{s.name}", ("chunk",), s) for s in states]
     w.loop(rbi.n, lambda bin_: _into_bin(w, operator, consts, states, bin_, [p(bin_) for p in partials], componentwise))
     w.blocks.pop()
-    return ParallelFold(index, n, states, init, step, tuple(merge))
+    return _FoldPart(states, init, tuple(merge))
 
 
 def _element_of(w: Writer, row, j: str):
