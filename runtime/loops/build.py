@@ -39,7 +39,7 @@ from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, 
 from fold.rules import RuleTable
 
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
-from .facts import broadcast_facts, elementwise_facts, is_zero, reshape_facts, with_facts
+from .facts import broadcast_facts, elementwise_facts, is_zero, reshape_facts, transpose_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 from .scattered_states import scattered_states
 from .text import defined, names, pure as is_pure, statement_lines
@@ -432,7 +432,7 @@ def _transpose(w: Writer, prim: Transpose, args: list[Value], out_avals) -> list
             source[p] = idx[k]
         return w.element(x, tuple(source))
 
-    return [Pull(shape, x.dtype, element, _heavy(x))]
+    return [with_facts(Pull(shape, x.dtype, element, _heavy(x)), transpose_facts(x, perm))]
 
 
 @_rules.register(StaticIndex)

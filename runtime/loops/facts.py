@@ -8,8 +8,8 @@ an array element by element would do k times the work it needs. These facts let 
 - `splat`: every element is one scalar (a broadcast scalar);
 - `equals`: the element at idx is (idx[axis] == s), from comparing the two above;
 - `onehot`: the element at idx is 0 unless idx[axis] == s: `where(equals, x, 0)` or one value added into
-  zeros at s (a histogram of one entry, build.py), kept by products, negation, conversion, and by a map
-  whose rows vanish with such a row;
+  zeros at s (a histogram of one entry, build.py), kept by products, negation, conversion, transposes, and
+  by a map whose rows vanish with such a row;
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
   what products and sums of such rows make;
 - `bounds`: an integer value's elements lie in [low, high] (an end None where it is not known): an iota's, a
@@ -165,3 +165,14 @@ def reshape_facts(x: Any, shape: tuple[int, ...]) -> dict:
     return {"zero_unless": _fact(x, "zero_unless"), "splat": _fact(x, "splat"), "onehot": moved(_fact(x, "onehot")),
             "equals": moved(_fact(x, "equals")), "index_axis": where.get(axis) if axis is not None else None,
             "bounds": _fact(x, "bounds")}
+
+
+def transpose_facts(x: Any, perm: tuple[int, ...]) -> dict:
+    """A transpose moves the axis facts with their axes."""
+    def moved(fact):
+        return None if fact is None else (perm.index(fact[0]),) + tuple(fact[1:])
+
+    axis = _fact(x, "index_axis")
+    return {"zero_unless": _fact(x, "zero_unless"), "splat": _fact(x, "splat"),
+            "onehot": moved(_fact(x, "onehot")), "equals": moved(_fact(x, "equals")),
+            "index_axis": perm.index(axis) if axis is not None else None, "bounds": _fact(x, "bounds")}

@@ -8,38 +8,49 @@ row, not a product's. The fusion pass reads this to tell a body whose products a
 matrix form's gradient) from one whose dense products BLAS runs faster batched over rows (a layer's
 gradient).
 
-This follows the nest's facts on the program's statements, before any nest is built, for the forms ad emits:
-the scatter of one value, then negation, conversion, products with it, reshapes, transposes and broadcasts.
+This follows the nest's facts on the program's statements, before any nest is built: the scatter of one
+value and the mask `where(iota == s, x, 0)` a user writes (or ad's rule over an array's first axis), then
+negation, conversion, products with them, reshapes, transposes and broadcasts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from fold.ir import Let, Lit, Program, Var
-from fold.primitives import BroadcastTo, Convert, Elementwise, MatMul, ReduceByIndex, Reshape, Transpose
+from fold.primitives import BroadcastTo, Convert, Elementwise, Iota, MatMul, ReduceByIndex, Reshape, Transpose
 from fold.recognize import recognize_binary_op
 
 
 def one_hot_products(body: Program) -> set[int]:
     """The ids of the matrix products at `body`'s top level that contract a one-hot operand along the shared
     axis, or multiply it as an outer product (a shared axis of one): each costs one row of its other operand."""
-    hot: dict[Var, int] = {}  # a value -> the axis along which it is zero but at one index
+    facts = _Facts()
     cheap: set[int] = set()
     for stmt in body.stmts:
         rule = _RULES.get(type(stmt.prim))
-        axis = rule(stmt, hot) if rule is not None else None
-        if axis is not None:
-            hot[stmt.outs[0]] = axis
-        if isinstance(stmt.prim, MatMul) and _reads_one_term(stmt, hot):
+        if rule is not None:
+            rule(stmt, facts)
+        if isinstance(stmt.prim, MatMul) and _reads_one_term(stmt, facts.hot):
             cheap.add(id(stmt))
     return cheap
 
 
-def _axis(a, hot: dict[Var, int]) -> int | None:
-    return hot.get(a) if isinstance(a, Var) else None
+@dataclass
+class _Facts:
+    """What is known of the body's values so far, as facts.py knows it of the nest's (axes by value)."""
+
+    hot: dict[Var, int] = field(default_factory=dict)  # zero but at one index along the axis
+    index_axis: dict[Var, int] = field(default_factory=dict)  # the element at idx is idx[axis] (an iota)
+    splat: set[Var] = field(default_factory=set)  # every element is one scalar
+    equals: dict[Var, int] = field(default_factory=dict)  # idx[axis] == one scalar
+
+
+def _axis(a, known: dict[Var, int]) -> int | None:
+    return known.get(a) if isinstance(a, Var) else None
 
 
 def _reads_one_term(stmt: Let, hot: dict[Var, int]) -> bool:
@@ -51,62 +62,92 @@ def _reads_one_term(stmt: Let, hot: dict[Var, int]) -> bool:
             or (outer and (_axis(a, hot) is not None or _axis(b, hot) is not None)))
 
 
-def _scattered_one(stmt: Let, hot: dict[Var, int]) -> int | None:
+def _scattered_one(stmt: Let, facts: _Facts) -> None:
     """One value added into zeros at one index (reduce_by_index of one entry, +, a zero identity)."""
     prim, out = stmt.prim, stmt.outs[0]
     identity, indices = stmt.args[0], stmt.args[1]
     if (prim.num_leaves, prim.num_consts, out.aval.ndim) != (1, 0, 1) or indices.aval.shape != (1,):
-        return None
-    zero = isinstance(identity, Lit) and np.ndim(identity.value) == 0 and identity.value == 0
-    return 0 if zero and recognize_binary_op(prim.body, 0) == "add" else None
+        return
+    if _is_zero(identity) and recognize_binary_op(prim.body, 0) == "add":
+        facts.hot[out] = 0
 
 
-def _elementwise(stmt: Let, hot: dict[Var, int]) -> int | None:
-    op, args = stmt.prim.op, stmt.args
-    if op == "neg":
-        return _axis(args[0], hot)
-    if op == "mul":
-        return next((_axis(a, hot) for a in args if _axis(a, hot) is not None), None)
-    if op == "where" and isinstance(args[2], Lit) and np.all(args[2].value == 0):
-        return _axis(args[1], hot)
-    return None
+def _is_zero(a) -> bool:
+    return isinstance(a, Lit) and bool(np.all(a.value == 0))
 
 
-def _reshape(stmt: Let, hot: dict[Var, int]) -> int | None:
-    """A reshape adding or dropping axes of one element keeps the axis, renumbered."""
-    x, axis = stmt.args[0], _axis(stmt.args[0], hot)
-    old, new = x.aval.shape, tuple(stmt.prim.shape)
-    if axis is None or [n for n in old if n != 1] != [n for n in new if n != 1]:
-        return None
-    position = [j for j, n in enumerate(old) if n != 1].index(axis) if old[axis] != 1 else None
-    return None if position is None else [j for j, n in enumerate(new) if n != 1][position]
+def _elementwise(stmt: Let, facts: _Facts) -> None:
+    op, args, out = stmt.prim.op, stmt.args, stmt.outs[0]
+    hot = facts.hot
+    if op in ("neg", "mul"):
+        axis = next((_axis(a, hot) for a in args if _axis(a, hot) is not None), None)
+    elif op == "where" and _is_zero(args[2]):
+        mask = _axis(args[0], facts.equals)
+        axis = mask if mask is not None else _axis(args[1], hot)
+    else:
+        axis = None
+        if op == "eq":
+            for x, y in (args, args[::-1]):
+                splat = (isinstance(y, Var) and y in facts.splat) or (isinstance(y, Lit) and y.aval.ndim == 0)
+                if isinstance(x, Var) and x in facts.index_axis and splat:
+                    facts.equals[out] = facts.index_axis[x]
+    if axis is not None:
+        hot[out] = axis
 
 
-def _transpose(stmt: Let, hot: dict[Var, int]) -> int | None:
-    axis = _axis(stmt.args[0], hot)
-    return None if axis is None else list(stmt.prim.perm).index(axis)
+def _iota(stmt: Let, facts: _Facts) -> None:
+    facts.index_axis[stmt.outs[0]] = 0
 
 
-def _broadcast(stmt: Let, hot: dict[Var, int]) -> int | None:
-    """Axes in front are added; an axis of one element that is stretched no longer holds one index apart."""
-    x, axis = stmt.args[0], _axis(stmt.args[0], hot)
-    if axis is None or x.aval.shape[axis] == 1:
-        return None
-    return axis + stmt.outs[0].aval.ndim - x.aval.ndim
+def _moved(stmt: Let, facts: _Facts, where: Callable[[int], int | None], only_hot: bool = False) -> None:
+    """The axis facts of the statement's argument, each at the axis `where` moves it to (None: lost)."""
+    x, out = stmt.args[0], stmt.outs[0]
+    for known in (facts.hot,) if only_hot else (facts.hot, facts.index_axis, facts.equals):
+        axis = known.get(x) if isinstance(x, Var) else None
+        moved = None if axis is None else where(axis)
+        if moved is not None:
+            known[out] = moved
 
 
-def _matmul(stmt: Let, hot: dict[Var, int]) -> int | None:
+def _reshape(stmt: Let, facts: _Facts) -> None:
+    """A reshape adding or dropping axes of one element keeps the axes, renumbered."""
+    old, new = stmt.args[0].aval.shape, tuple(stmt.prim.shape)
+    if [n for n in old if n != 1] != [n for n in new if n != 1]:
+        return
+    kept_old = [j for j, n in enumerate(old) if n != 1]
+    kept_new = [j for j, n in enumerate(new) if n != 1]
+    _moved(stmt, facts, lambda axis: kept_new[kept_old.index(axis)] if axis in kept_old else None)
+
+
+def _transpose(stmt: Let, facts: _Facts) -> None:
+    _moved(stmt, facts, lambda axis: list(stmt.prim.perm).index(axis))
+
+
+def _broadcast(stmt: Let, facts: _Facts) -> None:
+    """Axes in front are added; an axis of one element that is stretched no longer holds one index apart;
+    a scalar becomes a splat."""
+    x, out = stmt.args[0], stmt.outs[0]
+    if x.aval.ndim == 0:
+        facts.splat.add(out)
+        return
+    lead = out.aval.ndim - x.aval.ndim
+    _moved(stmt, facts, lambda axis: None if x.aval.shape[axis] == 1 else axis + lead)
+
+
+def _matmul(stmt: Let, facts: _Facts) -> None:
     """A one-hot row of the left operand is a one-hot row of the product; a column of the right, a column."""
     a, b = stmt.args
-    if _axis(a, hot) == 0:
-        return 0
-    return 1 if _axis(b, hot) == 1 else None
+    if _axis(a, facts.hot) == 0:
+        facts.hot[stmt.outs[0]] = 0
+    elif _axis(b, facts.hot) == 1:
+        facts.hot[stmt.outs[0]] = 1
 
 
-_RULES: dict[type, Callable[[Let, dict[Var, int]], int | None]] = {
+_RULES: dict[type, Callable[[Let, _Facts], None]] = {
     ReduceByIndex: _scattered_one,
     Elementwise: _elementwise,
-    Convert: lambda stmt, hot: _axis(stmt.args[0], hot),
+    Iota: _iota,
+    Convert: lambda stmt, facts: _moved(stmt, facts, lambda axis: axis, only_hot=True),  # as facts.py's _KEEPS
     Reshape: _reshape,
     Transpose: _transpose,
     BroadcastTo: _broadcast,
