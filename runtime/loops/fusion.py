@@ -144,7 +144,7 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
 _FOLDING = (Reduce, SumAxes, ReduceByIndex)
 
 
-def _products_folded(body: Program, cheap: set[int] = frozenset()) -> bool:
+def _products_folded(body: Program, cheap: set[int] | frozenset[int] = frozenset()) -> bool:
     """Whether every matrix product in a map's `body` reaches its results only through a fold (k-means' HVP
     with respect to the points: the distances' minimum and its first position, then a row of the gradient):
     the nest then stores nothing of a product's size per row, where batched products would write them all.
@@ -202,8 +202,8 @@ def _consumers(stmt: Let, readers: dict, uses: Counter, histograms: bool) -> tup
         found = folds, [v for v in used if v not in read]
     for reader in () if sums else dict.fromkeys(readers[v] for v in alone):
         read = [v for v in alone if readers[v] is reader]
-        binned = histograms and isinstance(reader.prim, ReduceByIndex) and _bins(reader, read)
-        if binned or (isinstance(reader.prim, Reduce) and _folds_exactly(reader, read)):
+        bins = histograms and isinstance(reader.prim, ReduceByIndex) and _bins(reader, read)
+        if bins or (isinstance(reader.prim, Reduce) and _folds_exactly(reader, read)):
             found = [reader], [v for v in used if v not in read]
             break
     binned = _binned_rows(alone, readers, uses) if histograms and found is None else None

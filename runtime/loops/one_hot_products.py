@@ -62,18 +62,23 @@ def _reads_one_term(stmt: Let, hot: dict[Var, int]) -> bool:
             or (outer and (_axis(a, hot) is not None or _axis(b, hot) is not None)))
 
 
-def _scattered_one(stmt: Let, facts: _Facts) -> None:
-    """One value added into zeros at one index (reduce_by_index of one entry, +, a zero identity)."""
+def scatters_one_value(stmt: Let) -> bool:
+    """Whether the histogram `stmt` adds one value into zeros at one index (reduce_by_index of one entry, +,
+    a zero identity), as ad's min/max rule and `zeros.at[i].add(v)` make: an array one-hot at that index."""
     prim, out = stmt.prim, stmt.outs[0]
     identity, indices = stmt.args[0], stmt.args[1]
-    if (prim.num_leaves, prim.num_consts, out.aval.ndim) != (1, 0, 1) or indices.aval.shape != (1,):
-        return
-    if _is_zero(identity) and recognize_binary_op(prim.body, 0) == "add":
-        facts.hot[out] = 0
+    return ((prim.num_leaves, prim.num_consts, out.aval.ndim) == (1, 0, 1) and indices.aval.shape == (1,)
+            and is_zero_literal(identity) and recognize_binary_op(prim.body, 0) == "add")
 
 
-def _is_zero(a) -> bool:
+def is_zero_literal(a) -> bool:
+    """Whether `a` is a constant all of whose elements are zero."""
     return isinstance(a, Lit) and bool(np.all(a.value == 0))
+
+
+def _scattered_one(stmt: Let, facts: _Facts) -> None:
+    if scatters_one_value(stmt):
+        facts.hot[stmt.outs[0]] = 0
 
 
 def _elementwise(stmt: Let, facts: _Facts) -> None:
@@ -81,7 +86,7 @@ def _elementwise(stmt: Let, facts: _Facts) -> None:
     hot = facts.hot
     if op in ("neg", "mul"):
         axis = next((_axis(a, hot) for a in args if _axis(a, hot) is not None), None)
-    elif op == "where" and _is_zero(args[2]):
+    elif op == "where" and is_zero_literal(args[2]):
         mask = _axis(args[0], facts.equals)
         axis = mask if mask is not None else _axis(args[1], hot)
     else:

@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 import fold
 from fold.inline import spliced
-from fold.ir import Let, Lit, Program, Var, flat_program
+from fold.ir import Let, Program, Var, flat_program
 from fold.primitives import BroadcastTo, Elementwise, Iota, Map, MatMul, ReduceByIndex, Reshape, SumAxes, Transpose
-from fold.recognize import recognize_binary_op
+from fold.runtime.loops.one_hot_products import is_zero_literal, scatters_one_value
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,6 @@ def _scalar(a) -> bool:
     return a.aval.shape == ()
 
 
-def _is_zero(a) -> bool:
-    return isinstance(a, Lit) and a.value.shape == () and a.value == 0
-
-
 def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, OneHot]]:
     """The body's statements with one-hot readers rewritten, the values those readers made (renamed to what
     replaces them), and the one-hots found."""
@@ -97,9 +93,9 @@ def _body_rewrite(body: Program) -> tuple[list[Let], dict[Var, Any], dict[Var, O
                     masks[out] = (scalars[other], iotas[iota])
         elif isinstance(prim, Reshape) and _scalar(args[0]) and out.aval.shape == (1,):
             units[out] = args[0]
-        elif isinstance(prim, ReduceByIndex) and _one_entry(prim, args, units, out):
+        elif isinstance(prim, ReduceByIndex) and _one_entry(stmt, units):
             hots[out] = _in_range(stmts, units[args[1]], units[args[2]], out.aval.shape[0], out.aval.shape)
-        elif isinstance(prim, Elementwise) and prim.op == "where" and args[0] in masks and _is_zero(args[2]):
+        elif isinstance(prim, Elementwise) and prim.op == "where" and args[0] in masks and is_zero_literal(args[2]):
             value = scalars.get(args[1]) if isinstance(args[1], Var) else (args[1] if _scalar(args[1]) else None)
             if value is not None and out.aval.dtype.kind == "f" and value.aval.dtype == out.aval.dtype:
                 index, size = masks[args[0]]
@@ -143,14 +139,15 @@ def _in_range(stmts: list[Let], index, value, size: int, shape: tuple[int, ...])
     return OneHot(index, value, size, shape)
 
 
-def _one_entry(prim: ReduceByIndex, args, units: dict[Var, Any], out: Var) -> bool:
-    """Whether the histogram adds one scalar into zeros at one scalar index (a scatter of one element)."""
-    if prim.num_consts or prim.num_leaves != 1 or out.aval.ndim != 1 or not _is_zero(args[0]):
+def _one_entry(stmt: Let, units: dict[Var, Any]) -> bool:
+    """Whether the histogram adds one scalar into zeros at one scalar index (a scatter of one element), of
+    a float value at an integer index."""
+    out = stmt.outs[0]
+    if not scatters_one_value(stmt):
         return False
-    index, value = (units.get(a) if isinstance(a, Var) else None for a in args[1:3])
+    index, value = (units.get(a) if isinstance(a, Var) else None for a in stmt.args[1:3])
     return (index is not None and value is not None and index.aval.dtype.kind in "iu"
-            and value.aval.dtype == out.aval.dtype and out.aval.dtype.kind == "f"
-            and recognize_binary_op(prim.body, 0) == "add")
+            and value.aval.dtype == out.aval.dtype and out.aval.dtype.kind == "f")
 
 
 def _shapes(size: int) -> tuple[tuple[int, ...], ...]:
