@@ -10,6 +10,8 @@ so the compile time grows with the number of parts, each of bounded size.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter
 from typing import Iterable
 
@@ -49,7 +51,7 @@ class Outliner:
 
     def _inner(self, node):
         if isinstance(node, Loop):
-            return Loop(node.index, node.extent, self.block(node.body), node.folds)
+            return dataclasses.replace(node, body=self.block(node.body))
         if isinstance(node, If):
             return If(node.cond, self.block(node.body))
         return node
