@@ -79,7 +79,6 @@ class Pull:
     splat: str | None = None  # every element equals this scalar
     equals: tuple[int, str] | None = None  # element idx is (idx[axis] == this scalar)
     bounds: tuple[int | None, int | None] | None = None  # every element is an integer in [low, high] (None: not known)
-    first_of: tuple | None = None  # (axis, cond, last): element idx is idx[axis] where cond holds, else last
 
 
 @dataclass(frozen=True)
@@ -162,15 +161,6 @@ class Writer:
         fill(index)
         body = self.blocks.pop()
         self.emit(Loop(index, int(extent), tuple(body), folds))
-
-    def search(self, extent: int, fill: Callable[[str], str]) -> None:
-        """A loop of `extent` iterations whose body `fill(index)` writes, which may stop after the first
-        iteration where the name fill returns is true (Loop.until)."""
-        index = self.fresh("i")
-        self.blocks.append([])
-        until = fill(index)
-        body = self.blocks.pop()
-        self.emit(Loop(index, int(extent), tuple(body), until=until))
 
     def written_apart(self, fill: Callable[[], list[str]]) -> tuple[tuple[Node, ...], list[str]]:
         """The statements `fill()` writes, kept out of the open block, and the names it returns."""
@@ -824,10 +814,6 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
         raise NotNestable("a reduce of elements that are not scalars is not in the loop nest yet")
     if nc == 0 and k == 1 and recognize_binary_op(prim.body, 0) == "logaddexp":
         return [_logsumexp(w, identity[0], xs[0], out_avals[0].dtype)]
-    first = getattr(xs[0], "first_of", None)
-    if (nc == 0 and k == 1 and first is not None and first[0] == 0 and not _transcendental_in(w, first[1])
-            and recognize_binary_op(prim.body, 0) == "minimum"):
-        return [_first_index(w, identity[0], xs[0], out_avals[0].dtype)]
     dtypes = [np.dtype(a.dtype) for a in out_avals]
     operator, carried = carried_operator(prim.body, nc, dtypes) if _long(xs[0]) else (prim.body, None)
     carried = list(carried or dtypes)
@@ -841,32 +827,6 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     folds = (lane_fold(w, operator, consts, accs, identities, carried),) if commutative else ()
     w.loop(xs[0].shape[0], step, folds)
     return [Scalar(a if c == d else w.assign(cast(a, d, c)), d) for a, c, d in zip(accs, carried, dtypes, strict=True)]
-
-
-def _transcendental_in(w: Writer, x: Value) -> bool:
-    """Whether an element of `x` calls a transcendental function. A search for the first index where such a
-    value equals a fold's extreme runs it one element at a time, where the extreme's fold may have run it in
-    vector calls (nest_lanes), whose results can differ in the last bit: the search would find no index."""
-    return isinstance(x, Pull) and any(call in _element_text(w, x) for call in TRANSCENDENTAL_CALLS)
-
-
-def _first_index(w: Writer, identity: Value, x: Pull, dtype: np.dtype) -> Scalar:
-    """The minimum of `x` = where(cond, index, last) (facts.first_of): the first index where cond holds, or
-    last, found by a search that stops there. Folded to the end, it reads every element and compares each
-    (a min or max gradient's first index, after the extreme's own fold: half the row's work for nothing)."""
-    _, cond, last = x.first_of
-    minimum = TEMPLATES["minimum"]
-    start = minimum.format(cast(w.element(identity, ()), dtype, identity.dtype), literal(last, dtype))
-    acc = w.assign(cast(start, dtype, None), "acc")
-
-    def step(i: str) -> str:
-        found = w.element(cond, (i,) if cond.shape else ())
-        found = found if found.isidentifier() else w.assign(found, "e")
-        w.guarded(found, lambda: w.emit(Assign(acc, cast(minimum.format(acc, cast(i, dtype, None)), dtype, None))))
-        return found
-
-    w.search(x.shape[0], step)
-    return Scalar(acc, dtype)
 
 
 # A row's float32 fold longer than this is carried in float64 and rounded once, as the backends' other

@@ -12,10 +12,6 @@ an array element by element would do k times the work it needs. These facts let 
   by a map whose rows vanish with such a row;
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
   what products and sums of such rows make;
-- `first_of`: (axis, cond, last): the element at idx is idx[axis] where cond holds there, else `last`, an
-  integer no smaller than any index along the axis: `where(cond, iota, n)`, which a minimum along the axis
-  folds into the first index where cond holds (a min or max gradient's, ad/reduce_rules.py). That minimum
-  is a search, which stops at the first index (build.py);
 - `bounds`: an integer value's elements lie in [low, high] (an end None where it is not known): an iota's, a
   literal's, a map's index over an iota, and sums, differences, products, minima, maxima (a clamp), selections,
   quotients by a positive literal and remainders by a positive divisor of those (interval arithmetic). A
@@ -111,9 +107,6 @@ _INTERVALS = {
 def elementwise_facts(op: str, args: list, out: Any) -> dict:
     """The facts of `op`'s result from its arguments'."""
     facts = _zero_facts(op, args)
-    first = _first_of(args, out) if op == "where" else None
-    if first is not None:
-        facts = {**facts, "first_of": first}
     bounds = _bounded(op, args) if out.dtype.kind in "iu" else None
     return facts if bounds is None else {**facts, "bounds": bounds}
 
@@ -141,16 +134,6 @@ def _zero_facts(op: str, args: list) -> dict:
                 if _fact(args[0], name) is not None and _fact(args[0], name) == _fact(args[1], name)}
         return same
     return {}
-
-
-def _first_of(args: list, out: Any) -> tuple | None:
-    """where(cond, index along an axis, a literal no smaller than that axis' last index): (axis, cond, literal)."""
-    cond, a, b = args
-    axis, last = _fact(a, "index_axis"), _fact(b, "bounds")
-    if (axis is None or a.shape != out.shape or out.dtype.kind not in "iu" or b.shape != ()
-            or last is None or last[0] != last[1] or last[0] is None or last[0] < out.shape[axis] - 1):
-        return None
-    return axis, cond, last[0]
 
 
 def broadcast_facts(x: Any, lead: int) -> dict:

@@ -48,10 +48,6 @@ class Loop:
     extent: int | str  # a static trip count, or (only where a backend writes the loop) the text of one
     body: tuple
     folds: tuple[LaneFold, ...] = ()  # the commutative folds whose accumulators the body updates
-    # a search: the loop may stop after the first iteration at whose end this name (the body assigns it) is
-    # true. The iterations after it change nothing, so a backend, or a rewrite that rebuilds the loop, may
-    # run them all instead (as any loop without it)
-    until: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,7 +223,6 @@ def _describe_nodes(nodes: tuple, indent: int) -> list[str]:
             lines.append(f"{pad}if {node.cond}:")
             lines += _describe_nodes(node.body, indent + 2)
         else:
-            until = f" (until {node.until})" if node.until else ""
-            lines.append(f"{pad}for {node.index} < {node.extent}{until}:")
+            lines.append(f"{pad}for {node.index} < {node.extent}:")
             lines += _describe_nodes(node.body, indent + 2)
     return lines

@@ -27,8 +27,6 @@ def statement_lines(nodes: tuple, indent: int, allocate: Allocate, hoisted: bool
             head = f"for {node.index} in range({node.extent}):" if isinstance(node, Loop) else f"if {node.cond}:"
             lines.append(pad + head)
             lines += statement_lines(node.body, indent + 4, allocate, hoisted) or [f"{pad}    pass"]
-            if isinstance(node, Loop) and node.until:
-                lines += [f"{pad}    if {node.until}:", f"{pad}        break"]
     return lines
 
 
@@ -91,8 +89,6 @@ def events(node) -> Iterator[tuple[str, str]]:
             yield from (("read", n) for n in names(node.cond))
         for inner in node.body:
             yield from events(inner)
-        if isinstance(node, Loop) and node.until:
-            yield "read", node.until
 
 
 def assigned(nodes: Iterable) -> set[str]:

@@ -19,7 +19,6 @@ below +0.0, and the vectorised fold takes its elements in another order.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from fold.runtime.loops.nest import Assign, If, LaneFold, Loop, Node, Store
@@ -53,7 +52,7 @@ def _rewritten(node: Node) -> Node:
     long = not isinstance(node.extent, str) and node.extent >= VECTORISED_EXTENT
     if long and node.folds and all(map(_extremum, node.folds)) and _vectorisable(node.body):
         return Loop(node.index, f"_unseen({node.extent})", tuple(_vector_form(n) for n in node.body), node.folds)
-    return dataclasses.replace(node, body=vectorised_extrema(node.body))
+    return Loop(node.index, node.extent, vectorised_extrema(node.body), node.folds)
 
 
 def _extremum(fold: LaneFold) -> bool:

@@ -280,8 +280,7 @@ def _renamed(node, fresh: dict[str, str]):
         return Store(node.target, tuple(sub(i) for i in node.index), sub(node.expr))
     if isinstance(node, Loop):
         extent = sub(node.extent) if isinstance(node.extent, str) else node.extent
-        until = fresh.get(node.until, node.until) if node.until else None
-        return dataclasses.replace(node, extent=extent, body=tuple(_renamed(n, fresh) for n in node.body), until=until)
+        return dataclasses.replace(node, extent=extent, body=tuple(_renamed(n, fresh) for n in node.body))
     if isinstance(node, If):
         return If(sub(node.cond), tuple(_renamed(n, fresh) for n in node.body))
     return node

@@ -32,7 +32,6 @@ order, and only the outer fold's commutative states are split.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 from collections import Counter
 from typing import Iterable
@@ -82,7 +81,7 @@ def _in_lanes(nodes: tuple, total: Counter, budget: list[int], runs: int) -> tup
     for node in nodes:
         if isinstance(node, Loop):
             iterations = runs * (1 if isinstance(node.extent, str) else node.extent)  # a dynamic one: at least once
-            node = dataclasses.replace(node, body=_in_lanes(node.body, total, budget, iterations))
+            node = Loop(node.index, node.extent, _in_lanes(node.body, total, budget, iterations), node.folds)
             long_fold = node.folds and not isinstance(node.extent, str) and node.extent >= SPLIT_EXTENT
             laned = _laned(node, total, split_alone=bool(long_fold), iterations=iterations)
             added = size(laned) - size([node])

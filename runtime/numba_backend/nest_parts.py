@@ -10,8 +10,6 @@ so the compile time grows with the number of parts, each of bounded size.
 
 from __future__ import annotations
 
-import dataclasses
-
 from collections import Counter
 from typing import Iterable
 
@@ -51,7 +49,7 @@ class Outliner:
 
     def _inner(self, node):
         if isinstance(node, Loop):
-            return dataclasses.replace(node, body=self.block(node.body))
+            return Loop(node.index, node.extent, self.block(node.body), node.folds)
         if isinstance(node, If):
             return If(node.cond, self.block(node.body))
         return node
