@@ -39,6 +39,7 @@ from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, 
 from fold.rules import RuleTable
 
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
+from .extreme_pairs import Extreme, extreme_of, first_index_with_extreme
 from .facts import broadcast_facts, elementwise_facts, is_zero, reshape_facts, transpose_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 from .scattered_states import scattered_states
@@ -79,6 +80,8 @@ class Pull:
     splat: str | None = None  # every element equals this scalar
     equals: tuple[int, str] | None = None  # element idx is (idx[axis] == this scalar)
     bounds: tuple[int | None, int | None] | None = None  # every element is an integer in [low, high] (None: not known)
+    first_of: tuple | None = None  # (axis, cond, last): element idx is idx[axis] where cond holds, else last
+    equal_to: tuple | None = None  # (x, s): element idx is (x[idx] == s), x an array, s a scalar
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,9 @@ class Writer:
         self._stored: dict[int, tuple[Pull, list, Stored]] = {}
         # kernel input -> [low, high] its elements must lie in for the kernel to run (Kernel.checked)
         self.required: dict[str, tuple[int, int]] = {}
+        # the accumulator of a row's min or max fold -> that fold (extreme_pairs.py: the first index holding
+        # the extreme joins it)
+        self.extremes: dict[str, Extreme] = {}
 
     def require(self, source: str, low: int, high: int) -> None:
         """The kernel runs only where every element of input `source` lies in [low, high] (a backend checks,
@@ -812,8 +818,13 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     consts, identity, xs = args[:nc], args[nc: nc + k], args[nc + k:]
     if any(x.shape[1:] != () for x in xs):
         raise NotNestable("a reduce of elements that are not scalars is not in the loop nest yet")
-    if nc == 0 and k == 1 and recognize_binary_op(prim.body, 0) == "logaddexp":
+    op = recognize_binary_op(prim.body, nc) if k == 1 else None
+    if nc == 0 and op == "logaddexp":
         return [_logsumexp(w, identity[0], xs[0], out_avals[0].dtype)]
+    if nc == 0 and op == "minimum":
+        paired = first_index_with_extreme(w, xs[0], identity[0], np.dtype(out_avals[0].dtype))
+        if paired is not None:
+            return [paired]
     dtypes = [np.dtype(a.dtype) for a in out_avals]
     operator, carried = carried_operator(prim.body, nc, dtypes) if _long(xs[0]) else (prim.body, None)
     carried = list(carried or dtypes)
@@ -826,6 +837,9 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     commutative = prim.monoid is not None and prim.monoid.commutative
     folds = (lane_fold(w, operator, consts, accs, identities, carried),) if commutative else ()
     w.loop(xs[0].shape[0], step, folds)
+    extreme = extreme_of(xs[0], op, identity[0], accs[0], w.blocks[-1][-1]) if nc == 0 and carried == dtypes else None
+    if extreme is not None:
+        w.extremes[extreme.acc] = extreme
     return [Scalar(a if c == d else w.assign(cast(a, d, c)), d) for a, c, d in zip(accs, carried, dtypes, strict=True)]
 
 

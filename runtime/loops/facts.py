@@ -12,6 +12,10 @@ an array element by element would do k times the work it needs. These facts let 
   by a map whose rows vanish with such a row;
 - `zero_unless`: the whole value is 0 unless a condition holds: a map's row taken from a one-hot array, and
   what products and sums of such rows make;
+- `equal_to`: (x, s): the element at idx is (x[idx] == s), comparing an array with a splat scalar;
+- `first_of`: (axis, cond, last): the element at idx is idx[axis] where cond holds there, else `last`, an
+  integer no smaller than any index along the axis: `where(cond, iota, n)`, whose minimum along the axis is
+  the first index where cond holds (a min or max gradient's: extreme_pairs.py folds it with the extreme);
 - `bounds`: an integer value's elements lie in [low, high] (an end None where it is not known): an iota's, a
   literal's, a map's index over an iota, and sums, differences, products, minima, maxima (a clamp), selections,
   quotients by a positive literal and remainders by a positive divisor of those (interval arithmetic). A
@@ -106,7 +110,7 @@ _INTERVALS = {
 
 def elementwise_facts(op: str, args: list, out: Any) -> dict:
     """The facts of `op`'s result from its arguments'."""
-    facts = _zero_facts(op, args)
+    facts = {**_zero_facts(op, args), **_search_facts(op, args, out)}
     bounds = _bounded(op, args) if out.dtype.kind in "iu" else None
     return facts if bounds is None else {**facts, "bounds": bounds}
 
@@ -134,6 +138,25 @@ def _zero_facts(op: str, args: list) -> dict:
                 if _fact(args[0], name) is not None and _fact(args[0], name) == _fact(args[1], name)}
         return same
     return {}
+
+
+def _search_facts(op: str, args: list, out: Any) -> dict:
+    """equal_to of an array compared with a splat; first_of of where(cond, index along an axis, a literal no
+    smaller than that axis' last index)."""
+    if op == "eq":
+        for x, y in ((args[0], args[1]), (args[1], args[0])):
+            s = _splat(y)
+            if x.shape == out.shape != () and s is not None and _fact(x, "index_axis") is None:
+                return {"equal_to": (x, s)}
+        return {}
+    if op != "where":
+        return {}
+    cond, a, b = args
+    axis, last = _fact(a, "index_axis"), _fact(b, "bounds")
+    if (axis is None or a.shape != out.shape or out.dtype.kind not in "iu" or b.shape != () or last is None
+            or last[0] != last[1] or last[0] is None or last[0] < out.shape[axis] - 1):
+        return {}
+    return {"first_of": (axis, cond, last[0])}
 
 
 def broadcast_facts(x: Any, lead: int) -> dict:
