@@ -10,8 +10,7 @@ question (kernels/cpu/product_fold.py), asked of any row. Its operator is commut
 wins, the lower index among equal values), so a backend may fold it in lanes and merge them.
 
 NaN as NumPy and the two folds have it: a row holding NaN has the extreme NaN, and no element equals it, so
-the first index is `n` (no index). Measured on the 2-core VM, the kernels' text by hand (10^6 rows of 64,
-four lanes): the natural k-means gradient 55-57 -> 48-54 ms, k-means' matrix form in float64 76-86 -> 67-68.
+the first index is `n` (no index). Rows up to MAX_PAIRED: a longer row's two folds vectorise better.
 """
 
 from __future__ import annotations
@@ -31,6 +30,14 @@ if TYPE_CHECKING:
 _BETTER = {"minimum": ("<", math.inf), "maximum": (">", -math.inf)}
 
 
+# the longest row folded in pairs. The pairs run in lanes of selects; a longer row's two folds each run in
+# LLVM's vector registers (extremum_loops.py), which costs about a fixed start per loop plus a fraction of a
+# cycle per element. bench_ab against 8984226: natural k-means' gradient (rows of 64) 0.70x, its HVP 0.42x;
+# the minimum pairwise distance's gradient (rows of 4096) 1.5x and cosine-max's (2048) 1.14x. The crossing
+# between 64 and 2048 is not measured; 128 is the estimate of a select per element against the vector loops.
+MAX_PAIRED = 128
+
+
 @dataclass(frozen=True)
 class Extreme:
     """A fold of a stored row into `acc` by `op`, written as `loop` (found again by identity)."""
@@ -45,7 +52,8 @@ def extreme_of(row: "Value", op: str | None, identity: "Value", acc: str, loop: 
     """The fold just written, where it is an extreme of a stored float row from its operator's identity."""
     from .build import Scalar, Stored, literal
 
-    if op not in _BETTER or not isinstance(row, Stored) or row.dtype.kind != "f" or len(row.shape) != 1:
+    if (op not in _BETTER or not isinstance(row, Stored) or row.dtype.kind != "f" or len(row.shape) != 1
+            or row.shape[0] > MAX_PAIRED):
         return None
     if not isinstance(identity, Scalar) or identity.expr != literal(_BETTER[op][1], row.dtype):
         return None
@@ -63,9 +71,11 @@ def first_index_with_extreme(w: "Writer", x: "Value", identity: "Value", dtype: 
         return None
     row, m = compared
     extreme = w.extremes.get(m)
+    if extreme is None or extreme.row is not row:
+        return None
     block = w.blocks[-1]
-    at = next((k for k, node in enumerate(block) if node is (extreme.loop if extreme else None)), None)
-    if extreme is None or extreme.row is not row or at is None:
+    at = next((k for k, node in enumerate(block) if node is extreme.loop), None)
+    if at is None:
         return None
     last = literal(first[2], np.dtype(np.int64))
     index = w.fresh("acc")
