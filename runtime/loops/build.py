@@ -160,13 +160,16 @@ class Writer:
             self._texts[expr] = (name, self.blocks[-1])
         return name
 
-    def loop(self, extent: int, fill: Callable[[str], None], folds: tuple[LaneFold, ...] = ()) -> None:
-        """A loop of `extent` iterations whose body `fill(index)` writes (updating the accumulators of `folds`)."""
+    def loop(self, extent: int, fill: Callable[[str], None], folds: tuple[LaneFold, ...] = ()) -> Loop:
+        """A loop of `extent` iterations whose body `fill(index)` writes (updating the accumulators of `folds`),
+        emitted here and returned."""
         index = self.fresh("i")
         self.blocks.append([])
         fill(index)
         body = self.blocks.pop()
-        self.emit(Loop(index, int(extent), tuple(body), folds))
+        loop = Loop(index, int(extent), tuple(body), folds)
+        self.emit(loop)
+        return loop
 
     def written_apart(self, fill: Callable[[], list[str]]) -> tuple[tuple[Node, ...], list[str]]:
         """The statements `fill()` writes, kept out of the open block, and the names it returns."""
@@ -836,8 +839,8 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
 
     commutative = prim.monoid is not None and prim.monoid.commutative
     folds = (lane_fold(w, operator, consts, accs, identities, carried),) if commutative else ()
-    w.loop(xs[0].shape[0], step, folds)
-    extreme = extreme_of(xs[0], op, identity[0], accs[0], w.blocks[-1][-1]) if nc == 0 and carried == dtypes else None
+    loop = w.loop(xs[0].shape[0], step, folds)
+    extreme = extreme_of(xs[0], op, identity[0], accs[0], loop) if nc == 0 and carried == dtypes else None
     if extreme is not None:
         w.extremes[extreme.acc] = extreme
     return [Scalar(a if c == d else w.assign(cast(a, d, c)), d) for a, c, d in zip(accs, carried, dtypes, strict=True)]

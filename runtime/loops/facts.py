@@ -110,18 +110,25 @@ _INTERVALS = {
 
 def elementwise_facts(op: str, args: list, out: Any) -> dict:
     """The facts of `op`'s result from its arguments'."""
-    facts = {**_zero_facts(op, args), **_search_facts(op, args, out)}
+    facts = _comparison_facts(args, out) if op == "eq" else {**_zero_facts(op, args), **_first_of(op, args, out)}
     bounds = _bounded(op, args) if out.dtype.kind in "iu" else None
     return facts if bounds is None else {**facts, "bounds": bounds}
 
 
+def _comparison_facts(args: list, out: Any) -> dict:
+    """x == a splat s: `equals` where x is an index along an axis, else `equal_to` where x is an array."""
+    for x, y in ((args[0], args[1]), (args[1], args[0])):
+        axis, s = _fact(x, "index_axis"), _splat(y)
+        if s is None:
+            continue
+        if axis is not None:
+            return {"equals": (axis, s)}
+        if x.shape == out.shape != ():
+            return {"equal_to": (x, s)}
+    return {}
+
+
 def _zero_facts(op: str, args: list) -> dict:
-    if op == "eq":
-        for x, y in ((args[0], args[1]), (args[1], args[0])):
-            axis, s = _fact(x, "index_axis"), _splat(y)
-            if axis is not None and s is not None:
-                return {"equals": (axis, s)}
-        return {}
     if op == "where":
         cond, a, b = args
         if not is_zero(b):
@@ -140,15 +147,8 @@ def _zero_facts(op: str, args: list) -> dict:
     return {}
 
 
-def _search_facts(op: str, args: list, out: Any) -> dict:
-    """equal_to of an array compared with a splat; first_of of where(cond, index along an axis, a literal no
-    smaller than that axis' last index)."""
-    if op == "eq":
-        for x, y in ((args[0], args[1]), (args[1], args[0])):
-            s = _splat(y)
-            if x.shape == out.shape != () and s is not None and _fact(x, "index_axis") is None:
-                return {"equal_to": (x, s)}
-        return {}
+def _first_of(op: str, args: list, out: Any) -> dict:
+    """first_of of where(cond, index along an axis, a literal no smaller than that axis' last index)."""
     if op != "where":
         return {}
     cond, a, b = args
