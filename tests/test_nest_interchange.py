@@ -53,22 +53,46 @@ def _kmeans_like(inner: tuple | None = None, post: tuple | None = None, pre: tup
 
 
 def test_the_centroid_loop_runs_innermost_reading_the_transposed_matrix():
-    """40 dimensions, more than LLVM unrolls: each dimension's step sweeps the centroids' sums."""
-    kernel = interchanged(_kmeans_like(dims=nest_interchange.UNROLLED + 8))
+    """40 dimensions over 1024 centroids: a block of the dimensions' steps written out would read too many
+    rows of the transposed matrix side by side (SHORT_AREA), so each dimension's step sweeps the centroids'
+    sums."""
+    centroids = 1024
+    assert nest_interchange.SHORT_AREA // centroids < nest_interchange.MIN_BLOCK
+    kernel = interchanged(_kmeans_like(dims=nest_interchange.UNROLLED + 8, centroids=centroids))
     buffer, setting, swapped, rest = kernel.outer.body[1:5]
-    assert buffer == Buffer("acc6__x", (8,), F64)
-    assert setting == Loop("c", 8, (Assign("acc6", "np.float64(0.0)"), Store("acc6__x", ("c",), "acc6")))
+    assert buffer == Buffer("acc6__x", (centroids,), F64)
+    assert setting == Loop("c", centroids, (Assign("acc6", "np.float64(0.0)"), Store("acc6__x", ("c",), "acc6")))
     assert swapped.index == "j" and swapped.extent == nest_interchange.UNROLLED + 8
-    (centroids,) = swapped.body
-    assert centroids.index == "c" and Assign("e2", "in0__T[j, c__u]") in centroids.body
-    assert centroids.extent == "in0__T.shape[1]"  # not a constant: LLVM would unroll it into scalars
-    assert Assign("e1", "in1[i, j]") in centroids.body  # no index c: read as it was
-    assert centroids.body[:2] == (Assign("c__u", "np.uint64(c)"), Assign("acc6", "acc6__x[c__u]"))
-    assert centroids.body[-1] == Store("acc6__x", ("c__u",), "acc6")
+    (sweep,) = swapped.body
+    assert sweep.index == "c" and Assign("e2", "in0__T[j, c__u]") in sweep.body
+    assert sweep.extent == "in0__T.shape[1]"  # not a constant: LLVM would unroll it into scalars
+    assert Assign("e1", "in1[i, j]") in sweep.body  # no index c: read as it was
+    assert sweep.body[:2] == (Assign("c__u", "np.uint64(c)"), Assign("acc6", "acc6__x[c__u]"))
+    assert sweep.body[-1] == Store("acc6__x", ("c__u",), "acc6")
     # the sum read back under a name of its own (the swapped loops assign acc6 too), the rest as it was
     assert rest.body[0] == Assign("acc6__r", "acc6__x[c]")
     assert rest.body[1:] == (Assign("t4", "np.float64(_minimum(acc0, acc6__r))"), Assign("acc0", "t4"))
     assert transposed(kernel) == ["in0"] and transposed(_kmeans_like()) == []
+
+
+def test_a_long_inner_loop_is_written_out_a_block_of_steps_at_a_time():
+    """72 dimensions over 8 centroids: two blocks of UNROLLED steps, then the 8 left, each written out under
+    the centroid loop (each centroid's sum loaded and stored once per block), in order: the same bits."""
+    block = nest_interchange.UNROLLED
+    kernel = interchanged(_kmeans_like(dims=2 * block + 8))
+    buffer, setting, blocks, last, rest = kernel.outer.body[1:6]
+    assert buffer == Buffer("acc6__x", (8,), F64)
+    assert blocks.index == "j__k" and blocks.extent == 2
+    start, sweep = blocks.body
+    assert start == Assign("j__b", f"j__k * {block}")
+    assert sweep.index == "c" and sweep.extent == "in0__T.shape[1]"
+    assert sweep.body[:2] == (Assign("c__u", "np.uint64(c)"), Assign("acc6", "acc6__x[c__u]"))
+    assert sweep.body[2:4] == (Assign("e1", "in1[i, j__b + 0]"), Assign("e2", "in0__T[j__b + 0, c__u]"))
+    assert sweep.body[-4] == Assign("e2", f"in0__T[j__b + {block - 1}, c__u]")
+    assert len(sweep.body) == 2 + 4 * block + 1 and sweep.body[-1] == Store("acc6__x", ("c__u",), "acc6")
+    assert last.index == "c" and len(last.body) == 2 + 4 * 8 + 1
+    assert last.body[2:4] == (Assign("e1", f"in1[i, {2 * block}]"), Assign("e2", f"in0__T[{2 * block}, c__u]"))
+    assert rest.body[0] == Assign("acc6__r", "acc6__x[c]")
 
 
 @pytest.mark.parametrize("dims", [4, nest_interchange.UNROLLED])
@@ -189,6 +213,7 @@ CASES = {
     "kmeans hessian-vector product": (
         lambda C, P: fold.jvp(fold.grad(kmeans_cost), (C, P), (np.ones_like(C), np.zeros_like(P)))[1],
         lambda: (rng.normal(size=(12, 3)).astype(np.float32), rng.normal(size=(57, 3)).astype(np.float32))),
+    "kmeans 72 dimensions": (kmeans_cost, lambda: (rng.normal(size=(9, 72)), rng.normal(size=(101, 72)))),
     "pairwise matrix": (_pairwise, lambda: (rng.normal(size=(33, 5)).astype(np.float32),
                                             rng.normal(size=(70, 5)).astype(np.float32))),
 }
@@ -203,7 +228,8 @@ def test_swapped_kernels_give_the_unswapped_results_bit_for_bit(case, written, m
     args = make()
     source = _sources(f, *args)
     assert "__T = np.ascontiguousarray(" in source
-    assert bool(re.search(r"__T\[\d+, ", source)) == written  # a step written out reads a literal row
+    # a step written out reads a literal row, or one at an offset into its block of steps
+    assert bool(re.search(r"__T\[(\d+|\w+__b \+ \d+), ", source)) == written
     got = fold.jit(f, backend="numba")(*args)
     plain = _unswapped(monkeypatch, f, *args)
     want = fold.jit(f, backend="numpy")(*args)
