@@ -26,13 +26,15 @@ from fold.ir import Let, Lit, Program, Var
 from fold.primitives import Elementwise, Map, MatMul, Reshape
 from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
 from fold.runtime.numba_backend.first_extremes import FirstExtreme, mark_first_extremes
-from fold.runtime.numba_backend.passes import prepare
+from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES, prepare
 from fold.runtime.numba_backend.product_fold_fusion import ProductFold
 from fold.runtime.numba_backend.shared_views import share_views
 from helpers import assert_same as assert_same_leaves, both
 from test_one_hots import kmeans_gradient
 
 rng = np.random.default_rng(11)
+# centroids of 8 float64 dimensions more than a loop nest takes (smaller matrices run in the nest)
+CENTROIDS = MAX_NEST_PRODUCT_BYTES // 64 + 32
 
 
 def assert_same(a, b, rtol=1e-12):
@@ -47,18 +49,18 @@ def prepared_body(f, *args) -> Program:
 
 
 def test_kmeans_gradient_finds_the_nearest_centroid_in_the_product_kernel():
-    points, centroids = rng.normal(size=(3000, 8)), rng.normal(size=(24, 8))
+    points, centroids = rng.normal(size=(3000, 8)), rng.normal(size=(CENTROIDS, 8))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_same(*both(kmeans_gradient, points, centroids))
     body = prepared_body(kmeans_gradient, points, centroids)
     (kernel,) = [s.prim for s in body.stmts if isinstance(s.prim, ProductFold)]
-    assert kernel.first_extreme is not None and kernel.first_extreme.extreme == "minimum" and kernel.first_extreme.fill == 24
+    assert kernel.first_extreme is not None and kernel.first_extreme.extreme == "minimum" and kernel.first_extreme.fill == CENTROIDS
     assert not any(isinstance(s.prim, (MatMul, FirstExtreme)) for s in body.stmts)
 
 
 def test_ties_infinities_and_nan_take_the_statements_answer():
-    centroids = rng.normal(size=(24, 8))
+    centroids = rng.normal(size=(CENTROIDS, 8))
     centroids[[3, 11, 20]] = centroids[7]  # four equal centroids: every point nearest to them takes the first, 3
     points = np.concatenate([centroids[7] + 1e-3 * rng.normal(size=(1500, 8)), rng.normal(size=(1500, 8))])
     points[9] = 1e300  # distances overflow to +inf for every centroid: the first centroid, 0
@@ -73,7 +75,7 @@ def test_ties_infinities_and_nan_take_the_statements_answer():
 
 
 def test_row_maximum_gradient_for_the_matrix_the_rows_and_the_bias():
-    x, w, b = rng.normal(size=(2500, 6)), rng.normal(size=(6, 40)), rng.normal(size=40)
+    x, w, b = rng.normal(size=(2500, 8)), rng.normal(size=(8, CENTROIDS)), rng.normal(size=CENTROIDS)
 
     def loss(x, w, b):
         return fold.sum(fold.map(lambda row: fold.reduce(fold.monoids.max, row @ w + b), x))
@@ -122,7 +124,7 @@ def test_only_the_statements_the_kernel_answers_are_marked():
 
 
 def test_a_first_extreme_without_a_product_kernel_stays_as_it_was():
-    points, centroids = rng.normal(size=(3000, 8)), rng.normal(size=(24, 8))
+    points, centroids = rng.normal(size=(3000, 8)), rng.normal(size=(CENTROIDS, 8))
 
     def direct(points, centroids):
         return fold.sum(fold.map(lambda p: fold.reduce(fold.monoids.min, fold.map(

@@ -123,11 +123,15 @@ def test_products_that_do_not_contract_over_rows_are_left_alone():
     _close(fold.jit(reordered, backend="numba")(C, P), fold.jit(reordered, backend="numpy")(C, P), 1e-10)
 
 
-@pytest.mark.parametrize("dtype, nest", [(np.float32, True), (np.float64, False)])
-def test_a_reduce_of_a_small_product_is_a_nest_but_for_float64(dtype, nest):
-    # k-means' matrix form: a nest in float32 (nothing of points x centroids stored), the product kernel's
-    # in float64, gradient included
-    C, P = rng.normal(size=(8, 5)).astype(dtype), rng.normal(size=(400, 5)).astype(dtype)
+@pytest.mark.parametrize("dtype, centroids, nest", [(np.float32, 8, True), (np.float64, 8, True),
+                                                    (np.float32, 420, False), (np.float64, 210, False)])
+def test_a_reduce_of_a_small_product_is_a_nest(dtype, centroids, nest):
+    # k-means' matrix form: a nest where its centroids fit MAX_NEST_PRODUCT_BYTES (nothing of points x
+    # centroids stored), else batched products (BLAS; the product kernel's in float64), gradient included
+    from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES
+
+    C, P = rng.normal(size=(centroids, 5)).astype(dtype), rng.normal(size=(400, 5)).astype(dtype)
+    assert (C.nbytes <= MAX_NEST_PRODUCT_BYTES) == nest
     prepared = prepare(dce(cse(fold.trace(kmeans_matrix_form, C, P))), whole_arrays=True)
     nests = [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
              and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))]
@@ -139,7 +143,7 @@ def test_a_reduce_of_a_small_product_is_a_nest_but_for_float64(dtype, nest):
         assert not [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
                     and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))], prepared
     g = fold.grad(kmeans_matrix_form, argnums=(0, 1))
-    _close(fold.jit(g, backend="numba")(C, P), fold.jit(g, backend="numpy")(C, P), 2e-4 if nest else 1e-10)
+    _close(fold.jit(g, backend="numba")(C, P), fold.jit(g, backend="numpy")(C, P), 2e-4 if dtype == np.float32 else 1e-10)
 
 
 def test_a_float32_product_gradient_sums_each_rows_outer_product_in_the_nest():
@@ -231,18 +235,18 @@ def _all_statements(program):
 
 
 def test_the_numba_backend_leaves_large_products_to_blas():
-    # a nest writes a product as scalar loops; a body multiplying a matrix of more than MAX_NEST_PRODUCT values
-    # by each row runs its products batched over blocks of rows (BLAS) as before
-    from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT, nest_takes_products
+    # a nest writes a product as scalar loops; a body multiplying a matrix of more than MAX_NEST_PRODUCT_BYTES
+    # by each row runs its products batched over blocks of rows (BLAS) as before, in either type
+    from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES, nest_takes_products
 
     def body_of(W):
         program = fold.trace(lambda W, X: fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X), W, W)
         return program.stmts[0].prim.body
 
-    small = int(MAX_NEST_PRODUCT ** 0.5)
-    assert nest_takes_products(body_of(np.ones((small, small), np.float32)))
-    assert not nest_takes_products(body_of(np.ones((small + 1, small + 1), np.float32)))
-    assert not nest_takes_products(body_of(np.ones((small, small))))  # float64: the product kernel's
+    for dtype in (np.float32, np.float64):
+        columns = MAX_NEST_PRODUCT_BYTES // np.dtype(dtype).itemsize // 32
+        assert nest_takes_products(body_of(np.ones((32, columns), dtype)))
+        assert not nest_takes_products(body_of(np.ones((32, columns + 1), dtype)))
 
 
 def _product_nests(prepared):

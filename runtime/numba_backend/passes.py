@@ -70,20 +70,22 @@ def prepare_jitted(program: Program) -> Program:
     return prepare(outer_products_elementwise(program), whole_arrays=True)
 
 
-# the most values of a matrix that a loop nest multiplies by each row of a map that a reduce folds. The nest
+# the most bytes of a matrix that a loop nest multiplies by each row of a map that a reduce folds. The nest
 # writes a product as scalar loops, where the backend batches a body's products into BLAS calls over blocks
-# of rows: a map of sum(tanh(W @ x)) in float32 (2-core VM, 2^28 / K^2 rows of K) took 44 against 333 ms at
-# K = 16, 31-37 against 32 at K = 32, and in an earlier nest rule 24 against 5.6 at K = 128
-MAX_NEST_PRODUCT = 1024
+# of rows (and, in float64, folds a captured matrix times the rows in F64x4 registers, product_fold_fusion.py).
+# Measured on the 2-core VM (session 68): k-means' matrix form, 10^5 points, float32, 32 dimensions x 64
+# centroids (8 KB) 4-5 against 10-15 ms forward and 7-8 against 26-29 gradient in the nest; float64, 16 x 64
+# (8 KB), at parity with the product kernel; a map of sum(tanh(W @ x)) with W of 32 x 32 float64 (8 KB)
+# 8.9 against 11.7 ms, of 64 x 64 float32 (16 KB) 4.4 against 3.1 (BLAS ahead)
+MAX_NEST_PRODUCT_BYTES = 8192
 
 
 def nest_takes_products(body: Program) -> bool:
-    """Whether a loop nest runs a map body that multiplies matrices: where each product's matrix is small
-    (MAX_NEST_PRODUCT) and not float64, which the product kernel (product_fold_fusion.py) runs in F64x4
-    registers, 4 rows at once."""
+    """Whether a loop nest runs a map body that multiplies matrices: where each product's operands are small
+    (MAX_NEST_PRODUCT_BYTES)."""
     products = [s for s in _statements(body) if isinstance(s.prim, MatMul)]
-    return bool(products) and all(s.outs[0].aval.dtype != np.float64
-                                  and max(a.aval.size for a in s.args) <= MAX_NEST_PRODUCT for s in products)
+    return bool(products) and all(max(a.aval.size * a.aval.dtype.itemsize for a in s.args) <= MAX_NEST_PRODUCT_BYTES
+                                  for s in products)
 
 
 def _statements(program: Program):
