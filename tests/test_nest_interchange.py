@@ -446,3 +446,16 @@ def test_a_layers_hessian_vector_product_swaps_both_sums_and_matches_numpy():
     assert text.count("__T = np.ascontiguousarray(") == 2 and TANH_F32 in text, text
     np.testing.assert_allclose(fold.jit(hvp, backend="numba")(W, X), fold.jit(hvp, backend="numpy")(W, X),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_of_steps_are_written_only_in_a_body_compiled_whole(monkeypatch):
+    """A body past nest_parts.WHOLE statements is compiled in parts, where a block would call a part per
+    iteration: there the long inner loop keeps the sweep (loop_nests.as_run)."""
+    from fold.runtime.numba_backend import nest_parts
+
+    kernel = _kmeans_like(dims=2 * nest_interchange.UNROLLED + 8)
+    blocked = loop_nests.as_run(kernel)
+    assert blocked.outer.body[3].index == "j__k"
+    monkeypatch.setattr(nest_parts, "WHOLE", loop_nests._laned_size(blocked) - 1)
+    swept = loop_nests.as_run(kernel).outer.body[3]
+    assert swept.index == "j" and swept.body[0].index == "c"

@@ -91,14 +91,15 @@ _READ_ONLY = re.compile(r"(in|k)\d+")
 _TYPED = re.compile(r"np\.(float32|float64|int64|int32|uint64|bool_)\((.*)\)")
 
 
-def interchanged(kernel: Kernel) -> Kernel:
-    """`kernel` with every loop that qualifies swapped with its inner loop (see the module's docstring)."""
+def interchanged(kernel: Kernel, blocks: bool = True) -> Kernel:
+    """`kernel` with every loop that qualifies swapped with its inner loop (see the module's docstring);
+    `blocks`: an inner loop longer than one block of steps (_block_steps) is written out a block at a time."""
     outer = kernel.outer
     body = outer.body if isinstance(outer, ParallelMap) else outer.step
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge) \
         if isinstance(outer, ParallelFold) else Counter()
     shapes = {p.name: tuple(p.shape) for p in kernel.inputs}
-    swapped = _block(body, reads(body) + outside, shapes, outer.extent)
+    swapped = _block(body, reads(body) + outside, shapes, outer.extent, blocks)
     if swapped == body:
         return kernel
     changed = (dataclasses.replace(outer, body=swapped) if isinstance(outer, ParallelMap)
@@ -123,22 +124,22 @@ def transposed(kernel: Kernel) -> list[str]:
     return sorted(found)
 
 
-def _block(nodes: tuple, total: Counter, shapes: dict[str, tuple], runs: int) -> tuple:
+def _block(nodes: tuple, total: Counter, shapes: dict[str, tuple], runs: int, blocks: bool) -> tuple:
     """`nodes` (run `runs` times per kernel call) with every loop that qualifies swapped."""
     out: list = []
     for node in nodes:
         if isinstance(node, Loop):
             trips = 1 if isinstance(node.extent, str) else node.extent  # a dynamic one: at least once
-            node = dataclasses.replace(node, body=_block(node.body, total, shapes, runs * trips))
-            out += _swapped(node, total, shapes, runs) or [node]
+            node = dataclasses.replace(node, body=_block(node.body, total, shapes, runs * trips, blocks))
+            out += _swapped(node, total, shapes, runs, blocks) or [node]
         elif isinstance(node, If):
-            out.append(dataclasses.replace(node, body=_block(node.body, total, shapes, runs)))
+            out.append(dataclasses.replace(node, body=_block(node.body, total, shapes, runs, blocks)))
         else:
             out.append(node)
     return tuple(out)
 
 
-def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple], runs: int) -> list | None:
+def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple], runs: int, blocks: bool) -> list | None:
     """The loop as (accumulators set, each inner loop swapped, the rest per outer iteration), or None."""
     if isinstance(loop.extent, str) or not MIN_EXTENT <= loop.extent <= MAX_EXTENT:
         return None
@@ -213,7 +214,8 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple], runs: int) ->
             return None
     start = [Buffer(kept[a], (loop.extent,), dtypes[a]) for a in kept]
     start.append(Loop(index, loop.extent, (*pre, *(Store(kept[a], (index,), a) for a in kept))))
-    swapped = [node for k, parts in zip(inners, bodies) for node in _around(k, index, extent, loop.extent, runs, parts)]
+    swapped = [node for k, parts in zip(inners, bodies)
+               for node in _around(k, index, extent, loop.extent, runs, parts, blocks)]
     # the sums are read back under names of their own where nothing after the loop reads them: the swapped
     # loops assign the accumulators too, and nest_lanes would take a name assigned in two loops for one
     # carried between them (and run the loop's tanh or exp per element instead of in vector calls)
@@ -225,7 +227,8 @@ def _swapped(loop: Loop, total: Counter, shapes: dict[str, tuple], runs: int) ->
     return [*start, *swapped, *(split or [Loop(index, loop.extent, rest, loop.folds)])]
 
 
-def _around(inner: Loop, index: str, extent, sweep: int, runs: int, parts: tuple[list, list, list]) -> list:
+def _around(inner: Loop, index: str, extent, sweep: int, runs: int, parts: tuple[list, list, list],
+            blocks: bool = True) -> list:
     """The outer loop's sweep (`sweep` iterations, the loop run `runs` times per kernel call) of one inner
     loop's sums. Where the kernel is long enough to win back the compile time (WRITTEN_MIN_ITERATIONS), the
     inner loop's steps are written out under the outer loop, a block of them at a time (`_block_steps`: at
@@ -236,6 +239,8 @@ def _around(inner: Loop, index: str, extent, sweep: int, runs: int, parts: tuple
     step). The inner loop's folds are dropped either way: each accumulator folds its elements in order."""
     head, steps, stores = parts
     block = _block_steps(inner.extent, len(steps), sweep)
+    if not blocks and block is not None and block < inner.extent:
+        block = None
     if block is None or runs * sweep * inner.extent < WRITTEN_MIN_ITERATIONS:
         return [Loop(inner.index, inner.extent, (Loop(index, extent, (*head, *steps, *stores)),))]
 
