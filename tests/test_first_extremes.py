@@ -26,7 +26,7 @@ from fold.ir import Let, Lit, Program, Var
 from fold.primitives import Elementwise, Map, MatMul, Reshape
 from fold.runtime.numba_backend.elementwise_fusion import FusedElementwise, fuse_elementwise
 from fold.runtime.numba_backend.first_extremes import FirstExtreme, mark_first_extremes
-from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES, prepare
+from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES_FLOAT64, prepare
 from fold.runtime.numba_backend.product_fold_fusion import ProductFold
 from fold.runtime.numba_backend.shared_views import share_views
 from helpers import assert_same as assert_same_leaves, both
@@ -34,7 +34,7 @@ from test_one_hots import kmeans_gradient
 
 rng = np.random.default_rng(11)
 # centroids of 8 float64 dimensions more than a loop nest takes (smaller matrices run in the nest)
-CENTROIDS = MAX_NEST_PRODUCT_BYTES // 64 + 32
+CENTROIDS = MAX_NEST_PRODUCT_BYTES_FLOAT64 // 64 + 32
 
 
 def assert_same(a, b, rtol=1e-12):
@@ -55,7 +55,8 @@ def test_kmeans_gradient_finds_the_nearest_centroid_in_the_product_kernel():
         assert_same(*both(kmeans_gradient, points, centroids))
     body = prepared_body(kmeans_gradient, points, centroids)
     (kernel,) = [s.prim for s in body.stmts if isinstance(s.prim, ProductFold)]
-    assert kernel.first_extreme is not None and kernel.first_extreme.extreme == "minimum" and kernel.first_extreme.fill == CENTROIDS
+    first = kernel.first_extreme
+    assert first is not None and first.extreme == "minimum" and first.fill == CENTROIDS
     assert not any(isinstance(s.prim, (MatMul, FirstExtreme)) for s in body.stmts)
 
 

@@ -1584,13 +1584,15 @@ def test_a_gather_at_a_quotient_by_a_positive_literal_is_a_read_of_the_nest():
     np.testing.assert_allclose(fold.jit(halves, backend="numba")(x), want, rtol=1e-12)
 
 
-def test_the_matrix_form_kmeans_gradient_stays_with_the_product_kernel():
+def test_the_matrix_form_kmeans_gradient_past_the_float64_limit_stays_with_the_product_kernel():
     # after the one-hot rewrite its body gathers the nearest centroid's row beside C @ p: binned, it could be a
-    # nest, which writes the product as scalar loops (the product kernel folds it in registers)
+    # nest, which writes the product as scalar loops (the product kernel folds it in registers, faster for a
+    # float64 matrix past MAX_NEST_PRODUCT_BYTES_FLOAT64)
     from fold.cse import cse
     from fold.dce import dce
+    from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES_FLOAT64
 
-    C, P = rng.normal(size=(8, 5)), rng.normal(size=(400, 5))
+    C, P = rng.normal(size=(MAX_NEST_PRODUCT_BYTES_FLOAT64 // 40 + 1, 5)), rng.normal(size=(400, 5))
 
     def cost(C, P):
         cc = fold.map(lambda c: fold.sum(c * c), C)

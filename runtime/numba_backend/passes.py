@@ -71,21 +71,29 @@ def prepare_jitted(program: Program) -> Program:
 
 
 # the most bytes of a matrix that a loop nest multiplies by each row of a map that a reduce folds. The nest
-# writes a product as scalar loops, where the backend batches a body's products into BLAS calls over blocks
-# of rows (and, in float64, folds a captured matrix times the rows in F64x4 registers, product_fold_fusion.py).
-# Measured on the 2-core VM (session 68): k-means' matrix form, 10^5 points, float32, 32 dimensions x 64
-# centroids (8 KB) 4-5 against 10-15 ms forward and 7-8 against 26-29 gradient in the nest; float64, 16 x 64
-# (8 KB), at parity with the product kernel; a map of sum(tanh(W @ x)) with W of 32 x 32 float64 (8 KB)
-# 8.9 against 11.7 ms, of 64 x 64 float32 (16 KB) 4.4 against 3.1 (BLAS ahead)
-MAX_NEST_PRODUCT_BYTES = 8192
+# writes a product as scalar loops (a long shared axis a block of steps at a time, nest_interchange.py), where
+# the backend batches a body's products into BLAS calls over blocks of rows, and in float64 folds a captured
+# matrix times the rows in F64x4 registers, four rows at once (product_fold_fusion.py): a float64 body has the
+# faster alternative, so its limit is lower. Measured on the 2-core VM (session 68, benchmarks/README.md;
+# benchmarks/product_forms.py), k-means' matrix form over 10^5 points, forward / gradient / HVP in ms: float32
+# 32 x 64 (8 KB) 10-14 / 23-26 / 20-29 batched against 4 / 7 / 7 in the nest, 32 x 256 (32 KB) 29-33 / 68-80 /
+# 62-63 against 10-12 / 41-49 / 37-40; a map of sum(tanh(W @ x)), W of 90 x 90 float32 (32 KB), at parity,
+# 128 x 128 (64 KB) 1.5-1.8 against 2.0-2.3 forward (BLAS ahead). Float64: 16 x 64 (8 KB) at parity with the
+# product kernel, 32 x 64 (16 KB) 5.6-6.7 against 6.9-8.1 forward, 32 x 256 23 / 35 / 31 against 33 / 131 / 69
+MAX_NEST_PRODUCT_BYTES = 32768
+MAX_NEST_PRODUCT_BYTES_FLOAT64 = 8192
 
 
 def nest_takes_products(body: Program) -> bool:
     """Whether a loop nest runs a map body that multiplies matrices: where each product's operands are small
-    (MAX_NEST_PRODUCT_BYTES)."""
+    (MAX_NEST_PRODUCT_BYTES; MAX_NEST_PRODUCT_BYTES_FLOAT64 for a float64 product)."""
     products = [s for s in _statements(body) if isinstance(s.prim, MatMul)]
-    return bool(products) and all(max(a.aval.size * a.aval.dtype.itemsize for a in s.args) <= MAX_NEST_PRODUCT_BYTES
+    return bool(products) and all(max(a.aval.size * a.aval.dtype.itemsize for a in s.args) <= _product_limit(s)
                                   for s in products)
+
+
+def _product_limit(product) -> int:
+    return MAX_NEST_PRODUCT_BYTES_FLOAT64 if product.outs[0].aval.dtype == np.float64 else MAX_NEST_PRODUCT_BYTES
 
 
 def _statements(program: Program):
