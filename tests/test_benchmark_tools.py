@@ -84,3 +84,18 @@ def test_ab_sets_add_bench_naturals_other_sets_and_name_an_unknown_one():
     assert {m for _, m in extra} == set(bench_natural.MODES)
     with pytest.raises(SystemExit):
         bench_ab.main(["HEAD", "--sets", "untuned,bogus"])
+
+
+def test_product_forms_nest_switch_gives_every_product_to_the_nest(monkeypatch):
+    pytest.importorskip("numba")
+    from benchmarks import product_forms
+    from fold.runtime.numba_backend import passes
+
+    for name in ("MAX_NEST_PRODUCT_BYTES", "sparse_one_hots", "mark_first_extremes", "fuse_product_folds",
+                 "absorb_gathers"):
+        monkeypatch.setattr(passes, name, getattr(passes, name))  # restored after the test
+    W = np.ones((300, 300), np.float32)
+    body = fold.trace(lambda W, X: fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X), W, W).stmts[0].prim.body
+    assert not passes.nest_takes_products(body)
+    product_forms._every_product_in_the_nest()
+    assert passes.nest_takes_products(body)

@@ -107,8 +107,8 @@ def _candidate(stmt: Let, folded: bool, row_folds: bool, binned: bool = False,
     the map's size is then stored) and `products(body)` says the nest takes them: the
     nest writes a matrix product as scalar loops, where the numba backend batches a body's products into
     BLAS calls over blocks of rows, and its float64 product kernel folds a captured matrix times the row in
-    registers, 4 rows at once; the numba backend's `products` takes matrices of at most 8 KB
-    (passes.nest_takes_products).
+    registers, 4 rows at once; the numba backend's `products` takes matrices of at most 32 KB (8 KB
+    in float64: passes.nest_takes_products).
     A map of scalar maps and nothing else is elementwise over the whole array, where the backend's elementwise
     kernels run the transcendental functions several elements per vector instruction and fuse with their
     neighbours; read by a reduce, the nest's

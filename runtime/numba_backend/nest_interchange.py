@@ -255,15 +255,15 @@ def _around(inner: Loop, index: str, extent, sweep: int, runs: int, parts: tuple
 
     whole, rest = divmod(inner.extent, block)
     if whole == 1:
-        blocks = [Loop(index, extent, (*head, *written(0, block), *stores))]
+        out = [Loop(index, extent, (*head, *written(0, block), *stores))]
     else:
         start = f"{inner.index}__b"
-        blocks = [Loop(f"{inner.index}__k", whole, (
+        out = [Loop(f"{inner.index}__k", whole, (
             Assign(start, f"{inner.index}__k * {block}"),
             Loop(index, extent, (*head, *written(start, block), *stores))))]
     if rest:
-        blocks.append(Loop(index, extent, (*head, *written(whole * block, rest), *stores)))
-    return blocks
+        out.append(Loop(index, extent, (*head, *written(whole * block, rest), *stores)))
+    return out
 
 
 def _block_steps(steps: int | str, statements: int, sweep: int) -> int | None:

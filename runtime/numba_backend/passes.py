@@ -49,7 +49,7 @@ def prepare(program: Program, whole_arrays: bool = False) -> Program:
         program = fuse_loop_nests(program, products=nest_takes_products) if nests else program
         program = fuse_gemm_backward(program, prepare) if whole_arrays else program  # gemms run at the top level only
         sparse = sparse_one_hots(program)
-        # one-hot rows that a matrix product reads (k-means' matrix form in float64, which the nest leaves
+        # one-hot rows that a matrix product reads (k-means' matrix form in float64 past 8 KB, which the nest leaves
         # to the product kernel) read as (index, value) make histograms of a map's results, which a nest
         # bins as the map computes them
         program = fuse_loop_nests(sparse, products=nest_takes_products) if nests and sparse is not program else sparse
