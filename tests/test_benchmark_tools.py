@@ -91,11 +91,11 @@ def test_product_forms_nest_switch_gives_every_product_to_the_nest(monkeypatch):
     from benchmarks import product_forms
     from fold.runtime.numba_backend import passes
 
-    for name in ("MAX_NEST_PRODUCT_BYTES", "sparse_one_hots", "mark_first_extremes", "fuse_product_folds",
-                 "absorb_gathers"):
+    for name in ("MAX_NEST_PRODUCT_BYTES", "MAX_NEST_PRODUCT_BYTES_FLOAT64", "sparse_one_hots", "mark_first_extremes",
+                 "fuse_product_folds", "absorb_gathers"):
         monkeypatch.setattr(passes, name, getattr(passes, name))  # restored after the test
-    W = np.ones((300, 300), np.float32)
-    body = fold.trace(lambda W, X: fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X), W, W).stmts[0].prim.body
-    assert not passes.nest_takes_products(body)
+    bodies = [fold.trace(lambda W, X: fold.map(lambda x: fold.sum(fold.tanh(W @ x)), X), W, W).stmts[0].prim.body
+              for W in (np.ones((300, 300), np.float32), np.ones((300, 300)))]
+    assert not any(passes.nest_takes_products(body) for body in bodies)
     product_forms._every_product_in_the_nest()
-    assert passes.nest_takes_products(body)
+    assert all(passes.nest_takes_products(body) for body in bodies)
