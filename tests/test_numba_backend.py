@@ -13,7 +13,7 @@ import pytest
 
 import fold
 from fold.runtime.numba_backend.lowering import COMPILE_FROM
-from fold.runtime.numba_backend.passes import prepare
+from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES_FLOAT64, prepare
 from helpers import assert_same, both
 
 rng = np.random.default_rng(7)
@@ -822,6 +822,12 @@ def test_a_fold_copies_no_statement_that_reads_a_costly_shared_value():
     assert_same(*both(g, x))
 
 
+# captured float64 matrices past the size a loop nest multiplies (passes.MAX_NEST_PRODUCT_BYTES_FLOAT64): the
+# bodies below run batched, on the backend's kernels (smaller ones run in the nest)
+CENTROIDS = MAX_NEST_PRODUCT_BYTES_FLOAT64 // (16 * 8) + 32
+COLUMNS = MAX_NEST_PRODUCT_BYTES_FLOAT64 // (12 * 8) + 15
+
+
 def kmeans_cost(p, c):
     """The k-means cost with a matrix product for the distances: sum over points of min_j |p - c_j|^2."""
     cc = fold.map(lambda v: fold.sum(v * v), c)
@@ -830,11 +836,11 @@ def kmeans_cost(p, c):
 
 
 def test_bodies_capturing_a_large_value_run_their_elementwise_work_in_kernels(kernel_calls):
-    """A map whose body cannot be one scalar function (it multiplies by a captured 64 x 16 matrix) runs
+    """A map whose body cannot be one scalar function (it multiplies by a captured matrix of CENTROIDS x 16) runs
     batched, with the backend's fusions inside the body: its products, distances and minimum are one
     product_fold kernel (the products never stored); the gradient's folds and scatter-adds are kernels too, and
     its nearest centroid (the min's first position) is found in the products' registers as well."""
-    points, centroids = rng.normal(size=(COMPILE_FROM // 64 + 7, 16)), rng.normal(size=(64, 16))
+    points, centroids = rng.normal(size=(COMPILE_FROM // 64 + 7, 16)), rng.normal(size=(CENTROIDS, 16))
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -867,11 +873,11 @@ def gathered_maps(monkeypatch):
 def test_k_means_gradient_reads_its_nearest_centroids_in_place(kernel_calls, gathered_maps):
     """From COMPILE_FROM rows: the points' gradient 2 (p - c[nearest]) reads c's rows in place (one map kernel
     with a gathered input, gather_fusion.py), and the centroids' gradient folds the scaled points straight
-    into their bins (a loop nest whose state is the (64, 16) bins: the scaled (points, 16) copy is never
+    into their bins (a loop nest whose state is the (CENTROIDS, 16) bins: the scaled (points, 16) copy is never
     made); the count of points per centroid is the histogram kernel's."""
     from fold.runtime.loops import LoopNest, kernel_of
 
-    points, centroids = rng.normal(size=(COMPILE_FROM + 5, 16)), rng.normal(size=(64, 16))
+    points, centroids = rng.normal(size=(COMPILE_FROM + 5, 16)), rng.normal(size=(CENTROIDS, 16))
     gradient = lambda p, c: fold.vjp(kmeans_cost, p, c)[1](1.0)  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -879,7 +885,7 @@ def test_k_means_gradient_reads_its_nearest_centroids_in_place(kernel_calls, gat
     program = prepare(fold.trace(gradient, points, centroids), whole_arrays=True)
     binned = [kernel_of(s.prim) for s in program.stmts
               if isinstance(s.prim, LoopNest) and s.prim.program.stmts[-1].prim.name == "reduce_by_index"]
-    assert [[st.shape for st in k.outer.states] for k in binned] == [[(64, 16)]], program
+    assert [[st.shape for st in k.outer.states] for k in binned] == [[(CENTROIDS, 16)]], program
     assert kernel_calls["histogram"] == 1, kernel_calls
     assert any(r is not None and sum(r) == 1 for r in gathered_maps), gathered_maps
 
@@ -922,7 +928,7 @@ def test_a_sum_of_a_run_is_folded_in_its_kernel(kernel_calls):
     one segmented reduce per row; the products are never stored. Integer sums too (exact either way: wrap-around arithmetic is associative)."""
     n = COMPILE_FROM + 3
     x, y = rng.normal(size=n), rng.normal(size=n)
-    points, centroids = rng.normal(size=(COMPILE_FROM // 16 + 7, 16)), rng.normal(size=(64, 16))
+    points, centroids = rng.normal(size=(COMPILE_FROM // 16 + 7, 16)), rng.normal(size=(CENTROIDS, 16))
 
     def cost(p, c):
         nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q))  # noqa: E731
@@ -946,7 +952,7 @@ def test_row_folds_in_a_batched_body_run_on_the_segmented_kernel(kernel_calls):
     """In a map body that runs batched (it multiplies by a captured matrix), a recognised max (or min, *)
     of each row and a fold.sum of each row are segmented kernels over (rows, columns), not NumPy's
     single-threaded reductions along the last axis."""
-    x, w = rng.normal(size=(COMPILE_FROM // 32, 16)), rng.normal(size=(64, 16))
+    x, w = rng.normal(size=(COMPILE_FROM // 32, 16)), rng.normal(size=(CENTROIDS, 16))
 
     def f(x):
         return fold.map(lambda row: (fold.reduce(fold.monoids.max, fold.matmul(w, row)), fold.sum(fold.matmul(w, row))), x)
@@ -958,18 +964,18 @@ def test_row_folds_in_a_batched_body_run_on_the_segmented_kernel(kernel_calls):
 
 
 def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_rows(kernel_calls, monkeypatch):
-    """Per point 64 sines of distances, one minimum (no F64x4 form for sin: the products are stored).
+    """Per point CENTROIDS sines of distances, one minimum (no F64x4 form for sin: the products are stored).
     Where n rows of the distances exceed twice the block budget, the body runs on blocks of rows (each
     block's kernels once; the last, short block on NumPy); the results are those of the numpy backend.
     k-means' cost itself, whose products product_fold folds, holds nothing wide: one call, no blocks.
-    The gradient's body returns 64-wide values per row: not blocked. Values made from captured ones alone
+    The gradient's body returns CENTROIDS-wide values per row: not blocked. Values made from captured ones alone
     (the transposed centroids) and broadcasts (views) do not count as wide."""
     from fold.primitives import Map
     from fold.runtime.numba_backend import lowering
 
     monkeypatch.setattr(lowering, "BLOCK_BYTES", 1 << 20)
     rows = lowering.MIN_BLOCK_ROWS
-    points, centroids = rng.normal(size=(3 * rows + 5, 16)), rng.normal(size=(64, 16))
+    points, centroids = rng.normal(size=(3 * rows + 5, 16)), rng.normal(size=(CENTROIDS, 16))
 
     def cost(p, c):
         nearest = lambda q: fold.reduce(fold.monoids.min, fold.sum(q * q) - 2.0 * fold.matmul(c, q))  # noqa: E731
@@ -995,7 +1001,7 @@ def test_batched_bodies_with_wide_values_and_narrow_results_run_in_blocks_of_row
     narrow = body_of(lambda p: fold.map(lambda q: fold.sum(fold.matmul(centroids, q)), p), points)
     wide = body_of(lambda p: fold.map(lambda q: fold.matmul(centroids, q), p), points)
     constant = body_of(lambda p, c: fold.map(lambda q: fold.sum(q) + fold.sum(fold.transpose(c)), p), points, centroids)
-    assert lowering.block_rows(narrow.body, narrow.num_consts, n) == max(rows, (1 << 20) // (64 * 8))
+    assert lowering.block_rows(narrow.body, narrow.num_consts, n) == max(rows, (1 << 20) // (CENTROIDS * 8))
     assert lowering.block_rows(narrow.body, narrow.num_consts, 1000) == 1000
     assert lowering.block_rows(wide.body, wide.num_consts, n) == n
     assert lowering.block_rows(constant.body, constant.num_consts, n) == n
@@ -1024,8 +1030,8 @@ def test_matrix_vector_products_folded_in_a_body_run_on_the_product_fold_kernel(
     from fold.runtime.numba_backend.passes import prepare
     from fold.runtime.numba_backend.product_fold_fusion import ProductFold
 
-    rows = COMPILE_FROM // 80 + 5  # 80 products per row: more than one scalar function holds (a batched body)
-    x, w, bias, r = rng.normal(size=(rows, 12)), rng.normal(size=(12, 80)), rng.normal(size=80), rng.normal(size=(rows, 80))
+    rows = COMPILE_FROM // COLUMNS + 5  # more products per row than one scalar function holds (a batched body)
+    x, w, bias, r = rng.normal(size=(rows, 12)), rng.normal(size=(12, COLUMNS)), rng.normal(size=COLUMNS), rng.normal(size=(rows, COLUMNS))
     wt, weights = np.ascontiguousarray(w.T), rng.normal(size=3)
     fused = {
         "row @ matrix + bias, max": (lambda x: fold.map(lambda q: fold.reduce(fold.monoids.max, q @ w + bias), x), (x,)),
@@ -1041,7 +1047,7 @@ def test_matrix_vector_products_folded_in_a_body_run_on_the_product_fold_kernel(
             assert_same(*both(f, *args), scaled=True)
             assert kernel_calls.get("product_fold") == 1, (name, kernel_calls)
 
-        per_row = rng.normal(size=(rows, 80, 12))
+        per_row = rng.normal(size=(rows, COLUMNS, 12))
         kept = {
             "per-row matrices": (lambda x, m: fold.map(lambda q, mi: fold.reduce(fold.monoids.min, fold.matmul(mi, q)), x, m),
                                  (x, per_row)),
