@@ -6,35 +6,27 @@
 `kmeans`: k-means' matrix form (bench_ad.kmeans_matmul) over N points of D dimensions and K centroids: the
 primal, the vjp with respect to both arguments and the Hessian-vector product with respect to the points.
 `layer`: a map of sum(tanh(W @ x)) over 2^26 / K^2 rows, W of K x K: primal and gradient of both. `nest`:
-every product given to the loop nest (passes.MAX_NEST_PRODUCT_BYTES unbounded, the product kernel's passes
-off), to compare with the default rule. Prints medians in ms of 11 calls after a second of calls. Run each
+every product given to the loop nest (both of passes' MAX_NEST_PRODUCT_BYTES limits lifted, the product
+kernel's passes off), to compare with the default rule. Prints medians in ms of 11 calls after a second of calls. Run each
 line in a fresh process, alternating the trees compared (benchmarks/README.md, session 68).
 """
 
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 
 import fold
 import fold.monoids as M
 from benchmarks.bench_ad import kmeans_matmul
+from benchmarks.common import median_seconds, warm_up
 from fold.runtime.numba_backend import passes
 
 
 def _median_ms(f, args, calls: int = 11) -> float:
-    f(*args)
-    start = time.perf_counter()
-    while time.perf_counter() - start < 1:
-        f(*args)
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        f(*args)
-        times.append(time.perf_counter() - t)
-    return round(1e3 * float(np.median(times)), 2)
+    warm_up(lambda: f(*args))
+    return round(1e3 * median_seconds(lambda: f(*args), repeats=calls, warmup=0)[0], 2)
 
 
 def _every_product_in_the_nest() -> None:
