@@ -15,7 +15,7 @@ from fold.dce import dce
 from fold.primitives import Map, MatMul
 from fold.runtime.loops import LoopNest, describe, kernel_of
 from fold.runtime.loops.one_hot_products import one_hot_products
-from fold.runtime.loops.outer_sums import MAX_OUTER_SUM, outer_products_as_sums
+from fold.runtime.loops.outer_sums import MAX_ONE_HOT_OUTER_SUM, MAX_OUTER_SUM, outer_products_as_sums
 from fold.runtime.numba_backend.passes import prepare
 
 pytest.importorskip("numba")
@@ -102,6 +102,24 @@ def test_products_over_the_map_axis_with_a_one_hot_operand_match_numpy():
     g = fold.grad(f, argnums=(0, 1))
     _close(fold.jit(f, backend="numba")(A, X), fold.jit(f, backend="numpy")(A, X), 2e-5)
     _close(fold.jit(g, backend="numba")(A, X), fold.jit(g, backend="numpy")(A, X), 2e-4)
+
+
+def test_a_one_hot_column_is_summed_past_the_dense_limit():
+    # k-means' matrix form: the centroids' cotangent from each point is one row (its nearest centroid's),
+    # so the sum over points is taken with more centroids than a dense sum's state may hold
+    centroids = MAX_OUTER_SUM // 5 + 1
+    C, P = rng.normal(size=(centroids, 5)).astype(np.float32), rng.normal(size=(300, 5)).astype(np.float32)
+    program = _gradient_program(kmeans_matrix_form, C, P)
+    lifted, maps = outer_products_as_sums(program)
+    assert maps and not any(isinstance(s.prim, MatMul) for s in lifted.stmts), lifted
+    prepared = prepare(program, whole_arrays=True)
+    assert not any(isinstance(s.prim, MatMul) for s in prepared.stmts), prepared
+    assert not [shape for shape in _top_level_shapes(prepared) if shape[:2] == (P.shape[0], centroids)], prepared
+    g = fold.grad(kmeans_matrix_form, argnums=(0, 1))
+    _close(fold.jit(g, backend="numba")(C, P), fold.jit(g, backend="numpy")(C, P), 2e-4)
+    # the one-hot sum's own limit
+    too_many = rng.normal(size=(MAX_ONE_HOT_OUTER_SUM // 5 + 1, 5)).astype(np.float32)
+    assert outer_products_as_sums(_gradient_program(kmeans_matrix_form, too_many, P[:20]))[1] == set()
 
 
 def test_products_that_do_not_contract_over_rows_are_left_alone():

@@ -28,6 +28,15 @@ from fold.recognize import recognize_binary_op
 def one_hot_products(body: Program) -> set[int]:
     """The ids of the matrix products at `body`'s top level that contract a one-hot operand along the shared
     axis, or multiply it as an outer product (a shared axis of one): each costs one row of its other operand."""
+    return _followed(body)[1]
+
+
+def one_hot_values(body: Program) -> dict[Var, int]:
+    """{a value of `body`'s top level that is zero but at one index along an axis: that axis}."""
+    return _followed(body)[0].hot
+
+
+def _followed(body: Program) -> tuple["_Facts", set[int]]:
     facts = _Facts()
     cheap: set[int] = set()
     for stmt in body.stmts:
@@ -36,7 +45,7 @@ def one_hot_products(body: Program) -> set[int]:
             rule(stmt, facts)
         if isinstance(stmt.prim, MatMul) and _reads_one_term(stmt, facts.hot):
             cheap.add(id(stmt))
-    return cheap
+    return facts, cheap
 
 
 @dataclass

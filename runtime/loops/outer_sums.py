@@ -13,7 +13,10 @@ state as the map computes the rows (fusion.py), storing neither array.
 It applies to `A @ B` where A's column p is row p of a result (or mapped input) of a map, flattened, and B's
 row p the same of another (transposes and reshapes between them that keep each row's elements in order), and
 where the product's K x d values fit the fold's state (`MAX_OUTER_SUM`): a large product is BLAS's work.
-The fusion pass keeps the rewrite only where the map becomes a loop nest.
+Where the column is one-hot in the map's body (a min/max gradient's cotangent: one_hot_products.py), each
+row's outer product adds one row of d values to the state (the nest writes it so), where BLAS would multiply
+K x d values per row, mostly zeros: such a product is a sum up to `MAX_ONE_HOT_OUTER_SUM` values, the most a
+fold's state holds per chunk. The fusion pass keeps the rewrite only where the map becomes a loop nest.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from fold.dce import dce
 from fold.ir import Let, Program, Var, flat_program
 from fold.primitives import Map, MatMul, Reshape, SumAxes, Transpose
 
+from .one_hot_products import one_hot_values
+
 MAX_OUTER_SUM = 4096  # K x d values: a state of 32 KiB in float64, which each chunk of the fold keeps in cache
+MAX_ONE_HOT_OUTER_SUM = 1 << 18  # K x d values: 2 MiB in float64 per chunk, where each row adds to one of K rows
 
 
 @dataclass(frozen=True)
@@ -41,14 +47,17 @@ def outer_products_as_sums(program: Program) -> tuple[Program, set[Var]]:
     produced_by = {v: s for s in program.stmts for v in s.outs}
     mapped = _mapped_inputs(program)
     found: dict[int, list[tuple[Let, Var, Var]]] = {}  # id(map statement) -> (product, column source, row source)
+    hot = _OneHots()
     for stmt in program.stmts:
         if not isinstance(stmt.prim, MatMul):
             continue
         left, right = stmt.args
         columns = _source(left, produced_by, mapped, columns=True)
         rows = _source(right, produced_by, mapped, columns=False)
+        if columns is None or rows is None or columns.map_stmt is not rows.map_stmt:
+            continue
         k, d = stmt.outs[0].aval.shape
-        if columns is None or rows is None or columns.map_stmt is not rows.map_stmt or k * d > MAX_OUTER_SUM:
+        if k * d > (MAX_ONE_HOT_OUTER_SUM if _one_hot_column(columns, hot) else MAX_OUTER_SUM):
             continue
         found.setdefault(id(columns.map_stmt), []).append((stmt, columns.value, rows.value))
     if not found:
@@ -66,6 +75,33 @@ def outer_products_as_sums(program: Program) -> tuple[Program, set[Var]]:
     lifted = Program(program.inputs, tuple(stmts), program.outputs, program.in_tree, program.out_tree,
                      dict(program.meta))
     return dce(lifted), maps
+
+
+class _OneHots:
+    """{a map's result: the axis along which its body makes each row one-hot}, found once per map."""
+
+    def __init__(self) -> None:
+        self._by_map: dict[int, dict[Var, int]] = {}
+
+    def axis(self, map_stmt: Let, value: Var) -> int | None:
+        found = self._by_map.get(id(map_stmt))
+        if found is None:
+            body = map_stmt.prim.body
+            facts = one_hot_values(body)
+            found = self._by_map[id(map_stmt)] = {out: facts[row] for out, row in zip(map_stmt.outs, body.outputs)
+                                                  if isinstance(row, Var) and row in facts}
+        return found.get(value)
+
+
+def _one_hot_column(columns: _RowSource, hot: _OneHots) -> bool:
+    """Whether each column of the product (a row of a map's result) is zero but at one index along its one
+    axis of more than one element."""
+    value = columns.value
+    if not isinstance(columns.map_stmt.prim, Map) or value not in columns.map_stmt.outs:
+        return False
+    element = [a for a in range(1, value.aval.ndim) if value.aval.shape[a] != 1]
+    axis = hot.axis(columns.map_stmt, value)
+    return len(element) == 1 and axis is not None and axis + 1 == element[0]
 
 
 def _mapped_inputs(program: Program) -> dict[Var, Let]:
