@@ -29,6 +29,15 @@ def recognize_binary_op(body: Program, num_consts: int = 0) -> str | None:
     return per_body[num_consts]
 
 
+def commutative_fold(prim) -> bool:
+    """Whether a fold (reduce, scan, reduce_by_index) may combine its elements in any order: its monoid says
+    so, or, without one, its operator is one of the known ops, all commutative (a user's `lambda a, b:
+    fold.minimum(a, b)`; jvp's pair of a reduce and its tangent, once the tangent is dropped)."""
+    if prim.monoid is not None:
+        return prim.monoid.commutative
+    return recognize_binary_op(prim.body, prim.num_consts) is not None
+
+
 def _recognize(body: Program, num_consts: int) -> str | None:
     if num_consts or len(body.inputs) != 2 or len(body.outputs) != 1 or len(body.stmts) != 1:
         return None

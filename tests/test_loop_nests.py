@@ -895,6 +895,20 @@ def test_a_non_commutative_fold_of_a_map_keeps_its_order():
     _close(*_both(f, a, b), 1e-10)
 
 
+def test_a_plain_operator_that_is_a_known_commutative_op_folds_in_lanes():
+    """A reduce with no monoid whose operator is `minimum` (a user's lambda; what jvp leaves of a min reduce
+    once its tangent is dropped) is as commutative as the min monoid: its row loops fold in lanes, and a long
+    one is handed to LLVM's vectoriser, as the monoid's are."""
+    x = rng.normal(size=(300, 96))
+
+    def f(x):
+        return fold.reduce(M.sum, fold.map(
+            lambda r: fold.reduce(lambda a, b: fold.minimum(a, b), r * 2.0, identity=np.inf), x))
+
+    assert "_vector_minimum(" in _sources(f, x), _sources(f, x)
+    _close(*_both(f, x), 1e-12)
+
+
 def test_a_record_monoid_of_a_map_folds_all_its_leaves_in_tiles():
     """A commutative monoid of two leaves (a weighted sum) over a map: both leaves in tiles."""
     x, w = rng.normal(size=777), rng.uniform(size=777)

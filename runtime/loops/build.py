@@ -31,7 +31,7 @@ import numpy as np
 from fold.dce import with_producers
 from fold.dtypes import ShapedArray
 from fold.ir import Lit, Program, Var
-from fold.recognize import recognize_binary_op
+from fold.recognize import commutative_fold, recognize_binary_op
 from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, Convert, Elementwise, Gather,
                              IndexTranspose, Iota,
                              Loop as StepLoop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan,
@@ -837,7 +837,7 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     def step(i: str) -> None:
         fold_into(w, operator, consts, accs, carried, [Scalar(w.assign(w.element(x, (i,))), x.dtype) for x in xs])
 
-    commutative = prim.monoid is not None and prim.monoid.commutative
+    commutative = commutative_fold(prim)
     folds = (lane_fold(w, operator, consts, accs, identities, carried),) if commutative else ()
     loop = w.loop(xs[0].shape[0], step, folds)
     extreme = extreme_of(xs[0], op, identity[0], accs[0], loop) if nc == 0 and carried == dtypes else None

@@ -45,7 +45,7 @@ import fold
 from fold.ir import Let, Primitive, Program, Var, depends_on, use_counts
 from fold.pytree import tree_flatten
 from fold.primitives import Iota, Loop, LoopSaving, Map, MatMul, Reduce, ReduceByIndex, Reshape, Scan, SumAxes
-from fold.recognize import recognize_binary_op
+from fold.recognize import commutative_fold, recognize_binary_op
 
 from ..interpreter import eval_program, numpy_impls
 from ..wide_operators import carried_operator, carry_for
@@ -566,7 +566,7 @@ def _fold(w: Writer, reader: Let, by_var: dict, env: dict, outputs: list[str]) -
     w.blocks.append(merge_parts)
     _combine(w, operator, consts, states, [Scalar(f"partial_{s.name}[chunk]", s.dtype) for s in states])
     w.blocks.pop()
-    commutative = red.monoid is not None and red.monoid.commutative
+    commutative = commutative_fold(red)
     folds = (lane_fold(w, operator, consts, [s.name for s in states], identities, dtypes),) if commutative else ()
     return _FoldPart(states, tuple(init_parts), tuple(merge_parts), folds)
 
