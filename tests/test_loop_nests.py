@@ -1415,6 +1415,35 @@ def test_a_rows_minimum_and_its_first_index_are_one_fold_of_pairs(dtype):
     assert np.isnan(value) and np.isnan(reference)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_long_rows_first_index_is_folded_in_int32(dtype):
+    """Past MAX_PAIRED the minimum and its first index are two folds; the second's elements are indices and
+    the row's length, so it folds in int32 (twice the lanes of int64) and widens once. Ties give the numpy
+    backend's gradient (the first tied centroid), and a row of +inf distances its first centroid."""
+    from fold.runtime.loops.extreme_pairs import MAX_PAIRED
+
+    def cost(C, P):
+        return fold.sum(fold.map(lambda p: fold.reduce(M.min, fold.map(lambda c: fold.sum((p - c) * (p - c)), C)), P))
+
+    C, P = rng.normal(size=(2 * MAX_PAIRED + 3, 3)).astype(dtype), rng.normal(size=(40, 3)).astype(dtype)
+    C[200] = C[201] = C[7] + 1.0
+    P[13] = C[200]
+    grad = fold.grad(cost, argnums=(0, 1))
+    text = _sources(grad, C, P)
+    assert re.search(rf"(acc\d+) = np\.int32\({C.shape[0]}\)", text), text
+    assert re.search(r"np\.int32\(_(vector_)?minimum\(acc\w+, t\d+\)\)", text), text
+    assert not re.search(r"np\.int64\(_(vector_)?minimum\(acc\w+, t\d+", text), text  # no int64 fold of indices
+    tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    _close(*_both(grad, C, P), tolerance)
+    P[3, 0] = np.inf
+    got_c, want_c = (np.array(g) for g in _both(fold.grad(cost, argnums=0), C, P))
+    assert np.isneginf(got_c[0, 0]) and np.isneginf(want_c[0, 0])  # point 3's cotangent went to centroid 0
+    P[3, 0] = 0.0
+    P[7, 1] = np.nan
+    value, reference = _both(cost, C, P)
+    assert np.isnan(value) and np.isnan(reference)
+
+
 def test_a_maximum_loop_llvm_cannot_vectorise_stays_in_lanes():
     """A loop that calls a function (exp) is not left to LLVM's vectoriser, which would not vectorise it:
     its maximum is split into a copy per lane (nest_lanes), in the select form."""

@@ -39,7 +39,7 @@ from fold.primitives import (LOOPING, TRANSCENDENTAL, BroadcastTo, Concatenate, 
 from fold.rules import RuleTable
 
 from .scalar_language import COMPARISONS as _UNWRAPPED, TEMPLATES, TRANSCENDENTAL_CALLS
-from .extreme_pairs import Extreme, extreme_of, first_index_with_extreme
+from .extreme_pairs import Extreme, extreme_of, first_index_narrowed, first_index_with_extreme
 from .facts import broadcast_facts, elementwise_facts, is_zero, reshape_facts, transpose_facts, with_facts
 from .nest import Assign, Buffer, If, LaneFold, Loop, Node, Store
 from .scattered_states import scattered_states
@@ -825,7 +825,8 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
     if nc == 0 and op == "logaddexp":
         return [_logsumexp(w, identity[0], xs[0], out_avals[0].dtype)]
     if nc == 0 and op == "minimum":
-        paired = first_index_with_extreme(w, xs[0], identity[0], np.dtype(out_avals[0].dtype))
+        dtype = np.dtype(out_avals[0].dtype)
+        paired = first_index_with_extreme(w, xs[0], identity[0], dtype) or first_index_narrowed(w, xs[0], identity[0], dtype)
         if paired is not None:
             return [paired]
     dtypes = [np.dtype(a.dtype) for a in out_avals]

@@ -85,6 +85,51 @@ def first_index_with_extreme(w: "Writer", x: "Value", identity: "Value", dtype: 
     return Scalar(w.assign(cast(f"_minimum({start}, {index})", dtype, None)), dtype)
 
 
+# the longest row whose first index is folded in int32 (first_index_narrowed): every index and `n` fit
+NARROWED_MAX = 2 ** 31 - 1
+_INT32 = np.dtype(np.int32)
+
+
+def first_index_narrowed(w: "Writer", x: "Value", identity: "Value", dtype: np.dtype) -> "Scalar | None":
+    """The minimum of `x` = where(cond, index, n) over a row of 1 <= n < 2^31 elements, not paired with the
+    fold of its extreme (a long row's two folds each run vectorised), folded in int32 and widened once: its
+    elements are indices and n, so the fold is exact, and LLVM's vectors hold twice the int32 lanes (a
+    k-means gradient's first nearest centroid of 256, float64: 52 -> 45 ms for the whole kernel). None where
+    `x` is not such a row."""
+    from .build import Scalar, cast, fold_into, lane_fold
+
+    first = getattr(x, "first_of", None)
+    n = x.shape[0] if len(x.shape) == 1 else 0
+    if first is None or first[0] != 0 or dtype.kind not in "iu" or not 1 <= n <= NARROWED_MAX \
+            or not 0 <= first[2] <= NARROWED_MAX:
+        return None
+    operator = _int32_minimum()
+    start = f"np.int32({first[2]})"  # no smaller than every element: the fold of a row of n >= 1 elements
+    acc = w.assign(start, "acc")
+    folds = (lane_fold(w, operator, [], [acc], [start], [_INT32]),)
+
+    def step(i: str) -> None:
+        element = w.assign(f"np.int32({w.element(x, (i,))})")
+        fold_into(w, operator, [], [acc], [_INT32], [Scalar(element, _INT32)])
+
+    w.loop(n, step, folds)
+    widened = f"np.int64({acc})"
+    return Scalar(w.assign(cast(f"_minimum({cast(w.element(identity, ()), np.dtype(np.int64), identity.dtype)}, "
+                                f"{widened})", dtype, np.dtype(np.int64))), dtype)
+
+
+_INT32_MINIMUM: list = []
+
+
+def _int32_minimum():
+    """`minimum` on two int32 scalars, as a fold's operator body."""
+    if not _INT32_MINIMUM:
+        import fold
+
+        _INT32_MINIMUM.append(fold.trace(lambda a, b: fold.minimum(a, b), np.int32(0), np.int32(0)))
+    return _INT32_MINIMUM[0]
+
+
 def _paired(w: "Writer", extreme: Extreme, index: str, last: str) -> list:
     """The extreme's loop folding (value, first index, NaN seen), then the NaN's result, and the first index
     of a row whose extreme is the identity (all +inf for a minimum: no element beats it, yet each equals it),
