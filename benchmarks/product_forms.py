@@ -9,17 +9,24 @@ primal, the vjp with respect to both arguments and the Hessian-vector product wi
 every product given to the loop nest (both of passes' MAX_NEST_PRODUCT_BYTES limits lifted, the product
 kernel's passes off), to compare with the default rule. Prints medians in ms of 11 calls after a second of calls. Run each
 line in a fresh process, alternating the trees compared (benchmarks/README.md, session 68).
+
+    PYTHONPATH=. python -m benchmarks.product_forms kmeans N D K f32|f64 [nest] --ab module:NAME=A,B
+
+compares two values of a module's constant in one process instead (benchmarks/setting_ab.py): each
+program compiled under both, the calls alternated, medians of 40 each and their ratio (A / B).
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import numpy as np
 
 import fold
 import fold.monoids as M
 from benchmarks.bench_ad import kmeans_matmul
+from benchmarks import setting_ab
 from benchmarks.common import median_seconds, warm_up
 from fold.runtime.numba_backend import passes
 
@@ -37,40 +44,63 @@ def _every_product_in_the_nest() -> None:
     passes.absorb_gathers = lambda program, rows_ndim: program
 
 
-def kmeans(n: int, d: int, k: int, dtype) -> dict[str, float]:
+def kmeans_calls(n: int, d: int, k: int, dtype) -> dict[str, tuple[Callable[[], Callable], tuple]]:
+    """{mode: (a maker of the function timed, its arguments)}: a new function per call of the maker, so that
+    each jit of it traces and compiles its own program."""
     rng = np.random.default_rng(0)
     X, C, V = (rng.standard_normal(s).astype(dtype) for s in ((n, d), (k, d), (n, d)))
-    grad_points = fold.grad(kmeans_matmul)
-    calls = {"primal": (fold.jit(kmeans_matmul, backend="numba"), (X, C)),
-             "grad": (fold.jit(lambda X, C: fold.vjp(kmeans_matmul, X, C)[1](1.0), backend="numba"), (X, C)),
-             "hvp": (fold.jit(lambda X, C, V: fold.jvp(grad_points, (X, C), (V, np.zeros_like(C)))[1],
-                              backend="numba"), (X, C, V))}
-    return {name: _median_ms(f, args) for name, (f, args) in calls.items()}
+
+    def hvp():
+        grad_points = fold.grad(kmeans_matmul)
+        return lambda X, C, V: fold.jvp(grad_points, (X, C), (V, np.zeros_like(C)))[1]
+
+    return {"primal": (lambda: lambda X, C: kmeans_matmul(X, C), (X, C)),
+            "grad": (lambda: lambda X, C: fold.vjp(kmeans_matmul, X, C)[1](1.0), (X, C)),
+            "hvp": (hvp, (X, C, V))}
 
 
-def layer(k: int, dtype) -> dict[str, float]:
+def layer_calls(k: int, dtype) -> dict[str, tuple[Callable[[], Callable], tuple]]:
+    """As kmeans_calls, for a map of sum(tanh(W @ x)) over 2^26 / K^2 rows."""
     rng = np.random.default_rng(0)
     n = max(2 ** 26 // (k * k), 1000)
     X, W = rng.standard_normal((n, k)).astype(dtype), (rng.standard_normal((k, k)) / np.sqrt(k)).astype(dtype)
 
-    def f(X, W):
-        return fold.reduce(M.sum, fold.map(lambda x: fold.reduce(M.sum, fold.tanh(W @ x)), X))
+    def layer():
+        return lambda X, W: fold.reduce(M.sum, fold.map(lambda x: fold.reduce(M.sum, fold.tanh(W @ x)), X))
 
-    calls = {"primal": fold.jit(f, backend="numba"), "grad": fold.jit(fold.grad(f, argnums=(0, 1)), backend="numba")}
-    return {name: _median_ms(g, (X, W)) for name, g in calls.items()}
+    return {"primal": (layer, (X, W)), "grad": (lambda: fold.grad(layer(), argnums=(0, 1)), (X, W))}
+
+
+def timed(calls: dict) -> dict[str, float]:
+    """Median ms of each mode's function (jitted on the numba backend)."""
+    return {name: _median_ms(fold.jit(make(), backend="numba"), args) for name, (make, args) in calls.items()}
 
 
 def main(argv: list[str]) -> None:
     dtypes = {"f32": np.float32, "f64": np.float64}
+    setting = None
+    if "--ab" in argv:
+        at = argv.index("--ab")
+        setting, argv = argv[at + 1], argv[:at] + argv[at + 2:]
     if argv[-1] == "nest":
         _every_product_in_the_nest()
         argv = argv[:-1]
     if argv[0] == "kmeans":
-        print(argv, kmeans(int(argv[1]), int(argv[2]), int(argv[3]), dtypes[argv[4]]), flush=True)
+        calls = kmeans_calls(int(argv[1]), int(argv[2]), int(argv[3]), dtypes[argv[4]])
     elif argv[0] == "layer":
-        print(argv, layer(int(argv[1]), dtypes[argv[2]]), flush=True)
+        calls = layer_calls(int(argv[1]), dtypes[argv[2]])
     else:
         raise SystemExit(__doc__)
+    if setting is None:
+        print(argv, timed(calls), flush=True)
+        return
+    makers = {name: (lambda make=make, args=args: _bound(fold.jit(make(), backend="numba"), args))
+              for name, (make, args) in calls.items()}
+    print(argv, setting_ab.compare(makers, setting), flush=True)
+
+
+def _bound(f: Callable, args: tuple) -> Callable[[], object]:
+    return lambda: f(*args)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The benchmarks' own instruments, which no benchmark run would notice going blind."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,30 @@ def test_product_forms_nest_switch_gives_every_product_to_the_nest(monkeypatch):
     assert not any(passes.nest_takes_products(body) for body in bodies)
     product_forms._every_product_in_the_nest()
     assert all(passes.nest_takes_products(body) for body in bodies)
+
+
+def test_setting_ab_compiles_each_program_under_both_values_and_restores_the_setting():
+    pytest.importorskip("numba")
+    from benchmarks import product_forms, setting_ab
+    from fold.runtime.loops import extreme_pairs
+
+    kept = extreme_pairs.NARROWED_MAX
+    seen = []
+    make, args = product_forms.kmeans_calls(300, 4, 2 * extreme_pairs.MAX_PAIRED + 8, np.float64)["grad"]
+
+    def maker():
+        f = make()
+
+        def spy(*xs):
+            seen.append(extreme_pairs.NARROWED_MAX)  # the value while it is traced
+            return f(*xs)
+        jitted = fold.jit(spy, backend="numba")
+        return lambda: jitted(*args)
+
+    got = setting_ab.compare({"grad": maker}, "fold.runtime.loops.extreme_pairs:NARROWED_MAX=2147483647,0", rounds=2)
+    assert seen == [2147483647, 0] and extreme_pairs.NARROWED_MAX == kept
+    assert re.fullmatch(r"\d+\.\d\d / \d+\.\d\d \(\d+\.\d\d\)", got["grad"]), got
+    with pytest.raises(SystemExit, match="has no NOT_A_CONSTANT"):
+        setting_ab.compare({"grad": maker}, "fold.runtime.loops.extreme_pairs:NOT_A_CONSTANT=1,2")
+    with pytest.raises(SystemExit, match="expected module:NAME=A,B"):
+        setting_ab.compare({"grad": maker}, "fold.runtime.loops.extreme_pairs:NARROWED_MAX=1")

@@ -97,7 +97,7 @@ def _one_hot_column(columns: _RowSource, hot: _OneHots) -> bool:
     """Whether each column of the product (a row of a map's result) is zero but at one index along its one
     axis of more than one element."""
     value = columns.value
-    if not isinstance(columns.map_stmt.prim, Map) or value not in columns.map_stmt.outs:
+    if value not in columns.map_stmt.outs:  # a mapped input: nothing known of its rows
         return False
     element = [a for a in range(1, value.aval.ndim) if value.aval.shape[a] != 1]
     axis = hot.axis(columns.map_stmt, value)
