@@ -122,6 +122,38 @@ def test_a_one_hot_column_is_summed_past_the_dense_limit():
     assert outer_products_as_sums(_gradient_program(kmeans_matrix_form, too_many, P[:20]))[1] == set()
 
 
+_BOUNDS_CHILD = """
+import numpy as np
+import fold
+M = fold.monoids
+def cost(C, P):
+    cc = fold.map(lambda c: fold.sum(c * c), C)
+    return fold.reduce(M.sum, fold.map(lambda p: fold.reduce(M.min, fold.sum(p * p) - 2.0 * (C @ p) + cc), P))
+rng = np.random.default_rng(3)
+C, P = rng.normal(size=(8, 5)), rng.normal(size=(400, 5))
+P[7, 1] = np.nan  # its distances are NaN: no first index, the one-hot index is 8, one past C's rows
+dP, dC = fold.jit(fold.grad(cost, argnums=(1, 0)), backend="numba")(C, P)
+print(int(np.isnan(np.asarray(dP)).sum()), int(np.isnan(np.asarray(dC)).sum()))
+"""
+
+
+def test_a_one_hot_index_out_of_range_reads_nothing_past_the_operand(tmp_path):
+    # a row holding NaN has no first index (the index is K): the term at it is read inside the guard on the
+    # index, not before it (under Numba's bounds checks the read past C's rows raised IndexError)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", FOLD_CACHE_DIR=str(tmp_path / "fold"),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"), FOLD_BACKEND="numba")
+    done = subprocess.run([sys.executable, "-c", _BOUNDS_CHILD], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the NaN row gets no cotangent from its minimum (as the nest says), its own 2 p term NaN at P[7, 1] alone
+    assert done.stdout.split() == ["1", "0"], done.stdout
+
+
 def test_products_that_do_not_contract_over_rows_are_left_alone():
     C = rng.normal(size=(8, 5))
     # a product too large for a fold's state, and one over an axis that is not the map's, stay products

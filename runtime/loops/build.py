@@ -591,8 +591,10 @@ def _matmul(w: Writer, prim: MatMul, args: list[Value], out_avals) -> list[Value
                    (_lane_merge(w, acc, literal(0, dtype), "{0} + {1}"),))
         else:
             k = w.assign(f"np.int64({shared})", "h")
-            only = Assign(acc, f"np.{dtype.name}({term(w, idx, k)})")
-            w.guarded(f"0 <= {k} < {a.shape[1]}", lambda: w.emit(only))
+            # the term read inside the guard: out of range (a row holding NaN has no first index), its
+            # elements would be read past the operand's end
+            w.guarded(f"0 <= {k} < {a.shape[1]}",
+                      lambda: w.emit(Assign(acc, f"np.{dtype.name}({term(w, idx, k)})")))
         return acc
 
     onehot = (0, a_row) if a_row is not None else ((1, b_column) if b_column is not None else None)
