@@ -1031,7 +1031,8 @@ def test_matrix_vector_products_folded_in_a_body_run_on_the_product_fold_kernel(
     from fold.runtime.numba_backend.product_fold_fusion import ProductFold
 
     rows = COMPILE_FROM // COLUMNS + 5  # more products per row than one scalar function holds (a batched body)
-    x, w, bias, r = rng.normal(size=(rows, 12)), rng.normal(size=(12, COLUMNS)), rng.normal(size=COLUMNS), rng.normal(size=(rows, COLUMNS))
+    x, w = rng.normal(size=(rows, 12)), rng.normal(size=(12, COLUMNS))
+    bias, r = rng.normal(size=COLUMNS), rng.normal(size=(rows, COLUMNS))
     wt, weights = np.ascontiguousarray(w.T), rng.normal(size=3)
     fused = {
         "row @ matrix + bias, max": (lambda x: fold.map(lambda q: fold.reduce(fold.monoids.max, q @ w + bias), x), (x,)),

@@ -828,7 +828,8 @@ def _reduce(w: Writer, prim: Reduce, args: list[Value], out_avals) -> list[Value
         return [_logsumexp(w, identity[0], xs[0], out_avals[0].dtype)]
     if nc == 0 and op == "minimum":
         dtype = np.dtype(out_avals[0].dtype)
-        paired = first_index_with_extreme(w, xs[0], identity[0], dtype) or first_index_narrowed(w, xs[0], identity[0], dtype)
+        paired = (first_index_with_extreme(w, xs[0], identity[0], dtype)
+                  or first_index_narrowed(w, xs[0], identity[0], dtype))
         if paired is not None:
             return [paired]
     dtypes = [np.dtype(a.dtype) for a in out_avals]
