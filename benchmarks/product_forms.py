@@ -1,11 +1,12 @@
 """Time one map body that multiplies a captured matrix by each row, as the numba backend runs it.
 
     PYTHONPATH=. python -m benchmarks.product_forms kmeans N D K f32|f64 [nest]
-    PYTHONPATH=. python -m benchmarks.product_forms layer K f32|f64 [nest]
+    PYTHONPATH=. python -m benchmarks.product_forms layer K[xIN] f32|f64 [nest]
 
 `kmeans`: k-means' matrix form (bench_ad.kmeans_matmul) over N points of D dimensions and K centroids: the
 primal, the vjp with respect to both arguments and the Hessian-vector product with respect to the points.
-`layer`: a map of sum(tanh(W @ x)) over 2^26 / K^2 rows, W of K x K: primal and gradient of both. `nest`:
+`layer`: a map of sum(tanh(W @ x)) over 2^26 / (K x IN) rows, W of K x IN (IN = K unless given): primal and
+gradient of both. `nest`:
 every product given to the loop nest (both of passes' MAX_NEST_PRODUCT_BYTES limits lifted, the product
 kernel's passes off), to compare with the default rule. Prints medians in ms of 11 calls after a second of calls. Run each
 line in a fresh process, alternating the trees compared (benchmarks/README.md, session 68).
@@ -59,11 +60,14 @@ def kmeans_calls(n: int, d: int, k: int, dtype) -> dict[str, tuple[Callable[[], 
             "hvp": (hvp, (X, C, V))}
 
 
-def layer_calls(k: int, dtype) -> dict[str, tuple[Callable[[], Callable], tuple]]:
-    """As kmeans_calls, for a map of sum(tanh(W @ x)) over 2^26 / K^2 rows."""
+def layer_calls(k: int, dtype, inputs: int | None = None) -> dict[str, tuple[Callable[[], Callable], tuple]]:
+    """As kmeans_calls, for a map of sum(tanh(W @ x)) over 2^26 / (K x inputs) rows, W of K x inputs (K x K
+    by default)."""
     rng = np.random.default_rng(0)
-    n = max(2 ** 26 // (k * k), 1000)
-    X, W = rng.standard_normal((n, k)).astype(dtype), (rng.standard_normal((k, k)) / np.sqrt(k)).astype(dtype)
+    inputs = inputs or k
+    n = max(2 ** 26 // (k * inputs), 1000)
+    X = rng.standard_normal((n, inputs)).astype(dtype)
+    W = (rng.standard_normal((k, inputs)) / np.sqrt(inputs)).astype(dtype)
 
     def layer():
         return lambda X, W: fold.reduce(M.sum, fold.map(lambda x: fold.reduce(M.sum, fold.tanh(W @ x)), X))
@@ -88,7 +92,8 @@ def main(argv: list[str]) -> None:
     if argv[0] == "kmeans":
         calls = kmeans_calls(int(argv[1]), int(argv[2]), int(argv[3]), dtypes[argv[4]])
     elif argv[0] == "layer":
-        calls = layer_calls(int(argv[1]), dtypes[argv[2]])
+        calls = layer_calls(*(int(d) for d in argv[1].split("x")[:1]), dtypes[argv[2]],
+                            *(int(d) for d in argv[1].split("x")[1:]))
     else:
         raise SystemExit(__doc__)
     if setting is None:

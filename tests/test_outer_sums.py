@@ -173,15 +173,18 @@ def test_products_that_do_not_contract_over_rows_are_left_alone():
     _close(fold.jit(reordered, backend="numba")(C, P), fold.jit(reordered, backend="numpy")(C, P), 1e-10)
 
 
-@pytest.mark.parametrize("dtype, centroids, nest", [(np.float32, 8, True), (np.float64, 8, True),
-                                                    (np.float32, 1700, False), (np.float64, 210, False)])
-def test_a_reduce_of_a_small_product_is_a_nest(dtype, centroids, nest):
+@pytest.mark.parametrize("dtype, centroids, dims, nest", [(np.float32, 8, 5, True), (np.float64, 8, 5, True),
+                                                          (np.float32, 1700, 5, True), (np.float32, 100, 96, False),
+                                                          (np.float64, 210, 5, False)])
+def test_a_reduce_of_a_small_product_is_a_nest(dtype, centroids, dims, nest):
     # k-means' matrix form: a nest where its centroids fit the nest's limit (nothing of points x
-    # centroids stored), else batched products (BLAS; the product kernel's in float64), gradient included
-    from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES, MAX_NEST_PRODUCT_BYTES_FLOAT64
+    # centroids stored), or in float32 past it where the shared axis is short (the nest's jammed sweep); else
+    # batched products (BLAS; the product kernel's in float64), gradient included
+    from fold.runtime.numba_backend.passes import MAX_NEST_PRODUCT_BYTES, MAX_NEST_PRODUCT_BYTES_FLOAT64, SHORT_SHARED_AXIS
 
-    C, P = rng.normal(size=(centroids, 5)).astype(dtype), rng.normal(size=(400, 5)).astype(dtype)
-    assert (C.nbytes <= (MAX_NEST_PRODUCT_BYTES_FLOAT64 if dtype == np.float64 else MAX_NEST_PRODUCT_BYTES)) == nest
+    C, P = rng.normal(size=(centroids, dims)).astype(dtype), rng.normal(size=(400, dims)).astype(dtype)
+    within = C.nbytes <= (MAX_NEST_PRODUCT_BYTES_FLOAT64 if dtype == np.float64 else MAX_NEST_PRODUCT_BYTES)
+    assert (within or (dtype == np.float32 and dims <= SHORT_SHARED_AXIS)) == nest
     prepared = prepare(dce(cse(fold.trace(kmeans_matrix_form, C, P))), whole_arrays=True)
     nests = [s for s in prepared.stmts if isinstance(s.prim, LoopNest)
              and any(isinstance(t.prim, MatMul) for t in _all_statements(s.prim.program))]

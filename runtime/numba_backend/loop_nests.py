@@ -18,11 +18,11 @@ import numpy as np
 from fold.kernels.cpu import vector_math
 from fold.kernels.cpu.modules import file_digest, load_module
 from fold.runtime.loops import LoopNest, constants_of, kernel_of
-from fold.runtime.loops.nest import Buffer, Kernel, Loop, ParallelFold, ParallelMap, Store, checked_inputs_hold
+from fold.runtime.loops.nest import Buffer, Kernel, Loop, ParallelFold, ParallelMap, Param, Store, checked_inputs_hold
 from fold.runtime.loops import text
 from fold.runtime.loops.text import allocations, reads, shape_text, size, statement_lines
 
-from . import nest_interchange, nest_lanes, nest_parts, nest_reuse, nest_tiles, scalar_helpers
+from . import nest_interchange, nest_jam, nest_lanes, nest_parts, nest_reuse, nest_tiles, scalar_helpers
 from .extremum_loops import vectorised_extrema
 from .lowering import numba_impls
 
@@ -77,7 +77,7 @@ def as_run(kernel: Kernel) -> Kernel:
 
 def _laned_size(kernel: Kernel) -> int:
     """The statements of the kernel's per-index body once run in lanes (what _in_parts measures)."""
-    laned, _ = _with_lanes(kernel.outer, {q.name: q.dtype for q in kernel.params})
+    laned, _ = _with_lanes(kernel.outer, kernel.params)
     return size(laned.body if isinstance(laned, ParallelMap) else laned.step)
 
 
@@ -89,7 +89,7 @@ def kernel_module(kernel: Kernel, parallel: bool = True) -> tuple[str, dict[str,
     lines = [f"def kernel({', '.join(params)}):"]
     transposes = nest_interchange.transposed(kernel)
     lines += [f"    {a}{nest_interchange.TRANSPOSED} = np.ascontiguousarray({a}.T)" for a in transposes]
-    laned, whole_chunk = _with_lanes(kernel.outer, {q.name: q.dtype for q in kernel.params})
+    laned, whole_chunk = _with_lanes(kernel.outer, kernel.params)
     outer, parts = _in_parts(laned, params + [a + nest_interchange.TRANSPOSED for a in transposes])
     # every buffer is allocated once per chunk: those of the outlined parts too, passed to them
     if isinstance(outer, ParallelMap):
@@ -132,16 +132,22 @@ def _in_parts(outer, params: list[str]):
             else replace(outer, step=body)), parts
 
 
-def _with_lanes(outer, arrays: dict[str, np.dtype]) -> tuple[Any, bool]:
+def _with_lanes(outer, params: tuple[Param, ...]) -> tuple[Any, bool]:
     """The traversal with its indices (nest_lanes.outer_in_lanes) or its innermost loops run in lanes where
-    that pays (nest_lanes), or a fold's rows in tiles (nest_tiles), and whether its body is now a whole chunk
-    (its chunk's loop run in lanes). `arrays`: the kernel's arrays' dtypes."""
+    that pays (nest_lanes), or a fold's rows in tiles (nest_tiles), or its sweeps of a shared matrix several
+    rows at once (nest_jam), and whether its body is now a whole chunk (its chunk's loop written by those).
+    `params`: the kernel's."""
+    arrays = {q.name: q.dtype for q in params}
+    read_only = {q.name: int(np.prod(q.shape)) * np.dtype(q.dtype).itemsize for q in params if q.role != "output"}
+    read_only |= {name + nest_interchange.TRANSPOSED: nbytes for name, nbytes in read_only.items()}
     if isinstance(outer, ParallelMap):
         outer = ParallelMap(outer.index, outer.extent, vectorised_extrema(outer.body))
         chunk = nest_lanes.outer_in_lanes(outer, Counter())
         if chunk is not None:
             return ParallelMap(outer.index, outer.extent, chunk), True
-        return ParallelMap(outer.index, outer.extent, nest_lanes.in_lanes(outer.body, runs=outer.extent)), False
+        body = nest_lanes.in_lanes(outer.body, runs=outer.extent)
+        jammed = nest_jam.rows_jammed(outer.index, body, read_only)
+        return (ParallelMap(outer.index, outer.extent, jammed), True) if jammed else (replace(outer, body=body), False)
     outer = replace(outer, step=vectorised_extrema(outer.step))
     # the states are read after the traversal: they count as read outside any loop of the step
     outside = Counter(s.name for s in outer.states) + reads(outer.init + outer.merge)
@@ -149,7 +155,9 @@ def _with_lanes(outer, arrays: dict[str, np.dtype]) -> tuple[Any, bool]:
              or nest_tiles.rows_in_tiles(outer, arrays))
     if chunk is not None:
         return replace(outer, step=chunk), True
-    return replace(outer, step=nest_lanes.in_lanes(outer.step, outside + reads(outer.step), outer.extent)), False
+    step = nest_lanes.in_lanes(outer.step, outside + reads(outer.step), outer.extent)
+    jammed = nest_jam.rows_jammed(outer.index, step, read_only)
+    return (replace(outer, step=jammed), True) if jammed else (replace(outer, step=step), False)
 
 
 def _fold_lines(fold: ParallelFold, allocated: tuple, whole_chunk: bool) -> list[str]:

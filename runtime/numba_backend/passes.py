@@ -9,6 +9,7 @@ import numpy as np
 from fold.ir import Program
 from fold.primitives import MatMul
 from fold.runtime.loops import fuse_loop_nests
+from fold.runtime.loops.one_hot_products import one_hot_products
 
 from .elementwise_fusion import fuse_elementwise
 from .elementwise_sinking import sink_elementwise
@@ -82,14 +83,32 @@ def prepare_jitted(program: Program) -> Program:
 # product kernel, 32 x 64 (16 KB) 5.6-6.7 against 6.9-8.1 forward, 32 x 256 23 / 35 / 31 against 33 / 131 / 69
 MAX_NEST_PRODUCT_BYTES = 32768
 MAX_NEST_PRODUCT_BYTES_FLOAT64 = 8192
+# Past the float32 limit, a product whose shared axis is at most this long goes to the nest too, which sweeps a
+# matrix past the first-level cache four rows at once (nest_jam.py): on a short shared axis BLAS runs far below
+# its rate. In one process (session 70, benchmarks/README.md), the nest against BLAS over blocks of rows,
+# forward / gradient / HVP: k-means' matrix form over 10^5 points, 64 x 256 0.78 / 0.46 / 0.55, 32 x 512 0.50
+# / 0.29 / 0.26; a map of sum(tanh(W @ x)), W of 512 x 32 forward 0.74, 256 x 64 0.96; with a long shared axis
+# (W of 128 x 128) the nest's forward took 1.43x BLAS's. Not in float64, whose alternative is the product
+# kernel's register tile: there k-means at 32 x 256 gained (0.87 / 0.71 / 0.85) but a layer's forward lost
+# (W of 256 x 32: 1.09, 128 x 64: 1.26; its tanh, not its product: the two share the product's shape).
+SHORT_SHARED_AXIS = 64
 
 
 def nest_takes_products(body: Program) -> bool:
     """Whether a loop nest runs a map body that multiplies matrices: where each product's operands are small
-    (MAX_NEST_PRODUCT_BYTES; MAX_NEST_PRODUCT_BYTES_FLOAT64 for a float64 product)."""
+    (MAX_NEST_PRODUCT_BYTES; MAX_NEST_PRODUCT_BYTES_FLOAT64 for a float64 product), or past the limit its
+    shared axis is short (SHORT_SHARED_AXIS, not in float64), or it multiplies by a one-hot operand (a row of
+    the other operand: one_hot_products.py)."""
     products = [s for s in _statements(body) if isinstance(s.prim, MatMul)]
-    return bool(products) and all(max(a.aval.size * a.aval.dtype.itemsize for a in s.args) <= _product_limit(s)
-                                  for s in products)
+    one_hot = one_hot_products(body) if products else set()
+    return bool(products) and all(id(s) in one_hot or _in_nest(s) for s in products)
+
+
+def _in_nest(product) -> bool:
+    largest = max(a.aval.size * a.aval.dtype.itemsize for a in product.args)
+    if largest <= _product_limit(product):
+        return True
+    return product.outs[0].aval.dtype != np.float64 and product.args[0].aval.shape[-1] <= SHORT_SHARED_AXIS
 
 
 def _product_limit(product) -> int:
