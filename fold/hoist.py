@@ -1,4 +1,4 @@
-"""Loop-invariant statements lifted out of the maps nested in a program's bodies.
+"""Loop-invariant statements lifted out of a program's maps, at every depth.
 
 A map body computes a statement once per row even where it reads only what the map captures: each query's
 largest cosine similarity over the keys, written `sum(q * k) / sqrt(sum(q * q) * sum(k * k))` in a map over
@@ -8,9 +8,11 @@ results instead: computed once per run of the map. Only what costs is moved (a l
 function, and what those read): a cheap comparison of a captured scalar stays in the row loop. Innermost
 maps first, so that a value invariant in two enclosing maps rises through both.
 
-Only maps inside bodies: a map at the top level is left as it is, so that a fusion of the program's own
-statements sees the statements it saw (as cse leaves the top level alone). Statements that read no captured
-value (an iota, a literal broadcast) stay where they are: a loop nest knows facts of them where they are used.
+The program's own maps too: k-means' cost written with the centroids' squared norms inside the map over
+the points, `map(lambda p: min(|p|^2 - 2 C p + sum(C * C, axis=1)), P)`, summed C * C once per point, a sweep
+of the whole matrix per point as long as the product's (10^5 points, 32 x 256 float32: forward 18.6 -> 11.1
+ms, gradient 26.4 -> 17.8 in one process; session 70). Statements that read no captured value (an iota, a
+literal broadcast) stay where they are: a loop nest knows facts of them where they are used.
 """
 
 from __future__ import annotations
@@ -24,11 +26,8 @@ from .pytree import tree_flatten
 
 
 def hoist_invariants(program: Program) -> Program:
-    """`program` with the invariant statements of maps in its bodies computed before those maps."""
-    stmts = tuple(_in_bodies(s) for s in program.stmts)
-    if all(a is b for a, b in zip(stmts, program.stmts)):
-        return program
-    return dataclasses.replace(program, stmts=stmts, meta=dict(program.meta))
+    """`program` with the invariant statements of its maps, at any depth, computed before those maps."""
+    return _body(program)
 
 
 def _in_bodies(stmt: Let) -> Let:

@@ -1,5 +1,5 @@
 """Loop-invariant statements lifted out of maps nested in bodies (fold/hoist.py, run by cse): computed once
-per run of the map, at any depth, the top level's maps left alone, and results and gradients unchanged."""
+per run of the map, at any depth (the top level's maps too), and results and gradients unchanged."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_results_and_gradients_are_unchanged(backend):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
-def test_a_value_invariant_in_two_nested_maps_rises_through_both_but_not_to_the_top_level():
+def test_a_value_invariant_in_nested_maps_rises_through_all_of_them():
     def f(X, Y, Z, w):
         return fold.map(lambda x: fold.sum(fold.map(
             lambda y: fold.sum(fold.map(lambda z: fold.sum(z * y) * fold.sum(w * w), Z)), Y) * x), X)
@@ -71,22 +71,29 @@ def test_a_value_invariant_in_two_nested_maps_rises_through_both_but_not_to_the_
     X, Y, Z, w = (rng.normal(size=s) for s in ((3, 4), (4, 5), (6, 5), (5,)))
     program = fold.trace(f, X, Y, Z, w)
     assert _count(_maps(program)[0].prim.body, SumAxes) == 1  # the sum over the middle map
-    outer, middle, inner = _maps(cse(program))
-    assert _count(outer.prim.body, SumAxes) == 2 and _count(middle.prim.body, SumAxes) == 1
-    assert _count(inner.prim.body, SumAxes) == 1
+    hoisted = cse(program)
+    middle, inner, outer = _maps(hoisted)  # the middle map reads no x: it runs once, before the outer map
+    assert _count(hoisted, SumAxes) == 1  # |w|^2, invariant in all three maps
+    assert _count(outer.prim.body, SumAxes) == 1 and _count(middle.prim.body, SumAxes) == 1
+    assert _count(inner.prim.body, SumAxes) == 1 and hoisted.stmts.index(middle) < hoisted.stmts.index(outer)
     want = X @ ((Y @ Z.T).sum(1) * (w @ w))
     np.testing.assert_allclose(fold.jit(f)(X, Y, Z, w), want, rtol=1e-12)
 
 
-def test_the_top_levels_maps_and_statements_of_literals_stay():
+def test_the_top_levels_maps_are_lifted_from_too_but_statements_of_literals_stay():
     def top(X, w):
         return fold.map(lambda x: fold.sum(x * w) + fold.sum(w * w), X)
 
     program = fold.trace(top, Q, K[0])
-    assert hoist_invariants(program) is program
+    hoisted = hoist_invariants(program)
+    (row,) = _maps(hoisted)
+    assert _count(program, SumAxes) == 0 and _count(hoisted, SumAxes) == 1  # |w|^2 once, before the map
+    assert _count(row.prim.body, SumAxes) == 1
+    for backend in ("numba", "numpy"):
+        np.testing.assert_allclose(fold.jit(top, backend=backend)(Q, K[0]), Q @ K[0] + K[0] @ K[0], rtol=1e-12)
 
     def positions(X):
-        return fold.map(lambda x: fold.sum(fold.map(lambda r: fold.sum(r * fold.iota(5)), X)) + fold.sum(x), X)
+        return fold.map(lambda x: fold.sum(fold.map(lambda r: fold.sum(r * fold.iota(5) * x), X)), X)
 
     outer, inner = _maps(dce(cse(fold.trace(positions, Q))))
     assert _count(inner.prim.body, Iota) == 1
