@@ -23,11 +23,12 @@ product_first_extreme runs the same tiles for a min or max gradient's question: 
 row and the first column holding it. Each lane keeps its best value and that value's column (as a float64),
 and a flag for NaN. The lanes are combined by (value, column).
 
-Why this is not a loop nest (runtime/loops): the nest writes a product per row, each element of b loaded
-once per row; the register tile here loads it once for ROWS rows, a reuse across iterations of the
-parallel map that the nest's code generator does not write. In float64 past 8 KB of b that decides it
-(k-means, 10^5 x 32 x 256: 23 / 35 ms forward / gradient here against 33 / 131 in a nest; session 68,
-runtime/numba_backend/passes.py), so the numba backend gives the nest smaller float64 bodies only.
+Why this is not a loop nest (runtime/loops): here a 4 x 8 tile of the product stays in registers across the
+whole shared axis, and f's F64x4 form maps it there. The nest sweeps b four rows at once only past 32 KB
+(runtime/numba_backend/nest_jam.py, session 70), its accumulators a buffer loaded and stored per block of
+steps, and maps the row after: it beats this kernel on k-means at 32 x 256 (forward / gradient / HVP 0.86 /
+0.82 / 0.88) but not between 8 and 32 KB (32 x 64 forward 1.10, 16 x 128 HVP 1.20) nor on a layer's
+sum(tanh(W @ x)) (forward 1.29-1.32), so the numba backend gives the nest float64 bodies of at most 8 KB.
 """
 
 from __future__ import annotations
