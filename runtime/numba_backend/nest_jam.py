@@ -30,13 +30,13 @@ from . import nest_parts
 ROWS = 4  # rows per group: four rows' accumulators of a vectorised sweep fit the sixteen vector registers
 GROUP, ROW = "jam__g", "jam__r"
 JAMMED = "__j"
-# a sweep is jammed where an input it reads the same for every row is at least this large: where it does not fit
-# the first-level cache (32 KB on most x86 cores), each element comes from the second level for one row's
-# multiply-add, and jamming reuses it; where it fits, the rows' extra accumulators cost more than they save.
-# Measured on the 2-core VM, k-means' matrix form over 10^5 points in one process (benchmarks/README.md,
-# session 70), jammed against row by row, forward / gradient: float64 32 x 256 (64 KB) 0.63 / 0.68, float32
-# 32 x 256 (32 KB) 0.90 / 0.68; float32 32 x 64 (8 KB) 1.14 / 1.00, float64 16 x 64 (8 KB) 1.14 / 1.09, a
-# layer's W of 64 x 64 float32 (16 KB) forward 1.18
+# a sweep is jammed where an input it reads the same for every row is at least this large (more than 32 KB):
+# past the first-level cache each element comes from the second level for one row's multiply-add, and
+# jamming reuses it; within it, the rows' extra accumulators and the row values they broadcast cost more than
+# they save. Measured on the 2-core VM (L1d 48 KB) in one process (benchmarks/README.md, session 70), jammed
+# against row by row, k-means' matrix form over 10^5 points, forward / gradient / HVP: float64 32 x 256 (64
+# KB) 0.73 / 0.66 / 0.67; at 32 KB, float64 64 x 64 forward 1.21 and a layer's W of 64 x 64 float64 1.17,
+# float32 32 x 256 0.90 / 0.68 / 0.93; at 8-16 KB 1.14-1.18 forward
 MIN_SHARED_BYTES = 32769
 
 _SUBSCRIPTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
@@ -219,7 +219,8 @@ def _rows_of(rest: tuple, jammed: list[str]) -> tuple:
                 return Store(n.target + JAMMED, (ROW, *map(text, n.index)), text(n.expr))
             return Store(n.target, tuple(map(text, n.index)), text(n.expr))
         if isinstance(n, Loop):
-            return Loop(n.index, text(n.extent) if isinstance(n.extent, str) else n.extent, tuple(map(node, n.body)))
+            return Loop(n.index, text(n.extent) if isinstance(n.extent, str) else n.extent, tuple(map(node, n.body)),
+                        n.folds)
         if isinstance(n, If):
             return If(text(n.cond), tuple(map(node, n.body)))
         return n
