@@ -14,7 +14,8 @@ line in a fresh process, alternating the trees compared (benchmarks/README.md, s
     PYTHONPATH=. python -m benchmarks.product_forms kmeans N D K f32|f64 [nest] --ab module:NAME=A,B
 
 compares two values of a module's constant in one process instead (benchmarks/setting_ab.py): each
-program compiled under both, the calls alternated, medians of 40 each and their ratio (A / B).
+program compiled under both, the calls alternated, medians of 40 each and their ratio (A / B); `--out NAME`
+adds them to results/NAME.json and its plot.
 """
 
 from __future__ import annotations
@@ -82,10 +83,13 @@ def timed(calls: dict) -> dict[str, float]:
 
 def main(argv: list[str]) -> None:
     dtypes = {"f32": np.float32, "f64": np.float64}
-    setting = None
+    setting = out = None
     if "--ab" in argv:
         at = argv.index("--ab")
         setting, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+    if "--out" in argv:
+        at = argv.index("--out")
+        out, argv = argv[at + 1], argv[:at] + argv[at + 2:]
     if argv[-1] == "nest":
         _every_product_in_the_nest()
         argv = argv[:-1]
@@ -101,7 +105,11 @@ def main(argv: list[str]) -> None:
         return
     makers = {name: (lambda make=make, args=args: _bound(fold.jit(make(), backend="numba"), args))
               for name, (make, args) in calls.items()}
-    print(argv, setting_ab.compare(makers, setting), flush=True)
+    results = setting_ab.compare_times(makers, setting)
+    print(argv, {name: f"{r['a_ms']:.2f} / {r['b_ms']:.2f} ({r['ratio']:.2f})" for name, r in results.items()},
+          flush=True)
+    if out:
+        print("wrote", setting_ab.record(out, setting, results, prefix=" ".join(argv) + " "))
 
 
 def _bound(f: Callable, args: tuple) -> Callable[[], object]:

@@ -1,5 +1,6 @@
 """The benchmarks' own instruments, which no benchmark run would notice going blind."""
 
+import json
 import re
 
 import numpy as np
@@ -128,3 +129,20 @@ def test_setting_ab_compiles_each_program_under_both_values_and_restores_the_set
         setting_ab.compare({"grad": maker}, "fold.runtime.loops.extreme_pairs:NOT_A_CONSTANT=1,2")
     with pytest.raises(SystemExit, match="expected module:NAME=A,B"):
         setting_ab.compare({"grad": maker}, "fold.runtime.loops.extreme_pairs:NARROWED_MAX=1")
+
+
+def test_setting_ab_records_merge_into_one_json_and_plot(tmp_path, monkeypatch):
+    from benchmarks import setting_ab
+
+    monkeypatch.setattr(setting_ab, "RESULTS", tmp_path)
+    first = {"grad": {"a_ms": 2.0, "b_ms": 4.0, "ratio": 0.5, "a_samples_ms": [2.0], "b_samples_ms": [4.0]}}
+    setting_ab.record("ab", "m:X=1,2", first, prefix="kmeans ")
+    again = {"grad": {**first["grad"], "a_ms": 3.0, "ratio": 0.75},
+             "hvp": {"a_ms": 1.0, "b_ms": 1.0, "ratio": 1.0, "a_samples_ms": [1.0], "b_samples_ms": [1.0]}}
+    path = setting_ab.record("ab", "m:X=1,2", again, prefix="kmeans ")
+    payload = json.loads(path.read_text())
+    assert [(r["name"], r["a_ms"], r["setting"]) for r in payload["records"]] == [
+        ("kmeans grad", 3.0, "m:X=1,2"), ("kmeans hvp", 1.0, "m:X=1,2")]  # replaced, not duplicated
+    assert "cpu" in json.dumps(payload["machine"]).lower()
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "ab.png").stat().st_size > 0
