@@ -67,8 +67,8 @@ def test_a_sweep_of_a_large_shared_matrix_is_jammed_and_gives_the_row_by_row_val
     # float64 products past 8 KB go to the product kernel unless every product is given to the nest
     monkeypatch.setattr(passes, "MAX_NEST_PRODUCT_BYTES_FLOAT64", 1 << 40)
     jammed = [t for t in _sources(f, args) if f"for {nest_jam.GROUP} in range" in t]
-    assert len(jammed) == 1
-    assert f"{nest_jam.JAMMED}[{nest_jam.ROWS - 1}, " in jammed[0]  # the last row's accumulators
+    assert jammed  # a gradient's forward nest and its own
+    assert all(f"{nest_jam.JAMMED}[{nest_jam.ROWS - 1}, " in t for t in jammed)  # the last row's accumulators
     got = _flat(fold.jit(f, backend="numba")(*args))
     monkeypatch.setattr(nest_jam, "MIN_SHARED_BYTES", 1 << 40)
     assert not any(f"for {nest_jam.GROUP} in range" in t for t in _sources(f, args))
@@ -153,3 +153,18 @@ def test_the_nest_takes_a_product_past_its_limit_where_the_shared_axis_is_short(
     assert nest_takes_products(_map_body(kmeans, X, C)) is taken
     if taken and shape[0] * shape[1] * np.dtype(dtype).itemsize >= nest_jam.MIN_SHARED_BYTES:
         assert any(f"for {nest_jam.GROUP} in range" in t for t in _sources(kmeans, (X, C)))
+
+
+def test_a_sweep_after_a_buffer_of_the_rows_own_is_still_jammed():
+    """A gradient's step allocates the row's distances (filled from the row's own scalar) and the product's
+    sums side by side: the first buffer's run does not qualify, the sweep's from the next buffer on does."""
+    own = (Buffer("b4", (256,), F64),)
+    fill_own = (Loop("c", 256, (Store("b4", ("c",), "np.float64(t0 * 2.0)"),)),)
+    step = _step()
+    at = next(k for k, n in enumerate(step) if isinstance(n, Buffer))
+    sweep_end = at + 3
+    step = (*step[:at], *own, *step[at:sweep_end], *fill_own, *step[sweep_end:])
+    nodes = nest_jam.rows_jammed("i", step, READ_ONLY)
+    assert nodes is not None
+    assert {n.name for n in nodes if isinstance(n, Buffer)} == {"b1__j"}
+    assert "b4[c] = np.float64(t0 * 2.0)" in _text(nodes)  # the row's own buffer, filled in the row's step

@@ -81,7 +81,9 @@ def _sweeps(index: str, step: tuple, read_only: dict[str, int]) -> list[tuple]:
         run = step[k:end]
         if end > start and _independent(index, run, step[:k], step[end:], read_only):
             found.append(run)
-        k = end
+            k = end
+        else:  # a run from the next Buffer on may still be one (a product's sums after a buffer of the row's own)
+            k += 1
     return found
 
 
