@@ -172,15 +172,17 @@ def checked_inputs_hold(kernel: Kernel, args: list) -> bool:
                for name, low, high in kernel.checked)
 
 
+def walk(nodes: tuple):
+    """Every node of `nodes`, each before those of its body, loops and branches entered."""
+    for node in nodes:
+        yield node
+        if isinstance(node, (Loop, If)):
+            yield from walk(node.body)
+
+
 def buffers(nodes: tuple) -> list[Buffer]:
     """Every Buffer in `nodes`, loops entered."""
-    found = []
-    for node in nodes:
-        if isinstance(node, Buffer):
-            found.append(node)
-        elif isinstance(node, (Loop, If)):
-            found += buffers(node.body)
-    return found
+    return [node for node in walk(nodes) if isinstance(node, Buffer)]
 
 
 def describe(kernel: Kernel) -> str:

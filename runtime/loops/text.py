@@ -59,12 +59,23 @@ def substitute(text: str, replace: Callable[[str], str]) -> str:
 # not pure, since what it reads may change between two places it is written
 REASSIGNED = re.compile(r"(acc|s|state)\d+")
 _READ_ONLY_ARRAY = re.compile(r"(in|k)\d+")
-_SUBSCRIPTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
+# where an array is subscripted: its name (group 1) and the opening bracket
+SUBSCRIPTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
 
 
 def reads_only_inputs(expr: str) -> bool:
     """Whether every array `expr` subscripts is a kernel input or constant (never written)."""
-    return all(_READ_ONLY_ARRAY.fullmatch(a) for a in _SUBSCRIPTED.findall(expr))
+    return all(_READ_ONLY_ARRAY.fullmatch(a) for a in SUBSCRIPTED.findall(expr))
+
+
+def closing(text: str, start: int, brackets: str = "[]") -> int:
+    """Where the bracket opened just before `start` closes (-1: it does not)."""
+    depth = 1
+    for k in range(start, len(text)):
+        depth += {brackets[0]: 1, brackets[1]: -1}.get(text[k], 0)
+        if depth == 0:
+            return k
+    return -1
 
 
 def pure(expr: str) -> bool:

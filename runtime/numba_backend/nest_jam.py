@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import re
 
-from fold.runtime.loops.nest import Assign, Buffer, If, Loop, Store, buffers
-from fold.runtime.loops.text import assigned, names, reads, size, substitute
+from fold.runtime.loops.nest import Assign, Buffer, If, Loop, Store, buffers, walk
+from fold.runtime.loops.text import SUBSCRIPTED, assigned, closing, names, reads, size, substitute
 
 from . import nest_parts
 
@@ -38,8 +38,6 @@ JAMMED = "__j"
 # KB) 0.73 / 0.66 / 0.67; at 32 KB, float64 64 x 64 forward 1.21 and a layer's W of 64 x 64 float64 1.17,
 # float32 32 x 256 0.90 / 0.68 / 0.93; at 8-16 KB 1.14-1.18 forward
 MIN_SHARED_BYTES = 32769
-
-_SUBSCRIPTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
 
 
 def rows_jammed(index: str, step: tuple, read_only: dict[str, int]) -> tuple | None:
@@ -94,7 +92,7 @@ def _buffers_of(run: tuple) -> list[Buffer]:
 def _fills(node, buffers_: set[str]) -> bool:
     """Whether `node` is a loop that stores into `buffers_`, and only into them, with no branch."""
     return (isinstance(node, Loop) and _stores_only(node, buffers_)
-            and any(isinstance(n, Store) for n in _all(node.body)))
+            and any(isinstance(n, Store) for n in walk(node.body)))
 
 
 def _stores_only(node, buffers_: set[str]) -> bool:
@@ -116,16 +114,16 @@ def _independent(index: str, run: tuple, before: tuple, after: tuple, read_only:
     elsewhere = assigned(before) | assigned(after)
     if own & (elsewhere | set(reads(after))) or any(b.name in jammed for b in buffers(before + after)):
         return False
-    for node in _all(run):
+    for node in walk(run):
         texts = ([node.expr, *(node.index if isinstance(node, Store) else ())] if isinstance(node, (Assign, Store))
                  else [node.extent] if isinstance(node, Loop) and isinstance(node.extent, str) else [])
         for text in texts:
             if set(names(text)) & elsewhere:
                 return False
-            if any(a not in jammed and a not in read_only for a in _SUBSCRIPTED.findall(text)):
+            if any(a not in jammed and a not in read_only for a in SUBSCRIPTED.findall(text)):
                 return False
     row = _row_dependent(index, run)
-    if any(isinstance(n, Loop) and isinstance(n.extent, str) and set(names(n.extent)) & row for n in _all(run)):
+    if any(isinstance(n, Loop) and isinstance(n.extent, str) and set(names(n.extent)) & row for n in walk(run)):
         return False
     after_reads = reads(after)
     if any(after_reads[b] != sum(len(_subscripts_of(b).findall(t)) for t in _texts(after)) for b in jammed):
@@ -141,7 +139,7 @@ def _subscripts_of(*arrays: str) -> re.Pattern:
 
 def _texts(nodes: tuple):
     """Every expression, index and trip count written as text in `nodes`."""
-    for node in _all(nodes):
+    for node in walk(nodes):
         if isinstance(node, Assign):
             yield node.expr
         elif isinstance(node, Store):
@@ -154,12 +152,8 @@ def _texts(nodes: tuple):
 
 def _shared_reads(expr: str, row: set[str], jammed: set[str]):
     """The inputs (not the jammed buffers) `expr` reads at a subscript that is the same for every row."""
-    for m in _SUBSCRIPTED.finditer(expr):
-        depth, k = 1, m.end()
-        while depth and k < len(expr):
-            depth += {"[": 1, "]": -1}.get(expr[k], 0)
-            k += 1
-        if m.group(1) not in jammed and not set(names(expr[m.end():k - 1])) & row:
+    for m in SUBSCRIPTED.finditer(expr):
+        if m.group(1) not in jammed and not set(names(expr[m.end():closing(expr, m.end())])) & row:
             yield m.group(1)
 
 
@@ -234,16 +228,9 @@ def _row_name(name: str, r: int) -> str:
     return f"{name}{JAMMED}{r}"
 
 
-def _all(nodes: tuple):
-    for node in nodes:
-        yield node
-        if isinstance(node, (Loop, If)):
-            yield from _all(node.body)
-
-
 def _statements(nodes: tuple):
-    return (n for n in _all(nodes) if isinstance(n, (Assign, Store)))
+    return (n for n in walk(nodes) if isinstance(n, (Assign, Store)))
 
 
 def _indices(nodes: tuple) -> set[str]:
-    return {n.index for n in _all(nodes) if isinstance(n, Loop)}
+    return {n.index for n in walk(nodes) if isinstance(n, Loop)}

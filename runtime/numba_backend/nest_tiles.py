@@ -35,8 +35,8 @@ import re
 import numpy as np
 
 from fold.kernels.cpu import vector_math
-from fold.runtime.loops.nest import Assign, Buffer, If, Loop, ParallelFold, Store, buffers
-from fold.runtime.loops.text import assigned, events, names, reads, substitute
+from fold.runtime.loops.nest import Assign, Buffer, Loop, ParallelFold, Store, buffers, walk
+from fold.runtime.loops.text import SUBSCRIPTED, assigned, closing, events, names, reads, substitute
 
 from . import nest_lanes
 
@@ -45,7 +45,6 @@ MAX_STATE = 256  # the most values of the states: each has TILE copies, which sh
 LANE, GROUP, REST = "lane__", "group__", "rest__"
 TILED = "__t"
 
-_SUBSCRIPT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\[")
 
 
 def rows_in_tiles(fold: ParallelFold, arrays: dict[str, np.dtype]) -> tuple | None:
@@ -57,7 +56,7 @@ def rows_in_tiles(fold: ParallelFold, arrays: dict[str, np.dtype]) -> tuple | No
             or sum(math.prod(s.shape) for s in fold.states) > MAX_STATE):
         return None
     step = fold.step
-    if vector_math.AVAILABLE and any(isinstance(n, Assign) and nest_lanes.lane_call(n.expr) for n in _nodes(step)):
+    if vector_math.AVAILABLE and any(isinstance(n, Assign) and nest_lanes.lane_call(n.expr) for n in walk(step)):
         return None  # nest_lanes runs its transcendental functions in vector calls, which a lane's row would not
     k = 0
     while k < len(step) and isinstance(step[k], (Assign, Store, Buffer)) and not _touches(step[k], states):
@@ -120,13 +119,6 @@ def rows_in_tiles(fold: ParallelFold, arrays: dict[str, np.dtype]) -> tuple | No
     return (*tiles, *zero, groups, rest, *merged)
 
 
-def _nodes(nodes: tuple):
-    for node in nodes:
-        yield node
-        if isinstance(node, (Loop, If)):
-            yield from _nodes(node.body)
-
-
 def _touches(node, states: dict) -> bool:
     """Whether the head's candidate `node` reads, writes or stores into a state."""
     return node.name in states if isinstance(node, Buffer) else any(n in states for _, n in events(node))
@@ -168,10 +160,10 @@ def _head_dtypes(head: tuple, arrays: dict[str, np.dtype]) -> dict[str, np.dtype
             continue
         expr = node.expr.strip()
         cast = _CAST.match(expr)
-        element = _SUBSCRIPT.match(expr)
-        if cast and _closing(expr, cast.end(), "()") == len(expr) - 1 and hasattr(np, cast.group(1)):
+        element = SUBSCRIPTED.match(expr)
+        if cast and closing(expr, cast.end(), "()") == len(expr) - 1 and hasattr(np, cast.group(1)):
             found[node.target] = np.dtype(cast.group(1))
-        elif element and element.group(1) in arrays and _closing(expr, element.end()) == len(expr) - 1:
+        elif element and element.group(1) in arrays and closing(expr, element.end()) == len(expr) - 1:
             found[node.target] = np.dtype(arrays[element.group(1)])
         elif expr in found:
             found[node.target] = found[expr]
@@ -194,10 +186,10 @@ def _element(name: str, idx: tuple) -> str:
 def _subscripts_with_lane(text: str, laned: dict[str, tuple]) -> str:
     """`text` with each subscript of an array in `laned` read from its tiled copy at the lane."""
     out, pos = [], 0
-    for m in _SUBSCRIPT.finditer(text):
+    for m in SUBSCRIPTED.finditer(text):
         if m.start() < pos:
             continue
-        end = _closing(text, m.end())
+        end = closing(text, m.end())
         if end < 0:
             raise ValueError(f"unbalanced subscript in {text!r}")
         inner = _subscripts_with_lane(text[m.end(): end], laned)
@@ -212,12 +204,3 @@ def _subscripts_with_lane(text: str, laned: dict[str, tuple]) -> str:
     out.append(text[pos:])
     return "".join(out)
 
-
-def _closing(text: str, start: int, brackets: str = "[]") -> int:
-    """Where the bracket opened just before `start` closes (-1: it does not)."""
-    depth = 1
-    for k in range(start, len(text)):
-        depth += {brackets[0]: 1, brackets[1]: -1}.get(text[k], 0)
-        if depth == 0:
-            return k
-    return -1

@@ -100,8 +100,11 @@ def nest_takes_products(body: Program) -> bool:
     shared axis is short (SHORT_SHARED_AXIS, not in float64), or it multiplies by a one-hot operand (a row of
     the other operand: one_hot_products.py)."""
     products = [s for s in _statements(body) if isinstance(s.prim, MatMul)]
-    one_hot = one_hot_products(body) if products else set()
-    return bool(products) and all(id(s) in one_hot or _in_nest(s) for s in products)
+    past = [s for s in products if not _in_nest(s)]
+    if not products or not past:
+        return bool(products)
+    one_hot = one_hot_products(body)  # followed only where it decides
+    return all(id(s) in one_hot for s in past)
 
 
 def _in_nest(product) -> bool:
